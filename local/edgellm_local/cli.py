@@ -1,0 +1,52 @@
+"""`edgellm`: the local edge's command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from edgellm.config import Config
+
+from .ai import ModelFileError, default_model_path
+from .edge import EdgeSettings, build_app
+from .server import PortInUse, bind_socket, make_server
+
+
+def _dev(args: argparse.Namespace) -> int:
+    try:
+        model = Path(args.model) if args.model else default_model_path()
+        config = Config(model=args.model_id) if args.model_id else Config()
+        settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
+        sock = bind_socket(args.host, args.port)
+        app = build_app(settings)
+    except (ModelFileError, PortInUse) as exc:
+        print(f"edgellm: error: {exc}", file=sys.stderr)
+        return 2
+    host, port = sock.getsockname()[:2]
+    print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
+    print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
+    print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
+    asyncio.run(make_server(app).serve(sockets=[sock]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
+    dev.add_argument("--port", type=int, default=8787)
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--model", help="GGUF file standing in for the configured model (default: SmolLM2-135M-Instruct)")
+    dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
+    dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files)")
+    dev.set_defaults(run=_dev)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

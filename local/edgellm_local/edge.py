@@ -1,0 +1,56 @@
+"""The local edge's composition root: build `Deps` from a model file and a state directory."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgellm.config import Config
+from edgellm.ports import Clock, Deps, SystemClock
+
+from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
+from .assets import StaticAssets
+from .kv import SqliteKV
+from .server import EdgeApp
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_PUBLIC = PROJECT_ROOT / "public"
+
+
+@dataclass(frozen=True)
+class EdgeSettings:
+    model_path: Path
+    state_dir: Path
+    public_dir: Path | None = DEFAULT_PUBLIC
+    config: Config = Config()
+    n_ctx: int = 4096
+    n_parallel: int = 2
+
+
+def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
+    runner = LlamaCppRunner(check_gguf(settings.model_path), n_ctx=settings.n_ctx, n_parallel=settings.n_parallel)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return Deps(
+        config=settings.config,
+        ai=LlamaCppAI.for_config(settings.config, runner),
+        kv=SqliteKV(settings.state_dir / "kv.sqlite3", clock=clock),
+        r2=_file_r2(settings.state_dir / "r2", clock),
+        clock=clock,
+        log=logging.getLogger("edgellm"),
+    )
+
+
+def _file_r2(root: Path, clock: Clock):  # type: ignore[no-untyped-def]
+    try:
+        from .r2 import FileR2
+    except ImportError:  # R2 emulation arrives with the artifacts work
+        return None
+    return FileR2(root, clock=clock)
+
+
+def build_app(settings: EdgeSettings, clock: Clock = SystemClock()) -> EdgeApp:
+    deps = build_deps(settings, clock)
+    deps.ai.models[settings.config.model].load()  # type: ignore[attr-defined]
+    assets = StaticAssets(settings.public_dir) if settings.public_dir and settings.public_dir.is_dir() else None
+    return EdgeApp(deps, assets)

@@ -1,0 +1,129 @@
+"""Workers KV on SQLite, with the real service's limits enforced, so that code which passes
+here does not fail on Cloudflare (a 30 s TTL, a 600-byte key, 2 KB of metadata all fail there).
+
+Not emulated: KV's eventual consistency (a write is visible at once here, up to 60 s later
+elsewhere); code must never rely on read-after-write, and the core does not.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgellm.ports import Clock, KVEntry, KVLimitError, SystemClock
+
+MAX_KEY_BYTES = 512
+MAX_VALUE_BYTES = 25 * 1024 * 1024
+MAX_METADATA_BYTES = 1024
+MIN_TTL_SECONDS = 60
+MAX_LIST_LIMIT = 1000
+
+
+def check_key(key: str) -> None:
+    size = len(key.encode())
+    if size == 0:
+        raise KVLimitError("KV PUT failed: 400 Key names must not be empty.")
+    if key in (".", ".."):
+        raise KVLimitError(f"KV PUT failed: 400 Illegal key name {key!r}.")
+    if size > MAX_KEY_BYTES:
+        raise KVLimitError(f"KV PUT failed: 414 UTF-8 encoded length of {size} exceeds key length limit of {MAX_KEY_BYTES}.")
+
+
+@dataclass
+class SqliteKV:
+    """A KV namespace in one SQLite file (or `:memory:`)."""
+
+    path: str | Path = ":memory:"
+    clock: Clock = field(default_factory=SystemClock)
+    _db: sqlite3.Connection = field(init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if str(self.path) != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, metadata TEXT, expiration REAL)"
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    async def get(self, key: str) -> KVEntry | None:
+        check_key(key)
+        with self._lock:
+            row = self._db.execute("SELECT value, metadata, expiration FROM kv WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                return None
+            value, metadata, expiration = row
+            if expiration is not None and expiration <= self.clock.now():
+                self._db.execute("DELETE FROM kv WHERE key = ? AND expiration = ?", (key, expiration))
+                return None
+        return KVEntry(bytes(value), json.loads(metadata) if metadata else None)
+
+    async def put(
+        self, key: str, value: bytes, *, expiration_ttl: int | None = None, metadata: dict[str, Any] | None = None,
+        expiration: float | None = None,
+    ) -> None:
+        check_key(key)
+        if isinstance(value, str):
+            value = value.encode()
+        if len(value) > MAX_VALUE_BYTES:
+            raise KVLimitError(f"KV PUT failed: 413 Value length of {len(value)} exceeds limit of {MAX_VALUE_BYTES}.")
+        meta = None if metadata is None else json.dumps(metadata, separators=(",", ":"))
+        if meta is not None and len(meta.encode()) > MAX_METADATA_BYTES:
+            raise KVLimitError(f"KV PUT failed: 413 Metadata length of {len(meta.encode())} exceeds limit of {MAX_METADATA_BYTES}.")
+        now = self.clock.now()
+        expires_at = None
+        if expiration_ttl is not None:
+            if isinstance(expiration_ttl, bool) or int(expiration_ttl) < MIN_TTL_SECONDS:
+                raise KVLimitError(
+                    f"KV PUT failed: 400 Invalid expiration_ttl of {expiration_ttl}. Expiration TTL must be at least {MIN_TTL_SECONDS}."
+                )
+            expires_at = now + int(expiration_ttl)
+        elif expiration is not None:
+            if expiration < now + MIN_TTL_SECONDS:
+                raise KVLimitError(
+                    f"KV PUT failed: 400 Invalid expiration of {int(expiration)}. Expiration times must be at least {MIN_TTL_SECONDS} seconds in the future."
+                )
+            expires_at = float(expiration)
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO kv (key, value, metadata, expiration) VALUES (?, ?, ?, ?)",
+                (key, sqlite3.Binary(value), meta, expires_at),
+            )
+
+    async def delete(self, key: str) -> None:
+        check_key(key)
+        with self._lock:
+            self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
+
+    async def list(self, prefix: str = "", limit: int = MAX_LIST_LIMIT, cursor: str | None = None) -> dict[str, Any]:
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise KVLimitError(f"KV LIST failed: 400 Invalid limit {limit}; it must be between 1 and {MAX_LIST_LIMIT}.")
+        after = cursor or ""
+        now = self.clock.now()
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT key, metadata, expiration FROM kv WHERE key > ? AND substr(key, 1, ?) = ? "
+                "AND (expiration IS NULL OR expiration > ?) ORDER BY key LIMIT ?",
+                (after, len(prefix), prefix, now, limit + 1),
+            ).fetchall()
+        page, more = rows[:limit], len(rows) > limit
+        keys = []
+        for name, metadata, expiration in page:
+            item: dict[str, Any] = {"name": name}
+            if expiration is not None:
+                item["expiration"] = int(expiration)
+            if metadata:
+                item["metadata"] = json.loads(metadata)
+            keys.append(item)
+        result: dict[str, Any] = {"keys": keys, "list_complete": not more}
+        if more:
+            result["cursor"] = page[-1][0]
+        return result

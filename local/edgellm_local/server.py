@@ -1,0 +1,182 @@
+"""The local edge's HTTP server: an ASGI adapter around the core's `handle`, run by uvicorn.
+
+This is the CPython runtime adapter (the Pyodide one is `edgellm.runtime.pyodide`): it turns
+ASGI into `Request`, serves static assets first (as Workers Static Assets does), tracks
+`waitUntil` work, and stops a streamed body when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Awaitable
+
+import uvicorn
+
+from edgellm.app import handle
+from edgellm.http import Request, Response
+from edgellm.ports import Deps
+
+from .assets import StaticAssets
+
+
+class PortInUse(Exception):
+    pass
+
+
+@dataclass
+class EdgeApp:
+    """ASGI application for the local edge."""
+
+    deps: Deps
+    assets: StaticAssets | None = None
+    _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
+
+    def wait_until(self, awaitable: Awaitable[Any]) -> None:
+        future = asyncio.ensure_future(awaitable)
+        self._background.add(future)
+        future.add_done_callback(self._background_done)
+
+    def _background_done(self, future: asyncio.Future[Any]) -> None:
+        self._background.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            self.deps.log.error("waitUntil task failed: %r", future.exception())
+
+    async def drain(self) -> None:
+        """Wait for every `waitUntil` task (used at shutdown and by tests)."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.drain()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        request = await self._read_request(scope, receive)
+        response = self.assets.serve(request) if self.assets else None
+        if response is None:
+            response = await handle(request, self.deps.for_request(self.wait_until))
+        await self._send(response, receive, send)
+
+    async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request:
+        limit = self.deps.config.max_body_bytes
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            if size <= limit:  # keep at most limit+1 bytes: enough for the core to say 413
+                chunks.append(chunk[: limit + 1 - size])
+            size += len(chunk)
+            more = message.get("more_body", False)
+        path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "localhost")
+        url = f"http://{host}{path}" + (f"?{query}" if query else "")
+        return Request(scope["method"], url, headers, b"".join(chunks))
+
+    async def _send(self, response: Response, receive: Any, send: Any) -> None:
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        if not response.is_streaming:
+            await send({"type": "http.response.body", "body": bytes(response.body)})
+            return
+        body = response.body
+        disconnected = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected.set()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            async for chunk in body:  # type: ignore[union-attr]
+                if disconnected.is_set():
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            else:
+                await send({"type": "http.response.body", "body": b""})
+        except OSError:
+            pass  # the client went away mid-stream
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(Exception):
+                await body.aclose()  # type: ignore[union-attr]
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {port} on {host} is already in use; stop the other server or pass --port") from exc
+        raise
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def make_server(app: EdgeApp) -> uvicorn.Server:
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3)
+    return uvicorn.Server(config)
+
+
+class EdgeServer:
+    """Runs the local edge on a background thread: for tests and benchmarks that need a real
+    HTTP server around their own `Deps` (an injected clock, a fault-injecting binding)."""
+
+    def __init__(self, app: EdgeApp, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self.sock = bind_socket(host, port)
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.server = make_server(app)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+
+    def start(self) -> "EdgeServer":
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the local edge failed to start")
+            threading.Event().wait(0.01)
+        return self
+
+    def drain(self) -> None:
+        """Block until the server's `waitUntil` tasks have finished."""
+        assert self.loop is not None
+        asyncio.run_coroutine_threadsafe(self.app.drain(), self.loop).result(30)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(10)
+
+    def __enter__(self) -> "EdgeServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,96 @@
+"""Handlers of the inference API: OpenAI-compatible routes, the Workers AI REST route, models, health.
+
+Every generation route is the same three steps: parse the wire format into a
+`GenerationRequest`, start (or replay) a `Generation`, render it in the caller's format.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from . import openai, workers_ai
+from .errors import ErrorKind, GatewayError, invalid
+from .generation import Generation, GenerationRequest
+from .http import Request, Response, json_response
+from .inference import start_generation
+from .ports import Deps
+
+JSONRenderer = Callable[[Generation], Awaitable[dict[str, Any]]]
+StreamRenderer = Callable[[Generation], AsyncIterator[bytes]]
+
+
+def read_json(request: Request, deps: Deps) -> Any:
+    limit = deps.config.max_body_bytes
+    declared = request.header("content-length")
+    if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
+        raise GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large")
+    if not request.body.strip():
+        raise invalid("The request body is empty; send a JSON object.", None, "invalid_json")
+    try:
+        return json.loads(request.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
+
+
+def generation_headers(generation: Generation) -> dict[str, str]:
+    headers = {"x-edgellm-model": generation.model}
+    if generation.cache_status:
+        headers["cf-aig-cache-status"] = generation.cache_status
+    if generation.age is not None:
+        headers["age"] = str(generation.age)
+    return headers
+
+
+async def serve_generation(
+    request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
+) -> Response:
+    generation = await start_generation(deps, gen_request)
+    headers = generation_headers(generation)
+    if gen_request.stream:
+        headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
+        return Response(200, headers, as_stream(generation))
+    return json_response(await as_json(generation), headers=headers)
+
+
+async def create_chat_completion(request: Request, deps: Deps) -> Response:
+    gen_request = openai.parse_chat_request(read_json(request, deps), deps.config)
+    created = int(deps.clock.now())
+    return await serve_generation(
+        request, deps, gen_request,
+        lambda g: openai.render_chat_json(g, created),
+        lambda g: openai.render_stream(g, created, chat=True, include_usage=gen_request.include_usage),
+    )
+
+
+async def create_completion(request: Request, deps: Deps) -> Response:
+    gen_request = openai.parse_completion_request(read_json(request, deps), deps.config)
+    created = int(deps.clock.now())
+    return await serve_generation(
+        request, deps, gen_request,
+        lambda g: openai.render_completion_json(g, created),
+        lambda g: openai.render_stream(g, created, chat=False, include_usage=gen_request.include_usage),
+    )
+
+
+async def run_model(request: Request, deps: Deps) -> Response:
+    """Cloudflare's REST shape: `POST /client/v4/accounts/{account_id}/ai/run/{model}`."""
+    model = request.path_params["model"]
+    if model not in deps.config.models:
+        raise GatewayError(ErrorKind.NOT_FOUND, f"No such model {model}; GET /v1/models lists the models served.", param="model", code="model_not_found")
+    inputs, stream = workers_ai.validate_inputs(read_json(request, deps), deps.config)
+    gen_request = GenerationRequest(model, inputs, stream=stream)
+    return await serve_generation(request, deps, gen_request, workers_ai.render_json, workers_ai.render_stream)
+
+
+async def list_models(request: Request, deps: Deps) -> Response:
+    data = []
+    for model in deps.config.models:
+        entry: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "cloudflare"}
+        entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **(deps.ai.describe(model) or {})}
+        data.append(entry)
+    return json_response({"object": "list", "data": data})
+
+
+async def health(request: Request, deps: Deps) -> Response:
+    return json_response({"status": "ok", "model": deps.config.model})

@@ -1,0 +1,65 @@
+"""The whole request flow in one place: match a route, run its handler, turn errors into JSON.
+
+Runtime adapters call `handle(request, deps)` and nothing else.
+"""
+
+from __future__ import annotations
+
+from . import api
+from .errors import ErrorKind, GatewayError
+from .http import Request, Response, json_response
+from .ports import Deps
+from .router import Router, route
+from . import workers_ai
+
+ROUTES = Router((
+    route("POST", "/v1/chat/completions", api.create_chat_completion),
+    route("POST", "/v1/completions", api.create_completion),
+    route("GET", "/v1/models", api.list_models),
+    route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model),
+    route("GET", "/healthz", api.health),
+))
+
+CORS_HEADERS = {
+    "access-control-allow-origin": "*",
+    "access-control-expose-headers": "cf-aig-cache-status, age, x-edgellm-model, etag, content-length, content-range, accept-ranges, retry-after",
+}
+
+
+def _preflight(request: Request, router: Router) -> Response:
+    router.match("GET" if request.header("access-control-request-method") in (None, "HEAD") else request.header("access-control-request-method", "GET"), request.path)
+    return Response(204, {
+        **CORS_HEADERS,
+        "access-control-allow-methods": "GET, HEAD, POST, OPTIONS",
+        "access-control-allow-headers": request.header("access-control-request-headers") or "*",
+        "access-control-max-age": "86400",
+    })
+
+
+def _error_response(request: Request, error: GatewayError) -> Response:
+    # Workers-AI-style clients read Cloudflare's envelope; OpenAI clients read `error`.
+    extra = None
+    if request.path.startswith("/client/v4/"):
+        extra = workers_ai.result_envelope(None, success=False, errors=[{"code": error.status, "message": error.message}])
+    return error.to_response(extra)
+
+
+async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
+    try:
+        if request.method == "OPTIONS":
+            response = _preflight(request, router)
+        else:
+            handler, params = router.match(request.method, request.path)
+            request.path_params = params
+            response = await handler(request, deps)
+    except GatewayError as error:
+        response = _error_response(request, error)
+    except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
+        deps.log.exception("unhandled error on %s %s", request.method, request.path)
+        response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"))
+    for name, value in CORS_HEADERS.items():
+        response.headers.setdefault(name, value)
+    if request.method == "HEAD" and not response.is_streaming:
+        response.headers.setdefault("content-length", str(len(response.body)))
+        response.body = b""
+    return response

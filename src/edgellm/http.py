@@ -1,0 +1,62 @@
+"""The request/response vocabulary every handler is written against.
+
+Handlers never see the transport: adapters turn a workerd or ASGI request into a `Request`
+and a `Response` back into the native object. Streaming bodies are async iterators of bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+Body = bytes | AsyncIterator[bytes]
+
+
+@dataclass
+class Request:
+    """An HTTP request with its body already read (bounded by the adapter).
+
+    `headers` has lower-case names. `path` is the raw (still percent-encoded) path so that
+    an encoded slash stays distinguishable from a real one; `path_params` are filled by the router.
+    """
+
+    method: str
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    path_params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.url).path or "/"
+
+    @property
+    def query(self) -> dict[str, str]:
+        return dict(parse_qsl(urlsplit(self.url).query))
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name.lower(), default)
+
+
+@dataclass
+class Response:
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Body = b""
+
+    @property
+    def is_streaming(self) -> bool:
+        return not isinstance(self.body, (bytes, bytearray))
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    merged = {"content-type": "application/json"}
+    merged.update({k.lower(): v for k, v in (headers or {}).items()})
+    return Response(status=status, headers=merged, body=body)
+
+
+def decode_path_segment(segment: str) -> str:
+    return unquote(segment)

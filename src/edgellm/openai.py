@@ -1,0 +1,203 @@
+"""The OpenAI wire format: request parsing into Workers AI terms, and response rendering.
+
+OpenAI's snake_case lives here and nowhere else. Accepted extensions that Workers AI has and
+OpenAI lacks: `top_k`, `repetition_penalty`, `raw`, `lora`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, AsyncIterator
+
+from . import sse
+from .config import Config
+from .errors import ErrorKind, GatewayError, invalid
+from .generation import Finish, Generation, GenerationRequest, Token
+from .validation import as_bool, as_int, as_str
+from .workers_ai import ROLES, validate_sampling
+
+MAX_STOP_SEQUENCES = 4
+_ROLE_ALIASES = {"developer": "system"}
+
+
+def resolve_model(body: dict[str, Any], config: Config) -> str:
+    model = body.get("model")
+    if model is None or model == "":
+        return config.model
+    if not isinstance(model, str):
+        raise invalid("'model' must be a string.", "model", "invalid_type")
+    if model not in config.models:
+        raise GatewayError(
+            ErrorKind.NOT_FOUND,
+            f"The model '{model}' does not exist on this gateway; GET /v1/models lists the models served.",
+            param="model", code="model_not_found",
+        )
+    return model
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(f"'{where}[{j}]' must be a text part; only text content is supported.", f"{where}[{j}]", "unsupported_content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise invalid(f"'{where}' must be a string or an array of text parts.", where, "invalid_type")
+
+
+def parse_messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list):
+        raise invalid("'messages' must be an array of messages.", "messages", "invalid_type")
+    if not value:
+        raise invalid("'messages' must contain at least one message.", "messages", "empty_messages")
+    messages = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(f"'{where}' must be an object with 'role' and 'content'.", where, "invalid_type")
+        role = _ROLE_ALIASES.get(message.get("role"), message.get("role"))
+        if role not in ROLES:
+            raise invalid(
+                f"'{where}.role' must be one of {', '.join(ROLES)} (or developer); got {message.get('role')!r}.",
+                f"{where}.role", "invalid_role",
+            )
+        messages.append({"role": role, "content": _content_text(message.get("content"), f"{where}.content")})
+    return messages
+
+
+def _parse_stop(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise invalid("'stop' must be a non-empty string or an array of non-empty strings.", "stop", "invalid_type")
+    if len(items) > MAX_STOP_SEQUENCES:
+        raise invalid(f"'stop' may hold at most {MAX_STOP_SEQUENCES} sequences.", "stop")
+    return tuple(items)
+
+
+def _parse_common(body: Any, config: Config) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.", None, "invalid_type")
+    model = resolve_model(body, config)
+    n = as_int(body, "n", 1)
+    if n not in (None, 1):
+        raise invalid("Only n=1 is supported.", "n", "unsupported_value")
+    sampling_body = dict(body)
+    if body.get("max_completion_tokens") is not None:
+        sampling_body["max_tokens"] = body["max_completion_tokens"]
+    sampling = validate_sampling(sampling_body, config)
+    extras: dict[str, Any] = {}
+    raw = as_bool(body, "raw")
+    if raw is not None:
+        extras["raw"] = raw
+    lora = as_str(body, "lora", allow_empty=False)
+    if lora is not None:
+        extras["lora"] = lora
+    return model, sampling, extras
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = bool(as_bool(body, "stream"))
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object.", "stream_options", "invalid_type")
+    include_usage = bool(as_bool(options or {}, "include_usage"))
+    return stream, include_usage
+
+
+def parse_chat_request(body: Any, config: Config) -> GenerationRequest:
+    model, sampling, extras = _parse_common(body, config)
+    if "messages" not in body:
+        raise invalid("'messages' is required.", "messages", "missing_required_parameter")
+    inputs = {"messages": parse_messages(body["messages"]), **sampling, **extras}
+    stream, include_usage = _stream_flags(body)
+    return GenerationRequest(model, inputs, _parse_stop(body), stream, include_usage)
+
+
+def parse_completion_request(body: Any, config: Config) -> GenerationRequest:
+    model, sampling, extras = _parse_common(body, config)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise invalid("'prompt' is required and must be a string.", "prompt", "invalid_type" if "prompt" in body else "missing_required_parameter")
+    if not prompt:
+        raise invalid("'prompt' must not be empty.", "prompt")
+    # An OpenAI completion continues the text as given: no chat template unless asked.
+    inputs = {"prompt": prompt, **sampling, "raw": True, **extras}
+    stream, include_usage = _stream_flags(body)
+    return GenerationRequest(model, inputs, _parse_stop(body), stream, include_usage)
+
+
+# --- rendering -----------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+async def render_chat_json(generation: Generation, created: int) -> dict[str, Any]:
+    text, finish = await generation.collect()
+    return {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": created,
+        "model": generation.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish.finish_reason}],
+        "usage": finish.usage.to_json(),
+    }
+
+
+async def render_completion_json(generation: Generation, created: int) -> dict[str, Any]:
+    text, finish = await generation.collect()
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": created,
+        "model": generation.model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish.finish_reason}],
+        "usage": finish.usage.to_json(),
+    }
+
+
+async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    """OpenAI SSE chunks, one per token as it arrives, then `[DONE]`.
+
+    A failure after the first byte cannot change the status line any more, so it is sent as an
+    `error` event (the shape OpenAI's SDK raises from) and the stream ends without `[DONE]`.
+    """
+    cid = new_id("chatcmpl" if chat else "cmpl")
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choice: dict[str, Any] | None, usage: Any = None) -> bytes:
+        data: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": generation.model,
+                                "choices": [choice] if choice else []}
+        if include_usage:
+            data["usage"] = usage
+        return sse.encode_event(data)
+
+    def choice(delta_text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({} if delta_text is None else {"content": delta_text})
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
+
+    try:
+        if chat:
+            yield chunk(choice(None, None, first=True))
+        async for event in generation.events:
+            if isinstance(event, Token):
+                yield chunk(choice(event.text, None))
+            elif isinstance(event, Finish):
+                yield chunk(choice(None, event.finish_reason))
+                if include_usage:
+                    yield chunk(None, event.usage.to_json())
+    except GatewayError as exc:
+        yield sse.encode_event(exc.to_json())
+        return
+    yield sse.encode_done()

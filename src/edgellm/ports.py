@@ -1,0 +1,184 @@
+"""The bindings the core needs, as small interfaces, and the `Deps` bundle that carries them.
+
+Each port is named for a capability; the Pyodide adapter implements them over Cloudflare's
+bindings, the local edge over llama.cpp, SQLite and files, and tests inject their own (fault
+injecting ones included) through `Deps`, the way httpx takes a transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
+
+from .config import Config
+
+
+# --- errors a binding may raise (adapters translate their runtime's exceptions to these) ----
+
+
+class BindingError(Exception):
+    """A binding failed. `retryable` failures become 503 + Retry-After, the rest 502."""
+
+    retryable = False
+
+
+class ModelNotFound(BindingError):
+    """The AI binding does not know the model id, or it has been retired."""
+
+
+class InvalidModelInput(BindingError):
+    """The AI binding rejected the inputs (its schema check)."""
+
+
+class CapacityExceeded(BindingError):
+    """The AI binding is overloaded or rate limited; try again later."""
+
+    retryable = True
+
+
+class KVLimitError(BindingError):
+    """A KV call broke one of KV's documented limits (key/value/metadata size, TTL floor)."""
+
+
+# --- ports --------------------------------------------------------------------------------
+
+
+class AIBinding(Protocol):
+    """Workers AI: `env.AI.run(model, inputs)`.
+
+    `run` returns `{"response": str, "usage": {...}}`. `stream` returns (once the model has
+    accepted the request, so unknown-model errors surface at the `await`) an async iterator of
+    Workers AI stream events `{"response": "<token text>"}`, the last one possibly carrying
+    `usage`. Closing the iterator early must stop the generation.
+    """
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        """Extra facts about a model for `/v1/models` (the local edge names its GGUF)."""
+        ...
+
+
+@dataclass(frozen=True)
+class KVEntry:
+    value: bytes
+    metadata: dict[str, Any] | None = None
+
+
+class KVStore(Protocol):
+    """Workers KV with its real limits: keys <= 512 bytes, TTL >= 60 s, eventually consistent."""
+
+    async def get(self, key: str) -> KVEntry | None: ...
+
+    async def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expiration_ttl: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def list(self, prefix: str = "", limit: int = 1000, cursor: str | None = None) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class R2Range:
+    offset: int | None = None
+    length: int | None = None
+    suffix: int | None = None
+
+
+@dataclass(frozen=True)
+class R2Conditional:
+    etag_matches: str | None = None
+    etag_does_not_match: str | None = None
+    uploaded_before: float | None = None
+    uploaded_after: float | None = None
+
+
+@dataclass
+class R2Object:
+    """Metadata of an R2 object; `body` is set on a successful `get` (None on `head` or when an
+    `only_if` precondition failed, exactly as R2 returns an object without a body)."""
+
+    key: str
+    size: int
+    etag: str
+    uploaded: float
+    http_metadata: dict[str, str] = field(default_factory=dict)
+    custom_metadata: dict[str, str] = field(default_factory=dict)
+    checksum_sha256: str | None = None
+    range: tuple[int, int] | None = None  # (offset, length) actually returned
+    body: AsyncIterator[bytes] | None = None
+
+    @property
+    def http_etag(self) -> str:
+        return f'"{self.etag}"'
+
+
+class BlobStore(Protocol):
+    """R2: strongly consistent object storage with ranges and conditional reads."""
+
+    async def head(self, key: str) -> R2Object | None: ...
+
+    async def get(
+        self, key: str, *, range: R2Range | None = None, only_if: R2Conditional | None = None
+    ) -> R2Object | None: ...
+
+    async def put(
+        self,
+        key: str,
+        data: bytes | AsyncIterator[bytes],
+        *,
+        http_metadata: dict[str, str] | None = None,
+        custom_metadata: dict[str, str] | None = None,
+        sha256: str | None = None,
+    ) -> R2Object: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def list(
+        self, prefix: str = "", *, cursor: str | None = None, limit: int = 1000, delimiter: str | None = None
+    ) -> dict[str, Any]: ...
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+
+@dataclass(frozen=True)
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+def _run_in_background(awaitable: Awaitable[Any]) -> None:
+    asyncio.ensure_future(awaitable)
+
+
+@dataclass(frozen=True)
+class Deps:
+    """Everything a handler may touch. Built once per runtime (a composition root) and
+    specialised per request with `for_request` (the Worker's `ctx.waitUntil`)."""
+
+    config: Config
+    ai: AIBinding
+    kv: KVStore | None = None
+    r2: BlobStore | None = None
+    clock: Clock = SystemClock()
+    wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
+    log: logging.Logger = logging.getLogger("edgellm")
+    state: Any = None  # per-isolate state (cache coalescing, counters), never module-global
+
+    def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
+        return replace(self, wait_until=wait_until)

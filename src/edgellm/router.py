@@ -1,0 +1,75 @@
+"""A flat routing table: path templates with `{name}` (one segment) and `{name:path}` (the rest).
+
+Matching is three-way like Starlette's: no path matches (404), a path matches but not the
+method (405 with `Allow`), or a full match. Templates match the raw, percent-encoded path, so
+`%2F` inside a segment never turns into a path separator.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Iterable, TYPE_CHECKING
+from urllib.parse import unquote
+
+from .errors import ErrorKind, GatewayError
+
+if TYPE_CHECKING:
+    from .http import Request, Response
+    from .ports import Deps
+
+Handler = Callable[["Request", "Deps"], Awaitable["Response"]]
+
+_PARAM = re.compile(r"\{(\w+)(?::(path))?\}")
+
+
+def _compile(template: str) -> re.Pattern[str]:
+    pattern, pos = "", 0
+    for m in _PARAM.finditer(template):
+        pattern += re.escape(template[pos : m.start()])
+        pattern += f"(?P<{m.group(1)}>.+)" if m.group(2) else f"(?P<{m.group(1)}>[^/]+)"
+        pos = m.end()
+    pattern += re.escape(template[pos:])
+    return re.compile(f"^{pattern}$")
+
+
+@dataclass(frozen=True)
+class Route:
+    methods: frozenset[str]
+    template: str
+    handler: Handler
+    pattern: re.Pattern[str] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", _compile(self.template))
+
+
+def route(methods: str | Iterable[str], template: str, handler: Handler) -> Route:
+    names = {methods} if isinstance(methods, str) else set(methods)
+    if "GET" in names:
+        names.add("HEAD")
+    return Route(frozenset(names), template, handler)
+
+
+@dataclass(frozen=True)
+class Router:
+    routes: tuple[Route, ...]
+
+    def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        allowed: set[str] = set()
+        for r in self.routes:
+            m = r.pattern.match(path)
+            if not m:
+                continue
+            if method in r.methods:
+                return r.handler, {k: unquote(v) for k, v in m.groupdict().items()}
+            allowed |= r.methods
+        if allowed:
+            allow = ", ".join(sorted(allowed | {"OPTIONS"}))
+            raise GatewayError(
+                ErrorKind.METHOD_NOT_ALLOWED,
+                f"Method {method} is not allowed on {path}; allowed: {allow}.",
+                code="method_not_allowed",
+                headers={"allow": allow},
+            )
+        raise GatewayError(ErrorKind.NOT_FOUND, f"No route for {method} {path}.", code="route_not_found")

@@ -1,0 +1,229 @@
+"""The Pyodide (workerd) adapter: the only module that imports `js`, `pyodide` or `workers`.
+
+It follows the runtime's observed behaviour (../shared/docs/workers-runtime.md): a miss is
+`jsnull`, not `None`; options objects and bytes must go through `to_js`; a streamed body must
+be a JS ReadableStream of `Uint8Array` chunks; errors arrive as `JsException` with the JS message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping
+
+import js  # type: ignore[import-not-found]
+from pyodide.ffi import JsException, create_proxy, to_js  # type: ignore[import-not-found]
+from workers import Response as WorkersResponse  # type: ignore[import-not-found]
+
+from ..app import handle
+from ..config import Config
+from ..http import Request, Response
+from ..ports import (
+    BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, ModelNotFound,
+)
+from ..sse import decode_events
+from ..state import IsolateState
+
+
+def js_options(data: Mapping[str, Any]) -> Any:
+    """A plain dict is silently wrong for bindings (R2 ranges, nested AI inputs): convert it."""
+    return to_js(dict(data), dict_converter=js.Object.fromEntries)
+
+
+def is_missing(value: Any) -> bool:
+    return value is None or type(value).__name__ == "JsNull" or value is getattr(js, "null", object())
+
+
+def _message(exc: BaseException) -> str:
+    return str(getattr(exc, "message", None) or exc)
+
+
+# --- AI -----------------------------------------------------------------------------------
+
+_AI_CODE = re.compile(r"\b(\d{4})\b")
+
+
+def ai_error(exc: BaseException) -> BindingError:
+    message = _message(exc)
+    match = _AI_CODE.search(message)
+    code = match.group(1) if match else ""
+    if code == "5007" or "No such model" in message or "deprecated" in message.lower():
+        return ModelNotFound(message)
+    if code in ("5006", "5005", "5021") or "Input validation" in message:
+        return InvalidModelInput(message)
+    if code in ("3036", "3040") or "Capacity" in message:
+        return CapacityExceeded(message)
+    return BindingError(message)
+
+
+async def read_stream(stream: Any) -> AsyncIterator[bytes]:
+    reader = stream.getReader()
+    try:
+        while True:
+            result = await reader.read()
+            if result.done:
+                return
+            yield result.value.to_bytes()
+    finally:
+        try:
+            await reader.cancel()
+        except JsException:
+            pass
+
+
+@dataclass
+class WorkersAI:
+    binding: Any
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        return None
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            result = await self.binding.run(model, js_options(inputs))
+        except JsException as exc:
+            raise ai_error(exc) from exc
+        return result.to_py()
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            stream = await self.binding.run(model, js_options({**inputs, "stream": True}))
+        except JsException as exc:
+            raise ai_error(exc) from exc
+        return decode_events(read_stream(stream))
+
+
+# --- KV -----------------------------------------------------------------------------------
+
+
+def kv_error(exc: BaseException) -> BindingError:
+    message = _message(exc)
+    return KVLimitError(message) if re.search(r"\b4\d\d\b", message) else BindingError(message)
+
+
+@dataclass
+class WorkersKV:
+    binding: Any
+
+    async def get(self, key: str) -> KVEntry | None:
+        try:
+            result = await self.binding.getWithMetadata(key, "arrayBuffer")
+        except JsException as exc:
+            raise kv_error(exc) from exc
+        if is_missing(result) or is_missing(result.value):
+            return None
+        metadata = None if is_missing(result.metadata) else result.metadata.to_py()
+        return KVEntry(result.value.to_bytes(), metadata)
+
+    async def put(self, key: str, value: bytes, *, expiration_ttl: int | None = None, metadata: dict[str, Any] | None = None) -> None:
+        options: dict[str, Any] = {}
+        if expiration_ttl is not None:
+            options["expirationTtl"] = expiration_ttl
+        if metadata is not None:
+            options["metadata"] = metadata
+        try:
+            await self.binding.put(key, to_js(value), js_options(options))
+        except JsException as exc:
+            raise kv_error(exc) from exc
+
+    async def delete(self, key: str) -> None:
+        try:
+            await self.binding.delete(key)
+        except JsException as exc:
+            raise kv_error(exc) from exc
+
+    async def list(self, prefix: str = "", limit: int = 1000, cursor: str | None = None) -> dict[str, Any]:
+        options: dict[str, Any] = {"prefix": prefix, "limit": limit}
+        if cursor:
+            options["cursor"] = cursor
+        try:
+            return (await self.binding.list(js_options(options))).to_py()
+        except JsException as exc:
+            raise kv_error(exc) from exc
+
+
+# --- request / response -------------------------------------------------------------------
+
+
+async def to_core_request(request: Any, max_body: int) -> Request:
+    headers = {name.lower(): value for name, value in request.headers.items()}
+    declared = headers.get("content-length", "")
+    too_big = declared.isdigit() and int(declared) > max_body
+    body = b"" if too_big or request.method in ("GET", "HEAD") else await request.bytes()
+    return Request(request.method, str(request.url), headers, bytes(body))
+
+
+async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for chunk in body:
+        yield to_js(chunk)
+
+
+def to_native_response(response: Response) -> Any:
+    headers = dict(response.headers)
+    if not response.is_streaming:
+        return WorkersResponse(bytes(response.body), status=response.status, headers=headers)
+    body = getattr(response.body, "js_stream", None)  # an R2 or AI stream passes straight through
+    if body is None:
+        body = js.ReadableStream["from"](create_proxy(_js_chunks(response.body)))  # type: ignore[arg-type]
+    return WorkersResponse(body, status=response.status, headers=headers)
+
+
+class EnvMapping(Mapping[str, Any]):
+    """`[vars]` and secrets read as a mapping (they are attributes of `env`)."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+
+    def __getitem__(self, name: str) -> Any:
+        value = getattr(self._env, name, None)
+        if value is None or is_missing(value):
+            raise KeyError(name)
+        return value
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def build_deps(env: Any, ctx: Any, state: Any) -> Deps:
+    config = Config.from_env(EnvMapping(env))
+    r2 = getattr(env, "ARTIFACTS", None)
+    return Deps(
+        config=config,
+        ai=WorkersAI(env.AI),
+        kv=WorkersKV(env.CACHE) if getattr(env, "CACHE", None) is not None else None,
+        r2=_r2(r2),
+        wait_until=ctx.waitUntil,
+        state=state,
+    )
+
+
+def _r2(binding: Any) -> Any:
+    if binding is None or is_missing(binding):
+        return None
+    try:
+        from .pyodide_r2 import WorkersR2
+    except ImportError:
+        return None
+    return WorkersR2(binding)
+
+
+_isolate: IsolateState | None = None
+
+
+def isolate_state() -> IsolateState:
+    """The isolate's shared state, created on first use (not at import: the deploy snapshot
+    must hold no per-isolate data). This is the one module-level variable in the project: an
+    isolate is exactly the scope that request coalescing needs."""
+    global _isolate
+    if _isolate is None:
+        _isolate = IsolateState()
+    return _isolate
+
+
+async def fetch(request: Any, env: Any, ctx: Any, state: Any = None) -> Any:
+    deps = build_deps(env, ctx, state)
+    core_request = await to_core_request(request, deps.config.max_body_bytes)
+    return to_native_response(await handle(core_request, deps))

@@ -1,0 +1,63 @@
+"""Server-sent events framing (pure functions), for both the OpenAI and Workers AI streams."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Iterator
+
+DONE = "[DONE]"
+
+
+def encode_event(data: Any) -> bytes:
+    """One `data:` event. Dicts are compact JSON; `[DONE]` is sent verbatim."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def encode_done() -> bytes:
+    return encode_event(DONE)
+
+
+class SSEDecoder:
+    """Incremental decoder: feed bytes as they arrive, get complete `data` payloads back.
+
+    Handles events split across chunks, CRLF line endings and multi-line data fields.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes | str) -> Iterator[str]:
+        self._buffer += chunk.decode() if isinstance(chunk, (bytes, bytearray)) else chunk
+        while True:
+            newline = self._buffer.find("\n")
+            if newline < 0:
+                return
+            line, self._buffer = self._buffer[:newline].rstrip("\r"), self._buffer[newline + 1 :]
+            if line == "":
+                if self._data:
+                    yield "\n".join(self._data)
+                    self._data = []
+            elif line.startswith("data:"):
+                self._data.append(line[5:].removeprefix(" "))
+
+    def flush(self) -> Iterator[str]:
+        if self._buffer.strip():
+            yield from self.feed("\n\n")
+        elif self._data:
+            yield "\n".join(self._data)
+            self._data = []
+
+
+async def decode_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
+    """Workers AI stream bytes -> event dicts, stopping at `[DONE]`."""
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        for data in decoder.feed(chunk):
+            if data == DONE:
+                return
+            yield json.loads(data)
+    for data in decoder.flush():
+        if data != DONE:
+            yield json.loads(data)

@@ -1,0 +1,29 @@
+"""Per-isolate state: what one Worker isolate (or one local edge process) shares between the
+requests it serves. It is created by the runtime adapter and passed in through `Deps.state`,
+never kept at module level in the core."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CacheCounters:
+    hits: int = 0
+    misses: int = 0
+    bypasses: int = 0
+    bytes_served: int = 0
+    coalesced: int = 0
+    write_errors: int = 0
+    read_errors: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class IsolateState:
+    inflight: dict[str, "asyncio.Future[Any]"] = field(default_factory=dict)
+    cache: CacheCounters = field(default_factory=CacheCounters)

@@ -1,0 +1,60 @@
+"""Type and range checks shared by the OpenAI and Workers AI wire formats.
+
+Each check names the offending parameter so the 400 tells the caller exactly what to fix.
+`bool` is rejected where a number is expected: in Python it is an `int`, on the wire it is not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import invalid
+
+
+def as_int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+        raise invalid(f"'{name}' must be an integer, got {value!r}.", name, "invalid_type")
+    value = int(value)
+    _check_range(name, value, lo, hi)
+    return value
+
+
+def as_float(body: dict[str, Any], name: str, lo: float | None = None, hi: float | None = None) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid(f"'{name}' must be a number, got {value!r}.", name, "invalid_type")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise invalid(f"'{name}' must be a finite number.", name)
+    _check_range(name, value, lo, hi)
+    return float(value)
+
+
+def as_bool(body: dict[str, Any], name: str) -> bool | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise invalid(f"'{name}' must be a boolean, got {value!r}.", name, "invalid_type")
+    return value
+
+
+def as_str(body: dict[str, Any], name: str, *, allow_empty: bool = True) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"'{name}' must be a string, got {type(value).__name__}.", name, "invalid_type")
+    if not allow_empty and not value:
+        raise invalid(f"'{name}' must not be empty.", name)
+    return value
+
+
+def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"between {lo} and {hi}" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
+        raise invalid(f"'{name}' must be {bounds}, got {value}.", name, "out_of_range")

@@ -1,0 +1,100 @@
+"""Shared fixtures: a tiny GGUF written by the tests, a shared llama.cpp runner, and a factory
+for local edges (a real uvicorn server on 127.0.0.1) with injectable bindings."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from edgellm.config import Config
+from edgellm.ports import Clock, Deps, SystemClock
+from edgellm.state import IsolateState
+from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
+from edgellm_local.assets import StaticAssets
+from edgellm_local.edge import DEFAULT_PUBLIC
+from edgellm_local.kv import SqliteKV
+from edgellm_local.server import EdgeApp, EdgeServer
+from tests.support.tiny_gguf import write_tiny_gguf
+
+
+class ManualClock:
+    """A clock tests move by hand (TTL expiry without sleeping)."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny-bpe.gguf", vocab="bpe")
+
+
+@pytest.fixture(scope="session")
+def tiny_runner(tiny_model: Path) -> LlamaCppRunner:
+    return LlamaCppRunner(tiny_model, n_ctx=2048, n_parallel=4).load()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def make_deps(tiny_runner: LlamaCppRunner, tmp_path: Path) -> Callable[..., Deps]:
+    """Deps over the real local bindings; keyword overrides replace any of them."""
+
+    def make(config: Config | None = None, clock: Clock | None = None, **overrides: Any) -> Deps:
+        config = config or Config()
+        clock = clock or SystemClock()
+        deps = Deps(
+            config=config,
+            ai=LlamaCppAI.for_config(config, tiny_runner),
+            kv=SqliteKV(tmp_path / "kv.sqlite3", clock=clock),
+            r2=_file_r2(tmp_path / "r2", clock),
+            clock=clock,
+            log=logging.getLogger("edgellm.test"),
+            state=IsolateState(),
+        )
+        return replace(deps, **overrides)
+
+    return make
+
+
+def _file_r2(root: Path, clock: Clock) -> Any:
+    try:
+        from edgellm_local.r2 import FileR2
+    except ImportError:
+        return None
+    return FileR2(root, clock=clock)
+
+
+@pytest.fixture
+def start_edge(make_deps: Callable[..., Deps]) -> Iterator[Callable[..., EdgeServer]]:
+    """Start a local edge around given Deps (default: real local bindings + tiny model)."""
+    servers: list[EdgeServer] = []
+
+    def start(deps: Deps | None = None, public: Path | None = DEFAULT_PUBLIC, **overrides: Any) -> EdgeServer:
+        deps = deps or make_deps(**overrides)
+        assets = StaticAssets(public) if public and public.is_dir() else None
+        server = EdgeServer(EdgeApp(deps, assets)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def edge(start_edge: Callable[..., EdgeServer]) -> EdgeServer:
+    return start_edge()

@@ -1,0 +1,69 @@
+"""`wrangler deploy --dry-run` is the real check of wrangler.toml and of what ships."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    wrangler = ROOT / "node_modules" / ".bin" / "wrangler"
+    assert wrangler.exists(), "run `make setup-test` (npm install) first"
+    out = tmp_path_factory.mktemp("dist")
+    result = subprocess.run(
+        [str(wrangler), "deploy", "--dry-run", "--outdir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        env={**__import__("os").environ, "WRANGLER_SEND_METRICS": "false", "CI": "true"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+def test_bundle_holds_the_worker_code_only(bundle: Path) -> None:
+    files = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*.py"))
+    assert "entry.py" in files
+    assert "edgellm/app.py" in files
+    for name in files:
+        assert name == "entry.py" or name.startswith("edgellm/"), name
+        assert "edgellm_local" not in name and "tests" not in name and "bench" not in name
+    text = "\n".join((bundle / f).read_text() for f in files)
+    for forbidden in ("xllamacpp", "uvicorn", "sqlite3", "edgellm_local", "pytest"):
+        assert f"import {forbidden}" not in text and f"from {forbidden}" not in text, forbidden
+
+
+def test_core_never_imports_a_runtime() -> None:
+    """The core runs in CPython and Pyodide alike: only the adapter may import js/pyodide/workers."""
+    import ast
+
+    core = ROOT / "src" / "edgellm"
+    banned = {"js", "pyodide", "workers", "sqlite3", "socket", "edgellm_local", "xllamacpp"}
+    for path in core.rglob("*.py"):
+        if path.parent.name == "runtime" and path.name.startswith("pyodide"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                assert name.split(".")[0] not in banned, f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_wrangler_config_names_the_bindings() -> None:
+    import tomllib
+
+    config = tomllib.loads((ROOT / "wrangler.toml").read_text())
+    assert config["main"] == "src/entry.py"
+    assert "python_workers" in config["compatibility_flags"]
+    assert config["ai"]["binding"] == "AI"
+    assert config["kv_namespaces"][0]["binding"] == "CACHE"
+    assert config["r2_buckets"][0]["binding"] == "ARTIFACTS"
+    assert config["assets"]["directory"] == "./public"
+    assert config["vars"]["MODEL"] == "@cf/meta/llama-2-7b-chat-int8"
+    assert config["vars"]["FALLBACK_MODELS"]
+    assert shutil.which("python3")

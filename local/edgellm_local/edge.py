@@ -8,6 +8,7 @@ from pathlib import Path
 
 from edgellm.config import Config
 from edgellm.ports import Clock, Deps, SystemClock
+from edgellm.state import IsolateState
 
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
 from .assets import StaticAssets
@@ -38,6 +39,7 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         r2=_file_r2(settings.state_dir / "r2", clock),
         clock=clock,
         log=logging.getLogger("edgellm"),
+        state=IsolateState(),
     )
 
 

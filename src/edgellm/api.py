@@ -13,7 +13,7 @@ from . import openai, workers_ai
 from .errors import ErrorKind, GatewayError, invalid
 from .generation import Generation, GenerationRequest
 from .http import Request, Response, json_response
-from .inference import start_generation
+from .cache.service import cached_generation
 from .ports import Deps
 
 JSONRenderer = Callable[[Generation], Awaitable[dict[str, Any]]]
@@ -39,13 +39,15 @@ def generation_headers(generation: Generation) -> dict[str, str]:
         headers["cf-aig-cache-status"] = generation.cache_status
     if generation.age is not None:
         headers["age"] = str(generation.age)
+    if generation.cache_key:
+        headers["x-edgellm-cache-key"] = generation.cache_key
     return headers
 
 
 async def serve_generation(
     request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
 ) -> Response:
-    generation = await start_generation(deps, gen_request)
+    generation = await cached_generation(deps, request, gen_request)
     headers = generation_headers(generation)
     if gen_request.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})

@@ -76,6 +76,7 @@ class Generation:
     events: AsyncIterator[Event]
     cache_status: str | None = None
     age: int | None = None
+    cache_key: str | None = None
 
     async def collect(self) -> tuple[str, Finish]:
         parts: list[str] = []

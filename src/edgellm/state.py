@@ -4,7 +4,6 @@ never kept at module level in the core."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,5 +24,6 @@ class CacheCounters:
 
 @dataclass
 class IsolateState:
-    inflight: dict[str, "asyncio.Future[Any]"] = field(default_factory=dict)
+    inflight: dict[str, Any] = field(default_factory=dict)  # cache key -> cache.flight.Flight
+    generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # namespace purge generations
     cache: CacheCounters = field(default_factory=CacheCounters)

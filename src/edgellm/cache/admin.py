@@ -1,0 +1,160 @@
+"""Managing the cache: preload popular prompts, purge one entry or a whole namespace, stats.
+
+The routes exist only when an `ADMIN_TOKEN` secret is configured (otherwise they answer 404
+as if absent) and need it as a bearer token. A namespace purge bumps the namespace's
+generation number, which is part of every key: old entries become unreachable at once, with
+no KV listing, and expire by their TTL.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from typing import Any
+
+from .. import openai
+from ..errors import ErrorKind, GatewayError, invalid
+from ..generation import GenerationRequest
+from ..http import Request, Response, json_response
+from ..inference import start_generation
+from ..ports import Deps
+from ..state import IsolateState
+from .entry import record
+from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
+from .policy import MAX_TTL, MIN_TTL, is_deterministic
+from .service import GENERATION_KEY, _counters, current_scope, lookup, store
+
+MAX_PRELOAD = 100
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def require_admin(request: Request, deps: Deps) -> None:
+    token = deps.config.admin_token
+    if not token:
+        raise GatewayError(ErrorKind.NOT_FOUND, f"No route for {request.method} {request.path}.", code="route_not_found")
+    auth = request.header("authorization") or ""
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not given or not hmac.compare_digest(given.encode(), token.encode()):
+        raise GatewayError(ErrorKind.AUTHENTICATION, "A valid admin bearer token is required.", code="invalid_admin_token",
+                           headers={"www-authenticate": 'Bearer realm="edgellm-admin"'})
+
+
+def _admin_body(request: Request, deps: Deps) -> dict[str, Any]:
+    from ..api import read_json
+
+    require_admin(request, deps)
+    body = read_json(request, deps)
+    if not isinstance(body, dict):
+        raise invalid("The request body must be a JSON object.", None, "invalid_type")
+    return body
+
+
+def _parse_item(item: Any, deps: Deps, where: str) -> GenerationRequest:
+    if not isinstance(item, dict):
+        raise invalid(f"'{where}' must be a chat or completion request object.", where, "invalid_type")
+    if "messages" in item:
+        return openai.parse_chat_request({**item, "stream": False}, deps.config)
+    return openai.parse_completion_request({**item, "stream": False}, deps.config)
+
+
+def _ttl(body: dict[str, Any], deps: Deps) -> int:
+    if body.get("ttl") is not None:
+        if isinstance(body["ttl"], bool) or not isinstance(body["ttl"], int):
+            raise invalid("'ttl' must be an integer number of seconds.", "ttl", "invalid_type")
+        return min(max(body["ttl"], MIN_TTL), MAX_TTL)
+    name = body.get("class")
+    if name is not None:
+        if name not in deps.config.cache_classes:
+            raise invalid(f"Unknown cache class {name!r}.", "class", "unknown_cache_class")
+        return deps.config.cache_classes[name]
+    return deps.config.cache_default_ttl
+
+
+async def preload_cache(request: Request, deps: Deps) -> Response:
+    body = _admin_body(request, deps)
+    items = body.get("requests")
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_PRELOAD:
+        raise invalid(f"'requests' must be an array of 1 to {MAX_PRELOAD} requests.", "requests", "invalid_type")
+    if deps.kv is None:
+        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=60)
+    ttl, refresh = _ttl(body, deps), bool(body.get("refresh"))
+    scope = await current_scope(deps)
+    results = []
+    for i, item in enumerate(items):
+        gen_request = _parse_item(item, deps, f"requests[{i}]")  # a bad item fails the whole call, before any work
+        if not is_deterministic(gen_request):
+            raise invalid(f"'requests[{i}]' is not deterministic: set temperature 0 or a seed.", f"requests[{i}]", "not_cacheable")
+        results.append((gen_request, build_cache_key(gen_request, scope)))
+    report = []
+    for gen_request, key in results:
+        report.append(await _preload_one(deps, gen_request, key, ttl, refresh))
+    return json_response({"object": "cache.preload", "ttl": ttl, "results": report,
+                          "stored": sum(r["status"] == "stored" for r in report)})
+
+
+async def _preload_one(deps: Deps, gen_request: GenerationRequest, key: CacheKey, ttl: int, refresh: bool) -> dict[str, Any]:
+    if not refresh and (await lookup(deps, key))[0] is not None:
+        return {"key": key.digest, "status": "cached"}
+    try:
+        generation = await start_generation(deps, gen_request)
+        events = [event async for event in generation.events]
+    except GatewayError as exc:
+        return {"key": key.digest, "status": "error", "error": exc.to_json()["error"]}
+    answer = record(generation.model, events, deps.clock.now())
+    if answer is None or not await store(deps, key, answer, ttl):
+        return {"key": key.digest, "status": "error", "error": {"message": "the answer could not be stored"}}
+    return {"key": key.digest, "status": "stored", "model": answer.model, "usage": answer.usage.to_json()}
+
+
+async def purge_cache(request: Request, deps: Deps) -> Response:
+    body = _admin_body(request, deps)
+    if deps.kv is None:
+        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=60)
+    if "namespace" in body:
+        return await _purge_namespace(deps, body["namespace"])
+    scope = await current_scope(deps)
+    if "key" in body:
+        digest = body["key"]
+        if not isinstance(digest, str) or not _HEX.match(digest):
+            raise invalid("'key' must be the 64-hex cache key (the x-edgellm-cache-key header).", "key")
+        key = CacheKey(scope, digest)
+    elif "cache_key" in body:
+        if not isinstance(body["cache_key"], str) or not body["cache_key"]:
+            raise invalid("'cache_key' must be the custom key sent as cf-aig-cache-key.", "cache_key")
+        key = build_custom_key(body["cache_key"], scope)
+    elif "request" in body:
+        key = build_cache_key(_parse_item(body["request"], deps, "request"), scope)
+    else:
+        raise invalid("Send one of 'key', 'cache_key', 'request' or 'namespace'.", None, "missing_required_parameter")
+    await deps.kv.delete(key.kv_key)
+    return json_response({"object": "cache.purge", "purged": "key", "key": key.digest})
+
+
+async def _purge_namespace(deps: Deps, namespace: Any) -> Response:
+    assert deps.kv is not None
+    if not isinstance(namespace, str):
+        raise invalid("'namespace' must be a string.", "namespace", "invalid_type")
+    try:
+        CacheScope(deps.config.tenant, namespace)
+    except ValueError as exc:
+        raise invalid(str(exc), "namespace") from None
+    kv_key = GENERATION_KEY.format(tenant=deps.config.tenant, namespace=namespace)
+    current = await deps.kv.get(kv_key)
+    generation = (int(current.value) if current is not None else 0) + 1
+    await deps.kv.put(kv_key, str(generation).encode())
+    if isinstance(deps.state, IsolateState):
+        deps.state.generations[(deps.config.tenant, namespace)] = (generation, deps.clock.now())
+    return json_response({"object": "cache.purge", "purged": "namespace", "namespace": namespace, "generation": generation})
+
+
+async def cache_stats(request: Request, deps: Deps) -> Response:
+    require_admin(request, deps)
+    scope = await current_scope(deps)
+    return json_response({
+        "object": "cache.stats",
+        "scope": "isolate",  # counters are per isolate: KV must never be used as a counter
+        **_counters(deps).to_json(),
+        "inflight": len(deps.state.inflight) if isinstance(deps.state, IsolateState) else 0,
+        "namespace": scope.namespace, "generation": scope.generation,
+        "default_ttl": deps.config.cache_default_ttl, "classes": deps.config.cache_classes,
+    })

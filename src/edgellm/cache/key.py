@@ -1,0 +1,85 @@
+"""Cache keys: SHA-256 over a canonical encoding of everything that shapes the output.
+
+Two requests that can only produce the same answer must share a key (key order, `0` vs
+`0.0`, defaults omitted or spelled out), and any change that can change the answer must give
+a new one. Validation has already applied defaults and typed every number (floats as float,
+integers as int), so a canonical JSON dump of the normalised inputs is enough.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..generation import GenerationRequest
+
+FORMAT_VERSION = 1
+_SAFE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Sampling parameters and their types. Anything here changes the output; `stream` does not.
+SHAPING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty",
+           "frequency_penalty", "presence_penalty", "raw", "lora")
+
+
+@dataclass(frozen=True)
+class CacheScope:
+    """Who owns an entry: tenant and cache namespace (plus its purge generation)."""
+
+    tenant: str
+    namespace: str
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (self.tenant, self.namespace):
+            if not _SAFE.match(name):
+                raise ValueError(f"tenant and namespace names must match {_SAFE.pattern}: {name!r}")
+
+    @property
+    def prefix(self) -> str:
+        return f"cache/v{FORMAT_VERSION}/{self.tenant}/{self.namespace}/g{self.generation}/"
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    scope: CacheScope
+    digest: str  # 64 hex chars
+
+    @property
+    def kv_key(self) -> str:
+        """`cache/v1/<tenant>/<namespace>/g<n>/<sha256>`: at most ~230 bytes, well under KV's 512."""
+        return self.scope.prefix + self.digest
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return value if isinstance(value, int) else float(value)
+
+
+def canonical_request(request: GenerationRequest) -> dict[str, Any]:
+    inputs = request.inputs
+    body: dict[str, Any] = {"v": FORMAT_VERSION, "model": request.model}
+    if "messages" in inputs:
+        body["messages"] = [[m["role"], m["content"]] for m in inputs["messages"]]
+    else:
+        body["prompt"] = inputs["prompt"]
+    body["params"] = {name: _number(inputs[name]) for name in SHAPING if inputs.get(name) is not None}
+    if request.stop:
+        body["stop"] = list(request.stop)
+    return body
+
+
+def _digest(payload: Any) -> str:
+    encoded = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def build_cache_key(request: GenerationRequest, scope: CacheScope) -> CacheKey:
+    return CacheKey(scope, _digest({"scope": [scope.tenant, scope.namespace], "request": canonical_request(request)}))
+
+
+def build_custom_key(custom: str, scope: CacheScope) -> CacheKey:
+    """`cf-aig-cache-key`: the caller names the entry, still scoped to its tenant and namespace."""
+    return CacheKey(scope, _digest({"scope": [scope.tenant, scope.namespace], "custom": custom}))

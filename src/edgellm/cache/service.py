@@ -1,0 +1,141 @@
+"""The cache in front of the AI binding: look up, coalesce, generate, write behind.
+
+Failures of KV never fail a request (fail open): a read error is a miss, a write error is
+logged, and both are counted in the stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from ..generation import Generation, GenerationRequest
+from ..http import Request
+from ..inference import start_generation
+from ..ports import Deps
+from ..state import CacheCounters, IsolateState
+from .entry import CachedAnswer, CorruptEntry, record
+from .flight import Flight
+from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
+from .policy import CachePolicy, cache_policy
+
+GENERATION_KEY = "cache-meta/{tenant}/{namespace}/generation"
+GENERATION_REFRESH_SECONDS = 30.0
+
+
+def _counters(deps: Deps) -> CacheCounters:
+    state = deps.state
+    return state.cache if isinstance(state, IsolateState) else CacheCounters()
+
+
+async def current_scope(deps: Deps) -> CacheScope:
+    """The namespace's purge generation, remembered in the isolate for a few seconds: a
+    namespace purge bumps it in KV, and KV itself takes up to 60 s to be seen everywhere."""
+    config, state = deps.config, deps.state
+    memo_key = (config.tenant, config.cache_namespace)
+    now = deps.clock.now()
+    if isinstance(state, IsolateState):
+        memo = state.generations.get(memo_key)
+        if memo is not None and now - memo[1] < GENERATION_REFRESH_SECONDS:
+            return CacheScope(config.tenant, config.cache_namespace, memo[0])
+    generation = 0
+    if deps.kv is not None:
+        try:
+            entry = await deps.kv.get(GENERATION_KEY.format(tenant=config.tenant, namespace=config.cache_namespace))
+            generation = int(entry.value) if entry is not None else 0
+        except Exception as exc:  # fail open: generation 0 (worst case: a purged entry is served until TTL)
+            deps.log.warning("cache generation read failed: %s", exc)
+            _counters(deps).read_errors += 1
+    if isinstance(state, IsolateState):
+        state.generations[memo_key] = (generation, now)
+    return CacheScope(config.tenant, config.cache_namespace, generation)
+
+
+async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
+    """(answer, bytes read) or (None, 0) on a miss, a corrupt entry or a KV failure."""
+    assert deps.kv is not None
+    try:
+        entry = await deps.kv.get(key.kv_key)
+    except Exception as exc:
+        deps.log.warning("cache read failed for %s: %s", key.kv_key, exc)
+        _counters(deps).read_errors += 1
+        return None, 0
+    if entry is None:
+        return None, 0
+    try:
+        return CachedAnswer.decode(entry.value), len(entry.value)
+    except CorruptEntry as exc:
+        deps.log.warning("corrupt cache entry %s treated as a miss: %s", key.kv_key, exc)
+        return None, 0
+
+
+async def store(deps: Deps, key: CacheKey, answer: CachedAnswer, ttl: int) -> bool:
+    assert deps.kv is not None
+    try:
+        await deps.kv.put(key.kv_key, answer.encode(), expiration_ttl=ttl,
+                          metadata={"model": answer.model, "created": int(answer.created)})
+        return True
+    except Exception as exc:
+        deps.log.error("cache write failed for %s: %s", key.kv_key, exc)
+        _counters(deps).write_errors += 1
+        return False
+
+
+@dataclass(frozen=True)
+class CacheDecision:
+    policy: CachePolicy
+    key: CacheKey | None
+
+
+async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -> CacheDecision:
+    policy = cache_policy(request, gen_request, deps.config)
+    if policy.bypass or deps.kv is None:
+        return CacheDecision(policy, None)
+    scope = await current_scope(deps)
+    key = build_custom_key(policy.custom_key, scope) if policy.custom_key else build_cache_key(gen_request, scope)
+    return CacheDecision(policy, key)
+
+
+async def cached_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
+    """Answer from KV, join an identical in-flight generation, or start one and cache it."""
+    decision = await decide(deps, request, gen_request)
+    counters = _counters(deps)
+    if decision.key is None:
+        counters.bypasses += 1
+        generation = await start_generation(deps, gen_request)
+        generation.cache_status = "BYPASS"
+        return generation
+    key, policy = decision.key, decision.policy
+    if policy.read:
+        answer, size = await lookup(deps, key)
+        if answer is not None:
+            counters.hits += 1
+            counters.bytes_served += size
+            age = max(0, int(deps.clock.now() - answer.created))
+            return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest)
+    counters.misses += 1
+    flight = await join_or_start(deps, key, policy, gen_request)
+    model = await asyncio.shield(flight.started)
+    return Generation(model, flight.subscribe(), cache_status="MISS", cache_key=key.digest)
+
+
+async def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: GenerationRequest) -> Flight:
+    inflight: dict[str, Any] = deps.state.inflight if isinstance(deps.state, IsolateState) else {}
+    flight = inflight.get(key.kv_key)
+    if flight is not None:
+        _counters(deps).coalesced += 1
+        return flight
+    flight = Flight()
+    inflight[key.kv_key] = flight
+
+    def on_done(done: Flight) -> None:
+        if inflight.get(key.kv_key) is done:
+            del inflight[key.kv_key]
+        answer = record(done.model, done.events, deps.clock.now()) if done.error is None else None
+        if answer is not None and policy.write:
+            deps.wait_until(store(deps, key, answer, policy.ttl))
+
+    flight.producer = asyncio.ensure_future(flight.run(lambda: start_generation(deps, gen_request), on_done))
+    deps.wait_until(flight.producer)  # on the Worker, keeps the isolate alive until the answer is complete
+    return flight

@@ -51,8 +51,17 @@ class Response:
         return not isinstance(self.body, (bytes, bytearray))
 
 
+def json_bytes(data: Any) -> bytes:
+    """Compact UTF-8 JSON. JSON input may carry a lone surrogate (`"\\ud800"`) that UTF-8
+    cannot hold; echoed back (a model name in an error), it is escaped instead of failing."""
+    try:
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
 def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    body = json_bytes(data)
     merged = {"content-type": "application/json"}
     merged.update({k.lower(): v for k, v in (headers or {}).items()})
     return Response(status=status, headers=merged, body=body)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any, AsyncIterator, Iterator
+
+from .http import json_bytes
 
 DONE = "[DONE]"
 
 
 def encode_event(data: Any) -> bytes:
     """One `data:` event. Dicts are compact JSON; `[DONE]` is sent verbatim."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()
+    text = data.encode() if isinstance(data, str) else json_bytes(data)
+    return b"data: " + text + b"\n\n"
 
 
 def encode_done() -> bytes:
@@ -21,15 +24,17 @@ def encode_done() -> bytes:
 class SSEDecoder:
     """Incremental decoder: feed bytes as they arrive, get complete `data` payloads back.
 
-    Handles events split across chunks, CRLF line endings and multi-line data fields.
+    Handles events split across chunks (a chunk may even end inside a multi-byte UTF-8
+    character: a network read does not respect them), CRLF line endings and multi-line data.
     """
 
     def __init__(self) -> None:
         self._buffer = ""
         self._data: list[str] = []
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
 
     def feed(self, chunk: bytes | str) -> Iterator[str]:
-        self._buffer += chunk.decode() if isinstance(chunk, (bytes, bytearray)) else chunk
+        self._buffer += self._utf8.decode(chunk) if isinstance(chunk, (bytes, bytearray)) else chunk
         while True:
             newline = self._buffer.find("\n")
             if newline < 0:

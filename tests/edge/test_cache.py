@@ -1,0 +1,327 @@
+"""The response cache through the local edge's real HTTP server and the real llama.cpp runner."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping
+
+import httpx
+import pytest
+
+from edgellm.config import Config
+from edgellm.ports import BindingError, Deps
+from edgellm_local.server import EdgeServer
+
+TOKEN = "test-admin-token"
+CHAT = {"messages": [{"role": "user", "content": "Tell me about the edge."}], "temperature": 0, "max_tokens": 24}
+ADMIN = {"authorization": f"Bearer {TOKEN}"}
+
+
+@dataclass
+class CountingAI:
+    """Wraps the real local binding to count generations (and optionally slow their start,
+    so that concurrent requests really overlap)."""
+
+    inner: Any
+    start_delay: float = 0.0
+    calls: int = 0
+
+    def describe(self, model: str) -> Any:
+        return self.inner.describe(model)
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        await asyncio.sleep(self.start_delay)
+        return await self.inner.run(model, inputs)
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        self.calls += 1
+        await asyncio.sleep(self.start_delay)
+        return await self.inner.stream(model, inputs)
+
+
+class FailingKV:
+    """A KV namespace that is down: every call raises, as a JsException would on the Worker."""
+
+    async def get(self, key: str) -> Any:
+        raise BindingError("KV GET failed: 503 Service Unavailable")
+
+    async def put(self, key: str, value: bytes, **kwargs: Any) -> None:
+        raise BindingError("KV PUT failed: 503 Service Unavailable")
+
+    async def delete(self, key: str) -> None:
+        raise BindingError("KV DELETE failed: 503")
+
+    async def list(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise BindingError("KV LIST failed: 503")
+
+
+@pytest.fixture
+def cache_edge(start_edge, make_deps, clock) -> tuple[EdgeServer, Deps, CountingAI]:
+    deps = make_deps(config=Config(admin_token=TOKEN), clock=clock)
+    ai = CountingAI(deps.ai)
+    deps = type(deps)(**{**deps.__dict__, "ai": ai})
+    return start_edge(deps), deps, ai
+
+
+def post(server: EdgeServer, body: dict, path: str = "/v1/chat/completions", **headers: str) -> httpx.Response:
+    response = httpx.post(server.url + path, json=body, headers=headers, timeout=60)
+    server.drain()  # the KV write happens after the answer (waitUntil); wait for it
+    return response
+
+
+def sse_payloads(response: httpx.Response) -> list[Any]:
+    return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def chat_text(response: httpx.Response) -> str:
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def stream_text(response: httpx.Response) -> str:
+    parts = []
+    for data in sse_payloads(response):
+        if data != "[DONE]":
+            for choice in json.loads(data)["choices"]:
+                parts.append(choice["delta"].get("content") or "")
+    return "".join(parts)
+
+
+def test_hit_after_miss_is_the_same_answer_without_inference(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    first = post(server, CHAT)
+    second = post(server, CHAT)
+    assert first.headers["cf-aig-cache-status"] == "MISS" and "age" not in first.headers
+    assert second.headers["cf-aig-cache-status"] == "HIT" and second.headers["age"] == "0"
+    assert chat_text(first) == chat_text(second) and chat_text(first)
+    assert second.json()["usage"] == first.json()["usage"]
+    assert second.json()["model"] == first.json()["model"]
+    assert ai.calls == 1
+
+
+def test_stream_and_non_stream_share_one_entry(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    streamed = post(server, {**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert streamed.headers["cf-aig-cache-status"] == "MISS"
+    as_json = post(server, CHAT)
+    assert as_json.headers["cf-aig-cache-status"] == "HIT"
+    assert chat_text(as_json) == stream_text(streamed)
+    replayed = post(server, {**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert replayed.headers["cf-aig-cache-status"] == "HIT"
+    payloads = sse_payloads(replayed)
+    assert payloads[-1] == "[DONE]" and len(payloads) > 4  # token by token, not one blob
+    assert json.loads(payloads[-2])["usage"] == as_json.json()["usage"]
+    assert stream_text(replayed) == stream_text(streamed)
+    assert ai.calls == 1
+
+
+def test_workers_ai_route_replays_in_its_own_formats(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    path = f"/client/v4/accounts/acct/ai/run/{deps.config.model}"
+    first = post(server, CHAT)
+    as_json = post(server, CHAT, path)
+    assert as_json.headers["cf-aig-cache-status"] == "HIT"
+    assert as_json.json()["result"]["response"] == chat_text(first) and as_json.json()["success"] is True
+    as_sse = post(server, {**CHAT, "stream": True}, path)
+    assert as_sse.headers["cf-aig-cache-status"] == "HIT"
+    events = sse_payloads(as_sse)
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["response"] for e in events[:-1]) == chat_text(first)
+    assert ai.calls == 1
+
+
+def test_non_deterministic_requests_bypass(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    body = {k: v for k, v in CHAT.items() if k != "temperature"}  # Workers AI default 0.6
+    for _ in range(2):
+        assert post(server, body).headers["cf-aig-cache-status"] == "BYPASS"
+    seeded = {**body, "temperature": 0.9, "seed": 7}
+    assert post(server, seeded).headers["cf-aig-cache-status"] == "MISS"
+    assert post(server, seeded).headers["cf-aig-cache-status"] == "HIT"
+    assert ai.calls == 3
+
+
+def test_control_headers(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    assert post(server, CHAT, **{"cf-aig-skip-cache": "true"}).headers["cf-aig-cache-status"] == "BYPASS"
+    assert post(server, CHAT, **{"cache-control": "no-store"}).headers["cf-aig-cache-status"] == "MISS"
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"        # no-store wrote nothing
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
+    assert post(server, CHAT, **{"cf-aig-skip-cache": "true"}).headers["cf-aig-cache-status"] == "BYPASS"
+    refreshed = post(server, CHAT, **{"cache-control": "no-cache"})
+    assert refreshed.headers["cf-aig-cache-status"] == "MISS"                # not read, but rewritten
+    assert ai.calls == 5  # bypass, no-store, miss, bypass, no-cache
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
+
+
+def test_custom_key_shares_an_entry_across_bodies(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    a = post(server, CHAT, **{"cf-aig-cache-key": "greeting"})
+    other = {**CHAT, "messages": [{"role": "user", "content": "Something else entirely"}]}
+    b = post(server, other, **{"cf-aig-cache-key": "greeting"})
+    assert (a.headers["cf-aig-cache-status"], b.headers["cf-aig-cache-status"]) == ("MISS", "HIT")
+    assert chat_text(a) == chat_text(b)
+    assert post(server, other).headers["cf-aig-cache-status"] == "MISS"
+
+
+def test_ttl_expiry_age_and_classes(cache_edge, clock) -> None:
+    server, deps, ai = cache_edge
+    assert post(server, CHAT, **{"cf-aig-cache-ttl": "5"}).headers["cf-aig-cache-status"] == "MISS"
+    clock.advance(30)  # the 5 s asked for was clamped to KV's 60 s floor
+    hit = post(server, CHAT)
+    assert hit.headers["cf-aig-cache-status"] == "HIT" and hit.headers["age"] == "30"
+    clock.advance(31)
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"
+
+    news = {**CHAT, "max_tokens": 8}
+    assert post(server, news, **{"x-edgellm-cache-class": "news"}).headers["cf-aig-cache-status"] == "MISS"
+    clock.advance(299)
+    assert post(server, news).headers["cf-aig-cache-status"] == "HIT"
+    clock.advance(2)
+    assert post(server, news).headers["cf-aig-cache-status"] == "MISS"
+
+
+def test_bad_cache_headers_are_400(cache_edge) -> None:
+    server, _, _ = cache_edge
+    for headers in ({"cf-aig-cache-ttl": "tomorrow"}, {"x-edgellm-cache-class": "hourly"}):
+        response = post(server, CHAT, **headers)
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == next(iter(headers))
+
+
+def test_aborted_stream_leaves_no_entry(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    long = {**CHAT, "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=long, timeout=60) as response:
+        assert response.headers["cf-aig-cache-status"] == "MISS"
+        lines = response.iter_lines()
+        for _ in range(6):
+            next(lines)
+    server.drain()
+    assert asyncio.run(deps.kv.list(prefix="cache/"))["keys"] == []
+    assert deps.state.inflight == {}
+    assert post(server, long).headers["cf-aig-cache-status"] == "MISS"
+
+
+def test_failing_generation_mid_stream_leaves_no_entry(start_edge, make_deps) -> None:
+    deps = make_deps()
+
+    class BreaksMidStream(CountingAI):
+        async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+            upstream = await self.inner.stream(model, inputs)
+
+            async def events() -> AsyncIterator[dict[str, Any]]:
+                count = 0
+                async for event in upstream:
+                    count += 1
+                    if count == 3:
+                        await upstream.aclose()
+                        raise BindingError("InferenceUpstreamError: 3043: internal server error")
+                    yield event
+            return events()
+
+    server = start_edge(type(deps)(**{**deps.__dict__, "ai": BreaksMidStream(deps.ai)}))
+    response = post(server, {**CHAT, "stream": True})
+    payloads = sse_payloads(response)
+    assert "[DONE]" not in payloads and "error" in json.loads(payloads[-1])
+    assert asyncio.run(deps.kv.list(prefix="cache/"))["keys"] == []
+
+
+def test_concurrent_identical_misses_share_one_generation(start_edge, make_deps) -> None:
+    deps = make_deps()
+    ai = CountingAI(deps.ai, start_delay=0.3)
+    server = start_edge(type(deps)(**{**deps.__dict__, "ai": ai}))
+    results: list[httpx.Response] = []
+
+    def call(stream: bool) -> None:
+        results.append(httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=60))
+
+    threads = [threading.Thread(target=call, args=(i % 2 == 0,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    server.drain()
+    assert ai.calls == 1
+    assert {r.status_code for r in results} == {200}
+    texts = {stream_text(r) if r.headers["content-type"].startswith("text/event-stream") else chat_text(r) for r in results}
+    assert len(texts) == 1
+    assert deps.state.cache.coalesced == 5
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
+
+
+def test_kv_failure_fails_open(start_edge, make_deps) -> None:
+    deps = make_deps(kv=FailingKV(), config=Config(admin_token=TOKEN))
+    server = start_edge(deps)
+    for _ in range(2):
+        response = post(server, CHAT)
+        assert response.status_code == 200 and chat_text(response)
+        assert response.headers["cf-aig-cache-status"] == "MISS"
+    streamed = post(server, {**CHAT, "stream": True})
+    assert sse_payloads(streamed)[-1] == "[DONE]"
+    stats = httpx.get(server.url + "/admin/cache/stats", headers=ADMIN).json()
+    assert stats["read_errors"] >= 3 and stats["write_errors"] == 3
+
+
+def test_corrupt_entry_is_a_miss_and_is_overwritten(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    first = post(server, CHAT)
+    [entry] = asyncio.run(deps.kv.list(prefix="cache/"))["keys"]
+    assert entry["name"].endswith(first.headers["x-edgellm-cache-key"])
+    asyncio.run(deps.kv.put(entry["name"], b"{not json"))
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"
+    again = post(server, CHAT)
+    assert again.headers["cf-aig-cache-status"] == "HIT" and chat_text(again) == chat_text(first)
+
+
+def test_admin_routes_need_the_token(cache_edge, start_edge) -> None:
+    server, _, _ = cache_edge
+    assert httpx.get(server.url + "/admin/cache/stats").status_code == 401
+    assert httpx.get(server.url + "/admin/cache/stats", headers={"authorization": "Bearer nope"}).status_code == 401
+    unconfigured = start_edge()
+    response = httpx.get(unconfigured.url + "/admin/cache/stats", headers=ADMIN)
+    assert response.status_code == 404 and response.json()["error"]["code"] == "route_not_found"
+
+
+def test_purge_one_key_and_a_whole_namespace(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    other = {**CHAT, "max_tokens": 8}
+    key = post(server, CHAT).headers["x-edgellm-cache-key"]
+    post(server, other)
+    purged = httpx.post(server.url + "/admin/cache/purge", json={"key": key}, headers=ADMIN)
+    assert purged.status_code == 200
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"
+    assert post(server, other).headers["cf-aig-cache-status"] == "HIT"
+
+    by_request = httpx.post(server.url + "/admin/cache/purge", json={"request": other}, headers=ADMIN)
+    assert by_request.json()["key"] != key
+    assert post(server, other).headers["cf-aig-cache-status"] == "MISS"
+
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
+    namespace = httpx.post(server.url + "/admin/cache/purge", json={"namespace": "default"}, headers=ADMIN).json()
+    assert namespace["generation"] == 1
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"
+    assert post(server, other).headers["cf-aig-cache-status"] == "MISS"
+    bad = httpx.post(server.url + "/admin/cache/purge", json={"key": "../etc"}, headers=ADMIN)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "key"
+
+
+def test_preload_then_hit_and_stats(cache_edge) -> None:
+    server, deps, ai = cache_edge
+    faq = [{"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 12} for q in ("Opening hours?", "Refunds?")]
+    response = httpx.post(server.url + "/admin/cache/preload", json={"requests": faq, "class": "faq"}, headers=ADMIN, timeout=60)
+    assert response.status_code == 200
+    assert [r["status"] for r in response.json()["results"]] == ["stored", "stored"] and response.json()["ttl"] == 86400
+    again = httpx.post(server.url + "/admin/cache/preload", json={"requests": faq}, headers=ADMIN, timeout=60)
+    assert [r["status"] for r in again.json()["results"]] == ["cached", "cached"]
+    calls = ai.calls
+    for item in faq:
+        assert post(server, item).headers["cf-aig-cache-status"] == "HIT"
+    assert ai.calls == calls == 2
+    not_cacheable = httpx.post(server.url + "/admin/cache/preload", json={"requests": [{"prompt": "x"}]}, headers=ADMIN)
+    assert not_cacheable.status_code == 400 and not_cacheable.json()["error"]["code"] == "not_cacheable"
+    stats = httpx.get(server.url + "/admin/cache/stats", headers=ADMIN).json()
+    assert stats["hits"] == 2 and stats["bytes_served"] > 0 and stats["generation"] == 0

@@ -12,6 +12,7 @@ from edgellm.config import Config
 
 from .ai import ModelFileError, default_model_path
 from .edge import EdgeSettings, build_app
+from .pull import run as run_pull
 from .server import PortInUse, bind_socket, make_server
 
 
@@ -43,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files)")
     dev.set_defaults(run=_dev)
+    pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
+    pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")
+    pull.add_argument("name", metavar="NAME", help="the model's published name")
+    pull.add_argument("--out", required=True, help="directory for the GGUF and its tokenizer files")
+    pull.add_argument("--parallel", type=int, default=4, choices=range(1, 65), metavar="N", help="concurrent shard downloads (1-64, default 4)")
+    pull.set_defaults(run=run_pull)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return args.run(args)

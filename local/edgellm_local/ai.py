@@ -8,6 +8,7 @@ unknown model id raises `ModelNotFound`, a schema violation `InvalidModelInput`)
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -138,11 +139,18 @@ class LlamaCppAI:
         if "lora" in checked:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
         kind, body = to_llama_request(checked)
+        try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)") from exc
         return runner, kind, body
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
         runner, kind, body = self._prepare(model, inputs)
-        result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
+        try:
+            result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
+        except Exception as exc:  # a binding fails with a binding error, never a bare exception
+            raise BindingError(f"llama.cpp failed: {exc}") from exc
         _raise_llama_error(result)
         choice = result["choices"][0]
         text = choice["message"]["content"] if kind == "chat" else choice["text"]
@@ -152,7 +160,24 @@ class LlamaCppAI:
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
         body.update(stream=True, stream_options={"include_usage": True})
-        return _stream_events(runner, kind, body)
+        events = _stream_events(runner, kind, body)
+        # Like the real binding, refuse at the call (before any byte is sent) rather than
+        # mid-stream: wait for the first event, so a rejected input (context too long) raises here.
+        try:
+            first = await anext(events)
+        except StopAsyncIteration:
+            first = None
+        return _prepend(first, events)
+
+
+async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    try:
+        if first is not None:
+            yield first
+        async for event in rest:
+            yield event
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
 
 
 async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -58,6 +58,10 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
             continue
         except BindingError as exc:
             raise binding_error(exc, model) from exc
+        except GatewayError:
+            raise
+        except Exception as exc:  # an adapter that let a runtime error through is still a failing dependency
+            raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), model) from exc
         return Generation(model=model, events=apply_stop(source, request.stop, live=request.stream))
     assert last is not None
     raise binding_error(last, request.model)
@@ -90,7 +94,11 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -
                 count += 1
                 yield Token(text)
     except BindingError as exc:
-        raise binding_error(exc, "stream") from exc
+        raise binding_error(exc, "the stream") from exc
+    except GatewayError:
+        raise
+    except Exception as exc:  # a broken stream (e.g. a JS read error) ends as an error event, not a crash
+        raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), "the stream") from exc
     finally:
         await _aclose(events)
     usage = usage or Usage(0, count)  # a stream without a usage event: one event per token

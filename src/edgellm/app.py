@@ -5,7 +5,7 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
-from . import api
+from . import api, artifacts
 from .cache import admin as cache_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response, json_response
@@ -19,6 +19,8 @@ ROUTES = Router((
     route("GET", "/v1/models", api.list_models),
     route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model),
     route("GET", "/healthz", api.health),
+    route("GET", "/models", artifacts.list_published_models),
+    route("GET", "/models/{path:path}", artifacts.get_artifact),
     route("POST", "/admin/cache/preload", cache_admin.preload_cache),
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
     route("GET", "/admin/cache/stats", cache_admin.cache_stats),

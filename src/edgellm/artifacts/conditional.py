@@ -1,0 +1,114 @@
+"""HTTP range and conditional-request logic (RFC 9110 sections 13 and 14) as pure functions.
+
+Choices where the RFC leaves room:
+- A malformed `Range` (or another unit) is ignored: the full 200 is served, as RFC 9110 14.2 says.
+- Several ranges are also answered with the full 200 (allowed by 14.2; a multipart/byteranges
+  body buys a model loader nothing, and pull tools ask for one range at a time).
+- `If-Range` with a date is treated as a mismatch (full 200): these responses carry no
+  `Last-Modified` to compare it with, and serving the whole entity is always safe.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ErrorKind, GatewayError
+
+_RANGE = re.compile(r"\s*bytes\s*=\s*(.*)", re.IGNORECASE | re.DOTALL)
+_SPEC = re.compile(r"(\d*)-(\d*)")
+_ETAG = re.compile(r'\s*(W/)?("[^"]*")\s*(?:,|$)')
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Inclusive first and last byte positions, already within the representation."""
+
+    first: int
+    last: int
+
+    @property
+    def length(self) -> int:
+        return self.last - self.first + 1
+
+    def content_range(self, size: int) -> str:
+        return f"bytes {self.first}-{self.last}/{size}"
+
+
+def unsatisfiable(size: int) -> GatewayError:
+    return GatewayError(
+        ErrorKind.RANGE_NOT_SATISFIABLE,
+        f"The requested range is not satisfiable; the representation is {size} bytes.",
+        param="range",
+        code="range_not_satisfiable",
+        headers={"content-range": f"bytes */{size}"},
+    )
+
+
+def parse_range(header: str | None, size: int) -> ByteRange | None:
+    """The single byte range `header` asks for within `size` bytes.
+
+    None means "serve the whole representation" (no header, malformed, another unit, or several
+    ranges); an unsatisfiable single range raises the 416 `GatewayError` with `bytes */size`.
+    """
+    if header is None:
+        return None
+    match = _RANGE.fullmatch(header)
+    if not match:
+        return None
+    specs = [s.strip() for s in match.group(1).split(",")]
+    if len(specs) != 1:
+        return None
+    spec = _SPEC.fullmatch(specs[0])
+    if not spec or spec.group(0) == "-":
+        return None
+    first, last = spec.group(1), spec.group(2)
+    if first == "":  # suffix: the last n bytes
+        n = int(last)
+        if n == 0 or size == 0:
+            raise unsatisfiable(size)
+        return ByteRange(max(size - n, 0), size - 1)
+    start = int(first)
+    if last != "" and int(last) < start:
+        return None  # an invalid range-spec makes the whole header invalid: ignore it
+    if start >= size:
+        raise unsatisfiable(size)
+    end = size - 1 if last == "" else min(int(last), size - 1)
+    return ByteRange(start, end)
+
+
+def parse_etags(header: str) -> list[tuple[bool, str]] | None:
+    """The `(weak, '"tag"')` pairs of an ETag list (`*` is `[(False, "*")]`); None if malformed."""
+    if header.strip() == "*":
+        return [(False, "*")]
+    tags: list[tuple[bool, str]] = []
+    pos = 0
+    while pos < len(header):
+        if not header[pos:].strip():
+            break
+        match = _ETAG.match(header, pos)
+        if not match:
+            return None
+        tags.append((bool(match.group(1)), match.group(2)))
+        pos = match.end()
+    return tags or None
+
+
+def none_match(header: str | None, etag: str) -> bool:
+    """True when `If-None-Match` matches the current quoted `etag` (weak comparison), i.e. the
+    client's copy is current and the answer is 304."""
+    if header is None:
+        return False
+    tags = parse_etags(header)
+    return tags is not None and any(tag in (etag, "*") for _weak, tag in tags)
+
+
+def range_applies(if_range: str | None, etag: str) -> bool:
+    """True when the Range header should be honoured: no `If-Range`, or one whose ETag is a
+    strong match for the current quoted `etag`."""
+    if if_range is None:
+        return True
+    value = if_range.strip()
+    if value.startswith("W/") or not (value.startswith('"') and value.endswith('"')):
+        return False  # weak tags never match strongly; a date has nothing to match here
+    return value == etag

@@ -134,7 +134,7 @@ class Downloader:
         retry: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rand: Callable[[], float] = random.random,
-        stderr: TextIO = sys.stderr,
+        stderr: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
         show_progress: bool = True,
     ) -> None:
@@ -146,7 +146,7 @@ class Downloader:
         self.retry = retry
         self.sleep = sleep
         self.rand = rand
-        self.stderr = stderr
+        self.stderr = stderr or sys.stderr  # looked up now, not at import: it may be redirected
         self.clock = clock
         self.show_progress = show_progress
 
@@ -196,11 +196,11 @@ class Downloader:
             except _Corrupt as exc:
                 reason = str(exc)
             t.corrupt += 1
+            discarded, t.received, t.hasher = t.received, 0, hashlib.sha256()
+            on_bytes(t, -discarded)  # its bytes on disk are worthless now, also for a rerun
             if t.corrupt >= self.retry.corrupt_attempts:
                 raise PullError(f"{t.label} is corrupt on the server ({reason}) after {t.corrupt} downloads; republish the model")
             self.say(f"{t.label} is corrupt ({reason}); discarding it and fetching it again")
-            on_bytes(t, -t.received)
-            t.received, t.hasher = 0, hashlib.sha256()
 
     async def _retrying(self, label: str, once: Callable[[], Awaitable[Any]]) -> Any:
         attempt = 0
@@ -262,9 +262,9 @@ class Downloader:
                     length = resp.headers.get("content-length")
                     if length is not None and length.isdigit() and int(length) != t.size:
                         raise _Corrupt(f"the server's object has {length} bytes, the manifest says {t.size}")
-                    if t.received:
-                        on_bytes(t, -t.received)
-                        t.received, t.hasher, start = 0, hashlib.sha256(), 0
+                    if t.received:  # the server ignored our Range: take the object from its start
+                        discarded, t.received, t.hasher, start = t.received, 0, hashlib.sha256(), 0
+                        on_bytes(t, -discarded)
                 await self._receive(resp, t, on_bytes)
         except httpx.TransportError as exc:
             raise _Transient(_describe(exc), progressed=t.received > start) from None

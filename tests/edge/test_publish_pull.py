@@ -1,0 +1,247 @@
+"""Publish a model into the local edge's R2, then `edgellm pull` it over real HTTP: bytes match,
+an interrupted (SIGKILLed) pull resumes without refetching verified shards, a transient R2
+failure is retried, and a blob corrupted in R2's storage is caught with a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from edgellm.ports import BindingError, BlobStore, Deps, R2Object
+from edgellm_local.cli import main
+from edgellm_local.pull import Downloader
+from edgellm_local.server import EdgeServer
+from tests.support.tiny_gguf import write_tiny_gguf
+
+NAME = "tiny-pull"
+SHARD_SIZE = 256 * 1024
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> Path:
+    """A real (tiny) GGUF padded with random bytes to ~3 MB, so it makes a dozen shards."""
+    path = write_tiny_gguf(tmp_path / "model.gguf", vocab="bpe")
+    with open(path, "ab") as f:
+        f.write(os.urandom(3 * 1024 * 1024 - path.stat().st_size + 12_345))
+    return path
+
+
+def publish(r2: BlobStore, name: str, model: Path, shard_size: int = SHARD_SIZE) -> dict[str, Any]:
+    """Write a model into R2 in the agreed layout (/tmp/manifest.md), manifest last."""
+
+    async def run() -> dict[str, Any]:
+        prefix, whole, shards = f"models/{name}/", hashlib.sha256(), []
+        with open(model, "rb") as f:
+            while data := f.read(shard_size):
+                digest = hashlib.sha256(data).hexdigest()
+                whole.update(data)
+                path = f"blobs/sha256-{digest}"
+                await r2.put(prefix + path, data, http_metadata={"contentType": "application/octet-stream"}, sha256=digest)
+                shards.append({"index": len(shards), "offset": len(shards) * shard_size, "size": len(data), "sha256": digest, "path": path})
+        files = []
+        for file_name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+            body = json.dumps({"file": file_name, "model": name}).encode()
+            await r2.put(prefix + file_name, body, http_metadata={"contentType": "application/json"})
+            files.append({"path": file_name, "size": len(body), "sha256": hashlib.sha256(body).hexdigest(), "content_type": "application/json"})
+        manifest = {
+            "schema": "edgellm.manifest/1",
+            "name": name,
+            "model": {"file": "model.gguf", "size": model.stat().st_size, "sha256": whole.hexdigest()},
+            "shard_size": shard_size,
+            "shards": shards,
+            "files": files,
+        }
+        await r2.put(prefix + "manifest.json", json.dumps(manifest).encode(), http_metadata={"contentType": "application/json"})
+        return manifest
+
+    return asyncio.run(run())
+
+
+def blob_requests(requests: list[httpx.Request]) -> list[httpx.Request]:
+    return [r for r in requests if "/blobs/" in r.url.path]
+
+
+class RecordingTransport(httpx.AsyncHTTPTransport):
+    """The real HTTP transport, remembering what was asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[httpx.Request] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return await super().handle_async_request(request)
+
+
+def pull_with(edge: EdgeServer, out: Path, transport: httpx.AsyncBaseTransport, parallel: int = 3, **options: Any) -> Any:
+    async def run() -> Any:
+        async with httpx.AsyncClient(transport=transport, headers={"Accept-Encoding": "identity"}) as client:
+            return await Downloader(client, parallel=parallel, **options).pull(edge.url, NAME, out)
+
+    return asyncio.run(run())
+
+
+def test_publish_then_pull_gives_the_same_bytes(start_edge: Callable[..., EdgeServer], model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edge = start_edge()
+    manifest = publish(edge.app.deps.r2, NAME, model_file)
+    assert len(manifest["shards"]) == 13
+    out = tmp_path / "pulled"
+
+    assert main(["pull", edge.url, NAME, "--out", str(out), "--parallel", "3"]) == 0
+
+    assert (out / "model.gguf").read_bytes() == model_file.read_bytes()
+    for entry in manifest["files"]:
+        assert hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
+    assert json.loads((out / "manifest.json").read_bytes()) == manifest
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "manifest.json", "model.gguf", "tokenizer.json", "tokenizer_config.json"]
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert summary.startswith(f"pulled {out / 'model.gguf'}: {model_file.stat().st_size:,} bytes") and "0/13 shards reused" in summary
+
+
+class GatedR2:
+    """R2 whose blobs from shard `gate_from` on send their first chunk, then wait for `opened`:
+    a pull stalls there with some shards verified and others half received."""
+
+    def __init__(self, inner: BlobStore, gated_keys: set[str]) -> None:
+        self.inner, self.gated_keys, self.opened = inner, gated_keys, threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, key: str, **options: Any) -> R2Object | None:
+        obj = await self.inner.get(key, **options)
+        if obj is not None and obj.body is not None and key in self.gated_keys:
+            obj.body = self._gated(obj.body)
+        return obj
+
+    async def _gated(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        first = True
+        async for chunk in body:
+            yield chunk
+            if first:
+                first = False
+                deadline = time.monotonic() + 60
+                while not self.opened.is_set() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+
+
+def test_a_killed_pull_resumes_without_fetching_verified_bytes_again(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], model_file: Path, tmp_path: Path) -> None:
+    deps = make_deps()
+    manifest = publish(deps.r2, NAME, model_file)
+    gated = GatedR2(deps.r2, {f"models/{NAME}/{s['path']}" for s in manifest["shards"][4:]})
+    edge = start_edge(deps=replace(deps, r2=gated))
+    out = tmp_path / "pulled"
+    state_file = out / "model.gguf.partial.state"
+
+    command = [sys.executable, "-m", "edgellm_local.cli", "pull", edge.url, NAME, "--out", str(out), "--parallel", "2"]
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if state_file.exists() and len(json.loads(state_file.read_text())["verified"]) == 4:
+                break
+            time.sleep(0.05)
+        time.sleep(1.5)  # the pull saves partial progress every second; let it record the stalled shards
+        child.send_signal(signal.SIGKILL)  # no chance to clean up: only what is on disk counts
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        gated.opened.set()
+    state = json.loads(state_file.read_text())
+    assert state["verified"] == [0, 1, 2, 3]
+    assert set(state["received"]) <= {"4", "5"} and all(n > 0 for n in state["received"].values())
+
+    transport = RecordingTransport()
+    result = pull_with(edge, out, transport)
+
+    assert (out / "model.gguf").read_bytes() == model_file.read_bytes()
+    asked = {r.url.path.rsplit("/", 1)[1]: r.headers["range"] for r in blob_requests(transport.requests)}
+    expected = {
+        s["path"].split("/")[1]: f"bytes={state['received'].get(str(s['index']), 0)}-{s['size'] - 1}" for s in manifest["shards"][4:]
+    }
+    assert asked == expected  # shards 0-3 never asked for; 4 and 5 only for the bytes not on disk
+    assert result.shards_reused == 4
+    assert result.fetched == model_file.stat().st_size - 4 * SHARD_SIZE - sum(state["received"].values())
+    assert not state_file.exists() and not (out / "model.gguf.partial").exists()
+
+
+class R2Hiccup(BindingError):
+    retryable = True
+
+
+class FlakyR2:
+    """R2 whose first read of each of `flaky_keys` fails as a retryable error (the edge's 503)."""
+
+    def __init__(self, inner: BlobStore, flaky_keys: set[str]) -> None:
+        self.inner, self.flaky_keys = inner, set(flaky_keys)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def head(self, key: str) -> R2Object | None:
+        if key in self.flaky_keys:
+            self.flaky_keys.discard(key)
+            raise R2Hiccup("R2 operation failed: 503 we are having a moment (10001)")
+        return await self.inner.head(key)
+
+
+def test_an_edge_503_is_retried_after_the_time_it_asks_for(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], model_file: Path, tmp_path: Path) -> None:
+    deps = make_deps()
+    manifest = publish(deps.r2, NAME, model_file)
+    flaky = {f"models/{NAME}/{manifest['shards'][2]['path']}", f"models/{NAME}/manifest.json"}
+    edge = start_edge(deps=replace(deps, r2=FlakyR2(deps.r2, flaky)))
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    transport = RecordingTransport()
+    pull_with(edge, tmp_path / "pulled", transport, sleep=sleep)
+    assert sleeps == [1.0, 1.0]  # the edge's Retry-After, for the manifest and for shard 2
+    assert (tmp_path / "pulled" / "model.gguf").read_bytes() == model_file.read_bytes()
+
+
+def corrupt_in_storage(r2_root: Path, key: str, at: int) -> None:
+    """Flip one byte of the object's file under FileR2, as disk rot would (ETag unchanged)."""
+    with sqlite3.connect(r2_root / "index.sqlite3") as db:
+        (file,) = db.execute("SELECT file FROM objects WHERE key = ?", (key,)).fetchone()
+    with open(r2_root / "data" / file, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_blob_corrupted_in_r2_is_caught_with_a_clear_error(start_edge: Callable[..., EdgeServer], model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edge = start_edge()
+    manifest = publish(edge.app.deps.r2, NAME, model_file)
+    bad = manifest["shards"][5]
+    corrupt_in_storage(edge.app.deps.r2.root, f"models/{NAME}/{bad['path']}", at=1000)
+    out = tmp_path / "pulled"
+
+    assert main(["pull", edge.url, NAME, "--out", str(out)]) == 1
+
+    err = capsys.readouterr().err
+    label = f"shard 5 ({bad['path']})"
+    assert err.count(f"{label} is corrupt (sha256 is") == 2  # reported, discarded, fetched again...
+    assert f"edgellm pull: error: {label} is corrupt on the server" in err and "after 3 downloads" in err  # ...then a clear stop
+    assert "Traceback" not in err
+    assert not (out / "model.gguf").exists() and not (out / "manifest.json").exists()
+    state = json.loads((out / "model.gguf.partial.state").read_text())
+    assert 5 not in state["verified"] and "5" not in state["received"]  # the bad bytes are dropped...
+    assert state["verified"]  # ...the good shards kept for a rerun once the blob is republished

@@ -1,0 +1,105 @@
+"""Cache benchmark: HIT against MISS for a 128-token answer, and HIT against a fixed body.
+
+Runs the real local edge (`edgellm dev`, SmolLM2-135M on llama.cpp) in its own process and
+measures from this one, in a single run:
+- p50/p99 latency and requests per second of MISSes (`Cache-Control: no-cache`: the cache is
+  not read, the model generates, the answer is written) and of HITs for the same request;
+- HIT throughput against `/healthz`, a minimal route through the same server and router that
+  returns a small fixed JSON body.
+Targets (issue 3): MISS/HIT latency ratio >= 100x; HIT throughput >= 0.5x the fixed body's.
+
+    .venv/bin/python -m bench.bench_cache [--misses 8] [--hits 400] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import httpx
+
+from bench.edge_process import running_edge
+
+BODY = {
+    "messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper and a storm."}],
+    "temperature": 0,
+    "max_tokens": 128,
+}
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def timed(client: httpx.AsyncClient, method: str, path: str, **kwargs) -> tuple[float, httpx.Response]:
+    start = time.perf_counter()
+    response = await client.request(method, path, **kwargs)
+    return time.perf_counter() - start, response
+
+
+async def sequential(client: httpx.AsyncClient, n: int, method: str, path: str, expect: str | None, **kwargs) -> list[float]:
+    samples = []
+    for _ in range(n):
+        elapsed, response = await timed(client, method, path, **kwargs)
+        response.raise_for_status()
+        if expect is not None:
+            assert response.headers.get("cf-aig-cache-status") == expect, response.headers
+        samples.append(elapsed)
+    return samples
+
+
+async def throughput(client: httpx.AsyncClient, total: int, concurrency: int, method: str, path: str, **kwargs) -> float:
+    queue = list(range(total))
+
+    async def worker() -> None:
+        while queue:
+            queue.pop()
+            response = await client.request(method, path, **kwargs)
+            response.raise_for_status()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return total / (time.perf_counter() - start)
+
+
+def row(name: str, samples: list[float], rps: float | None = None) -> str:
+    p50, p99 = percentile(samples, 50) * 1000, percentile(samples, 99) * 1000
+    rate = f"{rps:10.1f}" if rps is not None else f"{1 / statistics.mean(samples):10.1f}"
+    return f"{name:<22}{len(samples):>6}{p50:>12.2f}{p99:>12.2f}{rate}"
+
+
+async def main(args: argparse.Namespace) -> None:
+    with running_edge() as url:
+        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+            _, first = await timed(client, "POST", "/v1/chat/completions", json=BODY)
+            tokens = first.json()["usage"]["completion_tokens"]
+            await asyncio.sleep(0.2)  # let the write-behind land
+            miss = await sequential(client, args.misses, "POST", "/v1/chat/completions", "MISS",
+                                    json=BODY, headers={"cache-control": "no-cache"})
+            await sequential(client, 20, "POST", "/v1/chat/completions", "HIT", json=BODY)  # warm up
+            hit = await sequential(client, args.hits, "POST", "/v1/chat/completions", "HIT", json=BODY)
+            fixed = await sequential(client, args.hits, "GET", "/healthz", None)
+            hit_rps = await throughput(client, args.hits * 2, args.concurrency, "POST", "/v1/chat/completions", json=BODY)
+            fixed_rps = await throughput(client, args.hits * 2, args.concurrency, "GET", "/healthz")
+
+    print(f"answer: {tokens} completion tokens (SmolLM2-135M Q4_1 on llama.cpp, 2 cores)")
+    print(f"{'':<22}{'n':>6}{'p50 ms':>12}{'p99 ms':>12}{'req/s':>10}")
+    print(row("MISS (generate)", miss))
+    print(row("HIT (from KV)", hit, hit_rps))
+    print(row("fixed body /healthz", fixed, fixed_rps))
+    print(f"MISS/HIT latency ratio p50: {percentile(miss, 50) / percentile(hit, 50):.0f}x "
+          f"(p99: {percentile(miss, 99) / percentile(hit, 99):.0f}x; target >= 100x)")
+    print(f"HIT throughput / fixed-body throughput at concurrency {args.concurrency}: "
+          f"{hit_rps / fixed_rps:.2f}x (target >= 0.5x)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--misses", type=int, default=8)
+    parser.add_argument("--hits", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=16)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,47 @@
+"""Start the real local edge (`edgellm dev`) in its own process for benchmarks, so the load
+generator and the server do not share a GIL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_edge(model: str | None = None, extra: list[str] | None = None) -> Iterator[str]:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="edgellm-bench-") as state:
+        command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", state]
+        if model:
+            command += ["--model", model]
+        process = subprocess.Popen(command + (extra or []), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if process.poll() is not None:
+                    raise RuntimeError(process.stdout.read().decode() if process.stdout else "edge exited")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                        break
+                time.sleep(0.1)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(10)

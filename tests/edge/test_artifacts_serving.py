@@ -43,6 +43,7 @@ class RecordingR2:
 
     inner: BlobStore
     calls: list[tuple[str, str]] = field(default_factory=list)
+    got: list[R2Object | None] = field(default_factory=list)
     before_get: Callable[[], Any] | None = None
 
     async def head(self, key: str) -> R2Object | None:
@@ -53,7 +54,9 @@ class RecordingR2:
         self.calls.append(("get", key))
         if self.before_get:
             await self.before_get()
-        return await self.inner.get(key, range=range, only_if=only_if)
+        obj = await self.inner.get(key, range=range, only_if=only_if)
+        self.got.append(obj)
+        return obj
 
     async def put(self, key: str, data: bytes | AsyncIterator[bytes], **kwargs: Any) -> R2Object:
         self.calls.append(("put", key))
@@ -383,3 +386,17 @@ def test_models_index_lists_published_models(client: httpx.Client, bucket: Recor
         {"name": "tiny", "manifest": "/models/tiny/manifest.json"},
     ]}
     assert client.get(body["data"][0]["manifest"]).json()["name"] == "second"
+
+
+def test_handler_hands_the_r2_body_over_unread(make_deps: Callable[..., Any], bucket: RecordingR2) -> None:
+    """The response body IS the R2 object's iterator: the core never buffers an artifact."""
+    from edgellm.app import handle
+    from edgellm.http import Request
+
+    async def fetch() -> bytes:
+        response = await handle(Request("GET", f"http://edge{BLOB_PATH}", {"range": "bytes=100-"}), make_deps(r2=bucket))
+        assert response.status == 206 and response.is_streaming
+        assert len(bucket.got) == 1 and response.body is bucket.got[0].body  # type: ignore[union-attr]
+        return b"".join([chunk async for chunk in response.body])  # type: ignore[union-attr]
+
+    assert asyncio.run(fetch()) == DIGEST_BLOB[100:]

@@ -164,7 +164,7 @@ def to_native_response(response: Response) -> Any:
         return WorkersResponse(bytes(response.body), status=response.status, headers=headers)
     body = getattr(response.body, "js_stream", None)  # an R2 or AI stream passes straight through
     if body is None:
-        body = js.ReadableStream["from"](create_proxy(_js_chunks(response.body)))  # type: ignore[arg-type]
+        body = js.ReadableStream.from_(create_proxy(_js_chunks(response.body)))  # type: ignore[arg-type]
     return WorkersResponse(body, status=response.status, headers=headers)
 
 

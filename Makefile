@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
 
-.PHONY: setup setup-test dev test bench deploy-check clean
+.PHONY: setup setup-test vendor dev test bench deploy-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,15 @@ setup-test: setup
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# The browser pages import the JS tokenizer from public/vendor/ (no CDN at run time). The copy is
+# committed so `wrangler deploy` needs no build step; run this after changing the version in
+# package.json, then commit. tests/browser/test_vendor.py fails while the copy is stale (which
+# is why `setup-test` does not run it: it would hide a stale commit).
+vendor:
+	mkdir -p public/vendor
+	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs public/vendor/tokenizers.min.mjs
+	cp node_modules/@huggingface/tokenizers/LICENSE public/vendor/tokenizers.LICENSE
 
 dev: setup
 	$(BIN)/edgellm dev --port $(PORT)

@@ -17,6 +17,7 @@ from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.assets import StaticAssets
 from edgellm_local.edge import DEFAULT_PUBLIC
 from edgellm_local.kv import SqliteKV
+from edgellm_local.r2 import FileR2
 from edgellm_local.server import EdgeApp, EdgeServer
 from tests.support.tiny_gguf import write_tiny_gguf
 
@@ -60,7 +61,7 @@ def make_deps(tiny_runner: LlamaCppRunner, tmp_path: Path) -> Callable[..., Deps
             config=config,
             ai=LlamaCppAI.for_config(config, tiny_runner),
             kv=SqliteKV(tmp_path / "kv.sqlite3", clock=clock),
-            r2=_file_r2(tmp_path / "r2", clock),
+            r2=FileR2(tmp_path / "r2", clock=clock),
             clock=clock,
             log=logging.getLogger("edgellm.test"),
             state=IsolateState(),
@@ -68,14 +69,6 @@ def make_deps(tiny_runner: LlamaCppRunner, tmp_path: Path) -> Callable[..., Deps
         return replace(deps, **overrides)
 
     return make
-
-
-def _file_r2(root: Path, clock: Clock) -> Any:
-    try:
-        from edgellm_local.r2 import FileR2
-    except ImportError:
-        return None
-    return FileR2(root, clock=clock)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from edgellm.state import IsolateState
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
 from .assets import StaticAssets
 from .kv import SqliteKV
+from .r2 import FileR2
 from .server import EdgeApp
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -36,19 +37,11 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         config=settings.config,
         ai=LlamaCppAI.for_config(settings.config, runner),
         kv=SqliteKV(settings.state_dir / "kv.sqlite3", clock=clock),
-        r2=_file_r2(settings.state_dir / "r2", clock),
+        r2=FileR2(settings.state_dir / "r2", clock=clock),
         clock=clock,
         log=logging.getLogger("edgellm"),
         state=IsolateState(),
     )
-
-
-def _file_r2(root: Path, clock: Clock):  # type: ignore[no-untyped-def]
-    try:
-        from .r2 import FileR2
-    except ImportError:  # R2 emulation arrives with the artifacts work
-        return None
-    return FileR2(root, clock=clock)
 
 
 def build_app(settings: EdgeSettings, clock: Clock = SystemClock()) -> EdgeApp:

@@ -194,20 +194,18 @@ def build_deps(env: Any, ctx: Any, state: Any) -> Deps:
         config=config,
         ai=WorkersAI(env.AI),
         kv=WorkersKV(env.CACHE) if getattr(env, "CACHE", None) is not None else None,
-        r2=_r2(r2),
+        r2=_r2(r2, ctx.waitUntil),
         wait_until=ctx.waitUntil,
         state=state,
     )
 
 
-def _r2(binding: Any) -> Any:
+def _r2(binding: Any, wait_until: Any) -> Any:
     if binding is None or is_missing(binding):
         return None
-    try:
-        from .pyodide_r2 import WorkersR2
-    except ImportError:
-        return None
-    return WorkersR2(binding)
+    from .pyodide_r2 import WorkersR2
+
+    return WorkersR2(binding, wait_until=wait_until)
 
 
 _isolate: IsolateState | None = None

@@ -12,6 +12,7 @@ from edgellm.config import Config
 
 from .ai import ModelFileError, default_model_path
 from .edge import EdgeSettings, build_app
+from .publish import add_parser as add_publish_parser
 from .pull import run as run_pull
 from .server import PortInUse, bind_socket, make_server
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     pull.add_argument("--out", required=True, help="directory for the GGUF and its tokenizer files")
     pull.add_argument("--parallel", type=int, default=4, choices=range(1, 65), metavar="N", help="concurrent shard downloads (1-64, default 4)")
     pull.set_defaults(run=run_pull)
+    add_publish_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return args.run(args)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
 import js  # type: ignore[import-not-found]
-from pyodide.ffi import JsException, create_proxy, to_js  # type: ignore[import-not-found]
+from pyodide.ffi import JsException, create_proxy, jsnull, to_js  # type: ignore[import-not-found]
 from workers import Response as WorkersResponse  # type: ignore[import-not-found]
 
 from ..app import handle
@@ -31,7 +31,8 @@ def js_options(data: Mapping[str, Any]) -> Any:
 
 
 def is_missing(value: Any) -> bool:
-    return value is None or type(value).__name__ == "JsNull" or value is getattr(js, "null", object())
+    """A KV/R2 miss is `jsnull` (falsy, but `is None` is False); JS `undefined` arrives as None."""
+    return value is None or value is jsnull
 
 
 def _message(exc: BaseException) -> str:

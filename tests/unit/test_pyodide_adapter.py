@@ -1,0 +1,167 @@
+"""The Pyodide adapter's own logic, run under CPython against `tests/support/fake_pyodide`.
+
+Each test pins one documented runtime behaviour the adapter must respect (workers-runtime.md):
+misses are `jsnull`, options objects and bytes need `to_js`, errors arrive as `JsException`.
+"""
+
+from __future__ import annotations
+
+import email.message
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, KVLimitError, ModelNotFound, R2Range
+from tests.support import fake_pyodide as fp
+
+
+@pytest.fixture
+def adapter():
+    with fp.installed():
+        from edgellm.runtime import pyodide, pyodide_r2
+
+        yield SimpleNamespace(pyodide=pyodide, r2=pyodide_r2)
+
+
+class FakeAIBinding:
+    def __init__(self, result: Any = None, error: str | None = None) -> None:
+        self.result, self.error, self.calls = result, error, []
+
+    async def run(self, model: str, inputs: Any) -> Any:
+        self.calls.append((model, fp.require_js_object(inputs)))
+        if self.error:
+            raise fp.JsException(self.error)
+        return self.result
+
+
+async def test_ai_inputs_are_js_objects_and_results_dicts(adapter) -> None:
+    binding = FakeAIBinding(fp.JsDict({"response": "Paris", "usage": {"prompt_tokens": 3}}))
+    ai = adapter.pyodide.WorkersAI(binding)
+    result = await ai.run("@cf/m", {"messages": [{"role": "user", "content": "hi"}], "temperature": 0})
+    assert result["response"] == "Paris"
+    model, inputs = binding.calls[0]
+    assert model == "@cf/m" and inputs["temperature"] == 0
+    assert isinstance(inputs["messages"][0], fp.JsObject)  # nested dicts converted too
+
+
+@pytest.mark.parametrize("message,error", [
+    ("InferenceUpstreamError: 5007: No such model @cf/meta/gone or task", ModelNotFound),
+    ("AiError: 5006: Input validation error: /temperature must be <= 5", InvalidModelInput),
+    ("InferenceUpstreamError: 3040: Capacity temporarily exceeded, please try again.", CapacityExceeded),
+    ("InferenceUpstreamError: 3043: Internal server error", BindingError),
+])
+async def test_ai_errors_map_to_binding_errors(adapter, message: str, error: type) -> None:
+    ai = adapter.pyodide.WorkersAI(FakeAIBinding(error=message))
+    with pytest.raises(error) as info:
+        await ai.run("@cf/m", {"prompt": "x"})
+    assert type(info.value) is error and message in str(info.value)
+
+
+async def test_ai_stream_is_read_from_the_js_stream_as_sse(adapter) -> None:
+    class Reader:
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        async def read(self) -> Any:
+            if not self.chunks:
+                return SimpleNamespace(done=True, value=None)
+            return SimpleNamespace(done=False, value=fp.Uint8Array(self.chunks.pop(0)))
+
+        async def cancel(self) -> None:
+            pass
+
+    stream = SimpleNamespace(getReader=lambda: Reader([b'data: {"response":"Pa"}\n\ndata: {"resp', b'onse":"ris"}\n\n', b"data: [DONE]\n\n"]))
+    binding = FakeAIBinding(stream)
+    events = await adapter.pyodide.WorkersAI(binding).stream("@cf/m", {"prompt": "x"})
+    assert [e["response"] async for e in events] == ["Pa", "ris"]
+    assert binding.calls[0][1]["stream"] is True
+
+
+class FakeKVBinding:
+    def __init__(self) -> None:
+        self.data: dict[str, tuple[bytes, Any]] = {}
+
+    async def getWithMetadata(self, key: str, kind: str) -> Any:  # noqa: N802 (JS name)
+        assert kind == "arrayBuffer"
+        if key not in self.data:
+            return SimpleNamespace(value=fp.jsnull, metadata=fp.jsnull)
+        value, metadata = self.data[key]
+        return SimpleNamespace(value=fp.Uint8Array(value), metadata=fp.JsDict(metadata) if metadata else fp.jsnull)
+
+    async def put(self, key: str, value: Any, options: Any) -> None:
+        assert isinstance(value, fp.Uint8Array), "bytes must go through to_js"
+        opts = fp.require_js_object(options)
+        if opts.get("expirationTtl", 60) < 60:
+            raise fp.JsException(f"KV PUT failed: 400 Invalid expiration_ttl of {opts['expirationTtl']}. Expiration TTL must be at least 60.")
+        self.data[key] = (value.data, opts.get("metadata"))
+
+
+async def test_kv_miss_is_jsnull_and_values_round_trip(adapter) -> None:
+    kv = adapter.pyodide.WorkersKV(FakeKVBinding())
+    assert await kv.get("absent") is None
+    await kv.put("k", b"\x00value", expiration_ttl=60, metadata={"model": "m"})
+    entry = await kv.get("k")
+    assert entry.value == b"\x00value" and entry.metadata == {"model": "m"}
+
+
+async def test_kv_limit_errors_are_translated(adapter) -> None:
+    kv = adapter.pyodide.WorkersKV(FakeKVBinding())
+    with pytest.raises(KVLimitError, match="at least 60"):
+        await kv.put("k", b"v", expiration_ttl=30)
+
+
+class FakeR2Binding:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    async def get(self, key: str, options: Any) -> Any:
+        self.calls.append(fp.require_js_object(options))
+        return fp.jsnull
+
+
+async def test_r2_options_are_js_objects_and_a_miss_is_none(adapter) -> None:
+    binding = FakeR2Binding()
+    r2 = adapter.r2.WorkersR2(binding, cache_name=None)
+    assert await r2.get("models/x/blobs/sha256-" + "0" * 64, range=R2Range(offset=2, length=3)) is None
+    assert binding.calls[0]["range"] == {"offset": 2, "length": 3}
+
+
+async def test_request_conversion_skips_oversized_bodies(adapter) -> None:
+    headers = email.message.Message()
+    headers["Content-Type"] = "application/json"
+    headers["Content-Length"] = str(2 * 1024 * 1024)
+
+    class NativeRequest:
+        method, url = "POST", "https://edge.example/v1/chat/completions"
+
+        def __init__(self) -> None:
+            self.headers = headers
+
+        async def bytes(self) -> bytes:
+            raise AssertionError("an oversized body must not be read")
+
+    request = await adapter.pyodide.to_core_request(NativeRequest(), 1024 * 1024)
+    assert request.header("content-type") == "application/json" and request.body == b""
+
+
+async def test_streamed_responses_become_readable_streams_of_uint8arrays(adapter) -> None:
+    from edgellm.http import Response
+
+    async def body():
+        yield b"data: 1\n\n"
+        yield b"data: [DONE]\n\n"
+
+    native = adapter.pyodide.to_native_response(Response(200, {"content-type": "text/event-stream"}, body()))
+    assert isinstance(native.body, fp.FakeReadableStream)
+    chunks = [chunk async for chunk in native.body.source]
+    assert all(isinstance(c, fp.Uint8Array) for c in chunks) and b"".join(c.data for c in chunks).endswith(b"[DONE]\n\n")
+    plain = adapter.pyodide.to_native_response(Response(404, {"content-type": "application/json"}, b"{}"))
+    assert plain.status == 404 and plain.body == b"{}"
+
+
+def test_config_reads_vars_from_env_attributes(adapter) -> None:
+    env = SimpleNamespace(MODEL="@cf/meta/other", FALLBACK_MODELS="a,b", CACHE_CLASSES='{"news": 120}', ADMIN_TOKEN=fp.jsnull)
+    config = adapter.pyodide.Config.from_env(adapter.pyodide.EnvMapping(env))
+    assert config.model == "@cf/meta/other" and config.fallback_models == ("a", "b")
+    assert config.cache_classes == {"news": 120} and config.admin_token is None

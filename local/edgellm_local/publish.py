@@ -1,13 +1,13 @@
-"""`edgellm publish`: a GGUF becomes the artifacts an edge serves (layout: /tmp/manifest.md).
+"""`edgellm publish`: a GGUF becomes the artifacts an edge serves (`edgellm.artifacts` routes).
 
     models/{name}/tokenizer.json, tokenizer_config.json, config.json   built from GGUF metadata
     models/{name}/blobs/sha256-<hex>                                  the weights, in shards
     models/{name}/manifest.json                                       written last
 
 Blobs are named by their SHA-256, so a blob that is already there is never sent again, and the
-manifest goes last so that a reader who sees a manifest can fetch everything it lists. The GGUF
-is read twice, in chunks (once to hash, once to upload what is missing), never whole: memory
-stays bounded by the chunk size whatever the model's size.
+manifest goes last so that a reader who sees a manifest can fetch everything it lists. The
+weights are read twice, in chunks (once to hash, once to upload what is missing), never whole:
+memory is the chunk size plus the parsed GGUF metadata (the vocabulary), whatever the model's size.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import gguf
+from typing import TYPE_CHECKING, Any, Callable
 
 from edgellm.artifacts.names import JSON, OCTETS, validate_name
 from edgellm.errors import GatewayError
 from edgellm.ports import BindingError
 
 from .ai import ModelFileError, check_gguf
-from .gguf_tokenizer import UnsupportedVocabulary, build_tokenizer, model_config, tokenizer_config
 from .sinks import CHUNK_SIZE, ArtifactSink, BlobStoreSink, Body, FileSlice, SinkError, WranglerSink, wrangler_bucket
+
+if TYPE_CHECKING:  # gguf, numpy and tokenizers cost ~0.4 s to import: only `publish` pays it
+    import gguf
 
 SCHEMA = "edgellm.manifest/1"
 MODEL_FILE = "model.gguf"  # the name pull writes, independent of the local file's name
@@ -93,6 +93,8 @@ def encode_json(value: Any) -> bytes:
 
 
 def model_files(reader: gguf.GGUFReader) -> dict[str, bytes]:
+    from .gguf_tokenizer import build_tokenizer, model_config, tokenizer_config
+
     return {
         "tokenizer.json": build_tokenizer(reader).to_str().encode(),
         "tokenizer_config.json": encode_json(tokenizer_config(reader)),
@@ -150,6 +152,10 @@ async def publish(
         raise PublishError(f"invalid --name {name!r}: {exc.message}") from None
     if shard_size > sink.max_object_size:
         raise PublishError(f"--shard-size {shard_size} is larger than this target accepts ({sink.max_object_size} bytes)")
+    import gguf
+
+    from .gguf_tokenizer import UnsupportedVocabulary
+
     try:
         files = model_files(gguf.GGUFReader(check_gguf(model)))
     except (ModelFileError, UnsupportedVocabulary) as exc:

@@ -89,6 +89,26 @@ def spm_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[st
     return [(left, right) for left, right, _ in merges]
 
 
+def parity_warnings(reader: gguf.GGUFReader) -> list[str]:
+    """Known ways this GGUF's `tokenizer.json` can tokenize differently from llama.cpp.
+
+    SentencePiece (and llama.cpp) merge the highest-scoring pair, breaking a tie between two
+    different pieces by position; HF BPE needs a strict merge order, so such ties are broken by
+    rank instead. Real SentencePiece BPE models give every merged piece its own score (its merge
+    rank), but a vocabulary whose scores tie can tokenize some inputs differently: say so."""
+    if gguf_value(reader, "tokenizer.ggml.model") != "llama":
+        return []
+    tokens: list[str] = gguf_value(reader, "tokenizer.ggml.tokens", [])
+    scores = gguf_value(reader, "tokenizer.ggml.scores", [0.0] * len(tokens))
+    vocab = _vocab(tokens)
+    merged = [s for t, s in zip(tokens, scores) if any(t[:i] in vocab and t[i:] in vocab for i in range(1, len(t)))]
+    tied = len(merged) - len(set(merged))
+    if not tied:
+        return []
+    return [f"{tied} merged SentencePiece pieces share a score with another: llama.cpp breaks such ties by "
+            "position, HF BPE by merge rank, so some inputs may tokenize differently"]
+
+
 def _template(reader: gguf.GGUFReader, tokens: list[str], add_bos: bool, add_eos: bool) -> processors.PostProcessor | None:
     """BOS/EOS added by encode(add_special_tokens=True), as llama.cpp's `add_special` does."""
     bos_id, eos_id = gguf_value(reader, "tokenizer.ggml.bos_token_id"), gguf_value(reader, "tokenizer.ggml.eos_token_id")

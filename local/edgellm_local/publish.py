@@ -127,6 +127,7 @@ class PublishReport:
     skipped_bytes: int = 0
     uploaded: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return (
@@ -154,10 +155,12 @@ async def publish(
         raise PublishError(f"--shard-size {shard_size} is larger than this target accepts ({sink.max_object_size} bytes)")
     import gguf
 
-    from .gguf_tokenizer import UnsupportedVocabulary
+    from .gguf_tokenizer import UnsupportedVocabulary, parity_warnings
 
     try:
-        files = model_files(gguf.GGUFReader(check_gguf(model)))
+        reader = gguf.GGUFReader(check_gguf(model))
+        files, warnings = model_files(reader), parity_warnings(reader)
+        del reader  # the parsed metadata is the largest thing publish holds: free it before uploading
     except (ModelFileError, UnsupportedVocabulary) as exc:
         raise PublishError(str(exc)) from None
     except (ValueError, KeyError) as exc:
@@ -170,7 +173,7 @@ async def publish(
     uploads += [(path, data, len(data), hashlib.sha256(data).hexdigest(), JSON) for path, data in files.items()]
     uploads.append(("manifest.json", manifest, len(manifest), hashlib.sha256(manifest).hexdigest(), JSON))
 
-    report = PublishReport(name, files=len(files) + 1, shards=len(weights.shards))
+    report = PublishReport(name, files=len(files) + 1, shards=len(weights.shards), warnings=warnings)
     for path, body, size, sha256, content_type in uploads:
         key = f"models/{name}/{path}"
         try:
@@ -210,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if store is not None:
             store.close()
+    for warning in report.warnings:
+        print(f"edgellm: warning: {warning}", file=sys.stderr)
     print(report.summary(), flush=True)
     return 0
 

@@ -33,6 +33,7 @@ import httpx
 
 from .manifest import Manifest, ManifestError, Shard
 from .progress import MB, Progress
+from .streaming_transport import StreamingTransport
 from .resume import (
     ResumeState,
     RetryPolicy,
@@ -43,6 +44,7 @@ from .resume import (
 )
 
 CHUNK_SIZE = 1 << 20
+Buffer = bytes | bytearray | memoryview
 MAX_MANIFEST_BYTES = 16 << 20
 STATE_SAVE_INTERVAL = 1.0
 
@@ -108,12 +110,18 @@ def hash_range(fd: int, offset: int, length: int, hasher: Any, chunk_size: int =
     return hasher
 
 
-def _write_and_hash(fd: int, data: bytearray, offset: int, hasher: Any) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-    hasher.update(data)
+def _write_and_hash(fd: int, pieces: list[Buffer], offset: int, hasher: Any) -> int:
+    """Write `pieces` at `offset` in one call and hash them; the caller never joins them."""
+    size = sum(len(p) for p in pieces)
+    written = os.pwritev(fd, pieces, offset)
+    if written < size:  # a short write (rare: signals, odd filesystems): finish it piece by piece
+        rest = memoryview(b"".join(bytes(p) for p in pieces))[written:]
+        while rest:
+            n = os.pwrite(fd, rest, offset + written)
+            rest, written = rest[n:], written + n
+    for piece in pieces:
+        hasher.update(piece)
+    return size
 
 
 def _preallocate(fd: int, size: int) -> None:
@@ -273,28 +281,29 @@ class Downloader:
             raise _Transient(f"connection closed after {got:,} of {t.size - start:,} bytes", progressed=got > 0)
 
     async def _receive(self, resp: httpx.Response, t: _Target, on_bytes: Callable[[_Target, int], None]) -> None:
-        buffer = bytearray()
-
-        def flush_now(data: bytearray) -> None:
-            _write_and_hash(t.fd, data, t.base + t.received, t.hasher)
-            t.received += len(data)
-            on_bytes(t, len(data))
-
+        """Stream the body to disk in batches of about `chunk_size`, written and hashed in a
+        worker thread while the event loop keeps receiving the other shards."""
+        pieces: list[Buffer] = []
+        pending = 0
         try:
             async for chunk in resp.aiter_bytes():
-                room = t.size - t.received - len(buffer)
+                room = t.size - t.received - pending
                 if len(chunk) > room:
-                    buffer += chunk[:room]
+                    pieces.append(chunk[:room])
+                    pending += room
                     raise _Corrupt(f"the server sent more than the manifest's {t.size} bytes")
-                buffer += chunk
-                if len(buffer) >= self.chunk_size:
-                    data, buffer = buffer, bytearray()
-                    await asyncio.to_thread(_write_and_hash, t.fd, data, t.base + t.received, t.hasher)
-                    t.received += len(data)
-                    on_bytes(t, len(data))
+                pieces.append(chunk)
+                pending += len(chunk)
+                if pending >= self.chunk_size:
+                    batch, pieces, pending = pieces, [], 0
+                    size = await asyncio.to_thread(_write_and_hash, t.fd, batch, t.base + t.received, t.hasher)
+                    t.received += size
+                    on_bytes(t, size)
         finally:
-            if buffer:  # bytes that did arrive are kept, even when the stream broke or we were cancelled
-                flush_now(buffer)
+            if pieces:  # bytes that did arrive are kept, even when the stream broke or we were cancelled
+                size = _write_and_hash(t.fd, pieces, t.base + t.received, t.hasher)
+                t.received += size
+                on_bytes(t, size)
 
 
 class _ModelPull:
@@ -445,8 +454,8 @@ def _describe(exc: httpx.TransportError) -> str:
 def make_client(parallel: int) -> httpx.AsyncClient:
     # identity: a compressed body would not line up with byte ranges and shard sizes
     return httpx.AsyncClient(
+        transport=StreamingTransport(),
         timeout=httpx.Timeout(60.0, connect=15.0),
-        limits=httpx.Limits(max_connections=parallel + 2, max_keepalive_connections=parallel + 2),
         headers={"Accept-Encoding": "identity", "User-Agent": "edgellm-pull"},
         follow_redirects=True,
     )

@@ -25,6 +25,7 @@ from edgellm.ports import BindingError, BlobStore, Deps, R2Object
 from edgellm_local.cli import main
 from edgellm_local.pull import Downloader
 from edgellm_local.server import EdgeServer
+from edgellm_local.streaming_transport import StreamingTransport
 from tests.support.tiny_gguf import write_tiny_gguf
 
 NAME = "tiny-pull"
@@ -75,8 +76,8 @@ def blob_requests(requests: list[httpx.Request]) -> list[httpx.Request]:
     return [r for r in requests if "/blobs/" in r.url.path]
 
 
-class RecordingTransport(httpx.AsyncHTTPTransport):
-    """The real HTTP transport, remembering what was asked."""
+class RecordingTransport(StreamingTransport):
+    """pull's own HTTP transport, remembering what was asked."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -519,9 +519,9 @@ async def test_memory_per_stream_is_bounded_by_the_chunk_size(tmp_path: Path) ->
     sizes: list[int] = []
     real = pull_module._write_and_hash
 
-    def spy(fd: int, data: bytearray, offset: int, hasher: Any) -> None:
-        sizes.append(len(data))
-        real(fd, data, offset, hasher)
+    def spy(fd: int, pieces: list[Any], offset: int, hasher: Any) -> int:
+        sizes.append(sum(map(len, pieces)))
+        return real(fd, pieces, offset, hasher)
 
     pull_module._write_and_hash = spy  # type: ignore[assignment]
     try:

@@ -29,6 +29,8 @@ class ModelFileError(Exception):
 
 def check_gguf(path: str | os.PathLike[str]) -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise ModelFileError(f"the model path is a directory, not a GGUF file: {path}")
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
     with path.open("rb") as f:
@@ -71,7 +73,10 @@ class LlamaCppRunner:
                 params.cpuparams.n_threads = self.threads
                 params.cpuparams_batch.n_threads = self.threads
                 params.verbosity = -1
-                self._server = xllamacpp.Server(params)
+                try:
+                    self._server = xllamacpp.Server(params)
+                except RuntimeError as exc:  # a GGUF header on a truncated or corrupt file
+                    raise ModelFileError(f"llama.cpp could not load the model (truncated or corrupt GGUF?): {self.path}") from exc
         return self
 
     def chat(self, body: dict[str, Any], callback: Any = None) -> Any:

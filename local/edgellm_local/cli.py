@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,10 @@ from .server import PortInUse, bind_socket, make_server
 def _dev(args: argparse.Namespace) -> int:
     try:
         model = Path(args.model) if args.model else default_model_path()
-        config = Config(model=args.model_id) if args.model_id else Config()
+        config = Config.from_env({
+            "MODEL": args.model_id,
+            "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
+        })
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
@@ -31,7 +35,11 @@ def _dev(args: argparse.Namespace) -> int:
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
-    asyncio.run(make_server(app).serve(sockets=[sock]))
+    try:
+        asyncio.run(make_server(app).serve(sockets=[sock]))
+    except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
+        print("EdgeLLM local edge stopped", flush=True)
+        return 130
     return 0
 
 
@@ -44,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--model", help="GGUF file standing in for the configured model (default: SmolLM2-135M-Instruct)")
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files)")
+    dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")

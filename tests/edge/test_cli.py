@@ -1,0 +1,114 @@
+"""`edgellm dev` as users run it: a subprocess that serves the tiny model, or says clearly why not."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+EDGELLM = Path(sys.executable).with_name("edgellm")  # the console script `pip install` made
+STARTUP_DEADLINE_S = 15  # "a few seconds" with room for a loaded CI machine
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def dev(*args: str) -> list[str]:
+    assert EDGELLM.exists(), f"{EDGELLM} is missing: pip install -e '.[local]'"
+    return [str(EDGELLM), "dev", *args]
+
+
+def run_to_exit(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def running(tiny_model: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    port, state = free_port(), tmp_path / "state"
+    process = subprocess.Popen(
+        dev("--model", str(tiny_model), "--port", str(port), "--state", str(state)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        yield process, f"http://127.0.0.1:{port}", state
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
+
+
+def wait_for_health(url: str, process: subprocess.Popen[str]) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < STARTUP_DEADLINE_S:
+        assert process.poll() is None, process.communicate()
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"/healthz did not answer within {STARTUP_DEADLINE_S} s")
+
+
+def test_dev_serves_the_model_and_stops_on_ctrl_c(running: tuple[subprocess.Popen[str], str, Path], tiny_model: Path) -> None:
+    process, url, state = running
+    wait_for_health(url, process)
+    models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    assert models[0]["edgellm"]["gguf_name"] == tiny_model.name
+    answer = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+    }).json()
+    assert answer["usage"]["completion_tokens"] == 4
+    assert state.is_dir()  # KV (and R2) state lives where --state says
+
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=15)
+    # a clean shutdown, with the exit status a Ctrl-C gets (128 + SIGINT)
+    assert process.returncode in (0, 130)
+    assert "Traceback" not in err
+    assert url in out and tiny_model.name in out  # the banner says where and what
+
+
+def test_port_already_taken(tiny_model: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_to_exit(dev("--model", str(tiny_model), "--port", str(port), "--state", str(tmp_path)))
+    assert result.returncode != 0
+    assert f"port {port}" in result.stderr and "already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.gguf", "model file not found"),
+        (lambda d: d, "directory"),
+        (lambda d: _write(d / "model.bin", b"PK\x03\x04 not a model at all"), "not a GGUF"),
+        (lambda d: _write(d / "empty.gguf", b""), "not a GGUF"),
+        (lambda d: _write(d / "truncated.gguf", b"GGUF\x03\x00\x00\x00garbage"), "could not load"),
+    ],
+    ids=["missing", "directory", "not-gguf", "empty", "truncated"],
+)
+def test_bad_model_file(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
+    model = make(tmp_path)
+    result = run_to_exit(dev("--model", str(model), "--port", str(free_port()), "--state", str(tmp_path / "state")))
+    assert result.returncode != 0
+    assert message in result.stderr and str(model) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

@@ -1,4 +1,4 @@
-"""Publish a model into the local edge's R2, then `edgellm pull` it over real HTTP: bytes match,
+"""`edgellm publish` a model into the local edge's R2, then `edgellm pull` it over real HTTP: bytes match,
 an interrupted (SIGKILLed) pull resumes without refetching verified shards, a transient R2
 failure is retried, and a blob corrupted in R2's storage is caught with a clear error."""
 
@@ -41,35 +41,18 @@ def model_file(tmp_path: Path) -> Path:
     return path
 
 
-def publish(r2: BlobStore, name: str, model: Path, shard_size: int = SHARD_SIZE) -> dict[str, Any]:
-    """Write a model into R2 in the agreed layout (/tmp/manifest.md), manifest last."""
+def publish(state: Path, model: Path, r2: BlobStore) -> dict[str, Any]:
+    """`edgellm publish --target local` into the R2 under `state` (the one the edge serves); the
+    manifest it wrote, read back from `r2`."""
+    command = ["publish", str(model), "--name", NAME, "--shard-size", "256K", "--target", "local", "--state", str(state)]
+    assert main(command) == 0
 
-    async def run() -> dict[str, Any]:
-        prefix, whole, shards = f"models/{name}/", hashlib.sha256(), []
-        with open(model, "rb") as f:
-            while data := f.read(shard_size):
-                digest = hashlib.sha256(data).hexdigest()
-                whole.update(data)
-                path = f"blobs/sha256-{digest}"
-                await r2.put(prefix + path, data, http_metadata={"contentType": "application/octet-stream"}, sha256=digest)
-                shards.append({"index": len(shards), "offset": len(shards) * shard_size, "size": len(data), "sha256": digest, "path": path})
-        files = []
-        for file_name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
-            body = json.dumps({"file": file_name, "model": name}).encode()
-            await r2.put(prefix + file_name, body, http_metadata={"contentType": "application/json"})
-            files.append({"path": file_name, "size": len(body), "sha256": hashlib.sha256(body).hexdigest(), "content_type": "application/json"})
-        manifest = {
-            "schema": "edgellm.manifest/1",
-            "name": name,
-            "model": {"file": "model.gguf", "size": model.stat().st_size, "sha256": whole.hexdigest()},
-            "shard_size": shard_size,
-            "shards": shards,
-            "files": files,
-        }
-        await r2.put(prefix + "manifest.json", json.dumps(manifest).encode(), http_metadata={"contentType": "application/json"})
-        return manifest
+    async def read() -> bytes:
+        obj = await r2.get(f"models/{NAME}/manifest.json")
+        assert obj is not None and obj.body is not None
+        return b"".join([chunk async for chunk in obj.body])
 
-    return asyncio.run(run())
+    return json.loads(asyncio.run(read()))
 
 
 def blob_requests(requests: list[httpx.Request]) -> list[httpx.Request]:
@@ -98,7 +81,7 @@ def pull_with(edge: EdgeServer, out: Path, transport: httpx.AsyncBaseTransport, 
 
 def test_publish_then_pull_gives_the_same_bytes(start_edge: Callable[..., EdgeServer], model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     edge = start_edge()
-    manifest = publish(edge.app.deps.r2, NAME, model_file)
+    manifest = publish(tmp_path, model_file, edge.app.deps.r2)
     assert len(manifest["shards"]) == 13
     out = tmp_path / "pulled"
 
@@ -109,7 +92,7 @@ def test_publish_then_pull_gives_the_same_bytes(start_edge: Callable[..., EdgeSe
         assert hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
     assert json.loads((out / "manifest.json").read_bytes()) == manifest
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "manifest.json", "model.gguf", "tokenizer.json", "tokenizer_config.json"]
-    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    summary = capsys.readouterr().err.strip().splitlines()[-1]  # publish reports on stdout, pull on stderr
     assert summary.startswith(f"pulled {out / 'model.gguf'}: {model_file.stat().st_size:,} bytes") and "0/13 shards reused" in summary
 
 
@@ -142,7 +125,7 @@ class GatedR2:
 
 def test_a_killed_pull_resumes_without_fetching_verified_bytes_again(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], model_file: Path, tmp_path: Path) -> None:
     deps = make_deps()
-    manifest = publish(deps.r2, NAME, model_file)
+    manifest = publish(tmp_path, model_file, deps.r2)
     gated = GatedR2(deps.r2, {f"models/{NAME}/{s['path']}" for s in manifest["shards"][4:]})
     edge = start_edge(deps=replace(deps, r2=gated))
     out = tmp_path / "pulled"
@@ -203,7 +186,7 @@ class FlakyR2:
 
 def test_an_edge_503_is_retried_after_the_time_it_asks_for(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], model_file: Path, tmp_path: Path) -> None:
     deps = make_deps()
-    manifest = publish(deps.r2, NAME, model_file)
+    manifest = publish(tmp_path, model_file, deps.r2)
     flaky = {f"models/{NAME}/{manifest['shards'][2]['path']}", f"models/{NAME}/manifest.json"}
     edge = start_edge(deps=replace(deps, r2=FlakyR2(deps.r2, flaky)))
     sleeps: list[float] = []
@@ -230,7 +213,7 @@ def corrupt_in_storage(r2_root: Path, key: str, at: int) -> None:
 
 def test_a_blob_corrupted_in_r2_is_caught_with_a_clear_error(start_edge: Callable[..., EdgeServer], model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     edge = start_edge()
-    manifest = publish(edge.app.deps.r2, NAME, model_file)
+    manifest = publish(tmp_path, model_file, edge.app.deps.r2)
     bad = manifest["shards"][5]
     corrupt_in_storage(edge.app.deps.r2.root, f"models/{NAME}/{bad['path']}", at=1000)
     out = tmp_path / "pulled"

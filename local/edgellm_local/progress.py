@@ -39,6 +39,7 @@ class Progress:
     clock: Callable[[], float] = time.monotonic
     tty_interval: float = 0.1
     log_interval: float = 5.0
+    enabled: bool = True  # False: count, never draw (library use, quiet runs)
     done: int = 0
     fetched: int = 0  # bytes received this run, discarded ones included
     reused_bytes: int = 0  # bytes found on disk from an earlier run
@@ -75,6 +76,8 @@ class Progress:
         return format_progress(self.done, self.total, self.fetched, self.seconds, self.shards_done, self.shards)
 
     def _maybe_draw(self) -> None:
+        if not self.enabled:
+            return
         now = self.clock()
         if now - self._last < (self.tty_interval if self.is_tty else self.log_interval):
             return
@@ -90,6 +93,8 @@ class Progress:
 
     def finish(self) -> None:
         """Leave the terminal on a fresh line after the last redraw."""
+        if not self.enabled:
+            return
         self.draw()
         if self.is_tty:
             self.stream.write("\n")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
 import json
@@ -514,7 +513,7 @@ async def test_memory_per_stream_is_bounded_by_the_chunk_size(tmp_path: Path) ->
     """Writes land in chunk-sized pieces however large the shard: nothing holds a shard."""
     model, objects = build_model(size=200_000, shard_size=100_000)
     h = harness(tmp_path, objects)
-    import edgellm_local.pull as pull_module
+    import edgellm_local.fetch as pull_module
 
     sizes: list[int] = []
     real = pull_module._write_and_hash

@@ -1,0 +1,197 @@
+"""Artifacts benchmark: `edgellm pull` against curl and a naive in-memory loop, in one run.
+
+Publishes a large model file (default 1 GiB: a real tiny GGUF padded with random bytes) with
+`edgellm publish --target local`, starts the edge (`edgellm dev`) on that state in its own
+process, then downloads the model's shards from it three ways, each a process of its own whose
+peak memory is its kernel high-water mark (VmHWM, sampled from /proc while it runs):
+- curl: every shard URL in one command, one stream over one kept-alive connection, into a file;
+- naive: Python httpx, one shard after another into memory (`.content`), then written to a file;
+- pull: `edgellm pull --parallel N` (writes the GGUF, verifies every shard and the whole file).
+All three write the model to disk; only pull verifies it (every shard, then the whole file), so a
+"curl + openssl sha256" row shows what checking curl's file once would add. Timings include process start-up.
+Targets (issue 4): pull at least as fast as curl, and pull's peak memory under 100 MB.
+
+    .venv/bin/python -m bench.bench_artifacts [--size 1GiB] [--shard-size 64MiB] [--parallel 4] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from bench.edge_process import free_port
+from edgellm_local.r2 import FileR2
+from tests.support.tiny_gguf import write_tiny_gguf
+
+NAME = "bench-model"
+MB = 1_000_000
+NAIVE = """
+import sys, httpx
+out, urls = sys.argv[1], sys.argv[2:]
+with httpx.Client(timeout=120, headers={"Accept-Encoding": "identity"}) as client, open(out, "wb") as f:
+    for url in urls:
+        r = client.get(url)
+        r.raise_for_status()
+        f.write(r.content)
+"""
+
+
+def parse_size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": MB, "gb": 10**9}
+    text = text.strip().lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * units[unit])
+    return int(text)
+
+
+def write_model(path: Path, size: int) -> None:
+    """A GGUF header and metadata (a real tiny model), then random bytes up to `size`."""
+    write_tiny_gguf(path, vocab="bpe")
+    with open(path, "ab") as f:
+        left = size - path.stat().st_size
+        while left > 0:
+            f.write(os.urandom(min(left, 1 << 20)))
+            left -= 1 << 20
+
+
+def publish(state: Path, model: Path, shard_size: int) -> dict:
+    """`edgellm publish --target local` into `state`, then the manifest it wrote."""
+    command = [sys.executable, "-m", "edgellm_local.cli", "publish", str(model), "--name", NAME,
+               "--shard-size", str(shard_size), "--target", "local", "--state", str(state)]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    r2 = FileR2(state / "r2")
+
+    async def read() -> bytes:
+        obj = await r2.get(f"models/{NAME}/manifest.json")
+        assert obj is not None and obj.body is not None
+        return b"".join([chunk async for chunk in obj.body])
+
+    try:
+        return json.loads(asyncio.run(read()))
+    finally:
+        r2.close()
+
+
+@contextlib.contextmanager
+def edge_process(model: Path, state: Path) -> Iterator[str]:
+    """`edgellm dev` on a free port over `state` (where the model was published)."""
+    port = free_port()
+    command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", str(state), "--model", str(model)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the local edge did not start")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    seconds: float
+    bytes: int
+    peak_rss: int  # bytes
+
+    @property
+    def rate(self) -> float:
+        return self.bytes / self.seconds / MB
+
+
+def high_water_mark(pid: int) -> int | None:
+    """The process's peak resident set (VmHWM) in bytes; None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def measure(label: str, command: list[str], size: int, stdout: Path | None = None) -> Run:
+    """Run `command`, timing it and sampling its VmHWM every 5 ms (monotonic, so the last sample
+    before exit is the peak to within the last few ms). `wait4`'s ru_maxrss is no use here: it
+    starts from the forking parent's own high-water mark."""
+    with open(stdout or os.devnull, "wb") as out:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE)
+        peak = 0
+        while process.poll() is None:
+            peak = max(peak, high_water_mark(process.pid) or 0)
+            time.sleep(0.005)
+        seconds = time.perf_counter() - start
+    err = process.stderr.read() if process.stderr else b""
+    if process.returncode != 0:
+        raise RuntimeError(f"{label} failed ({process.returncode}): {err.decode(errors='replace')[-2000:]}")
+    return Run(label, seconds, size, peak)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=parse_size, default=1 << 30, help="model size (default 1GiB)")
+    parser.add_argument("--shard-size", type=parse_size, default=64 << 20, help="shard size (default 64MiB)")
+    parser.add_argument("--parallel", type=int, default=4, help="pull's concurrent shard downloads")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat each download; the best round counts")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="edgellm-bench-artifacts-") as tmp:
+        root = Path(tmp)
+        model, state = root / "source.gguf", root / "state"
+        tiny = write_tiny_gguf(root / "tiny.gguf", vocab="bpe")
+        write_model(model, args.size)
+        t = time.perf_counter()
+        manifest = publish(state, model, args.shard_size)
+        print(f"published {args.size:,} bytes as {len(manifest['shards'])} shards of {args.shard_size:,} in {time.perf_counter() - t:.1f} s")
+        runs: dict[str, list[Run]] = {"curl": [], "curl+sha": [], "naive": [], "pull": []}
+        with edge_process(tiny, state) as url:
+            urls = [f"{url}/models/{NAME}/{s['path']}" for s in manifest["shards"]]
+            curl = ["curl", "--silent", "--show-error", "--fail", "-H", "Accept-Encoding: identity", *urls]
+            for round_ in range(args.rounds):
+                fetched = root / "curl.gguf"
+                runs["curl"].append(measure("curl (one stream)", curl, args.size, stdout=fetched))
+                check = measure("sha256", ["openssl", "dgst", "-sha256", str(fetched)], args.size)
+                runs["curl+sha"].append(Run("curl + openssl sha256", runs["curl"][-1].seconds + check.seconds, args.size, max(runs["curl"][-1].peak_rss, check.peak_rss)))
+                fetched.unlink()
+                runs["naive"].append(measure("naive (in memory)", [sys.executable, "-c", NAIVE, str(root / "naive.bin"), *urls], args.size))
+                (root / "naive.bin").unlink()
+                out = root / f"pulled-{round_}"
+                pull = [sys.executable, "-m", "edgellm_local.cli", "pull", url, NAME, "--out", str(out), "--parallel", str(args.parallel)]
+                runs["pull"].append(measure(f"edgellm pull (parallel {args.parallel})", pull, args.size))
+                assert (out / "model.gguf").stat().st_size == args.size
+                (out / "model.gguf").unlink()
+    best = {k: min(v, key=lambda r: r.seconds) for k, v in runs.items()}
+    print(f"\n{'download (best of ' + str(args.rounds) + ')':<28} {'seconds':>8} {'MB/s':>8} {'peak RSS MB':>12}")
+    for run in best.values():
+        print(f"{run.label:<28} {run.seconds:>8.2f} {run.rate:>8.1f} {run.peak_rss / MB:>12.1f}")
+    pull, curl, naive = best["pull"], best["curl"], best["naive"]
+    print(f"\npull / curl throughput:  {pull.rate / curl.rate:.2f}x   (target >= 1.0)")
+    print(f"pull / naive throughput: {pull.rate / naive.rate:.2f}x")
+    print(f"pull peak memory:        {pull.peak_rss / MB:.1f} MB   (target < 100 MB; naive {naive.peak_rss / MB:.1f} MB, {naive.peak_rss / pull.peak_rss:.1f}x pull's)")
+    return 0 if pull.rate >= curl.rate and pull.peak_rss < 100 * MB else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

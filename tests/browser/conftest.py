@@ -9,7 +9,7 @@ Chromium needs in a container.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from playwright.sync_api import Page
@@ -68,24 +68,57 @@ def published_r2(
 
 
 @pytest.fixture
+def start_edge(start_edge: Callable[..., EdgeServer]) -> Iterator[Callable[..., EdgeServer]]:
+    """The shared `start_edge`, plus closing each server's event loop once it has stopped.
+
+    `EdgeServer` leaves its loop open; when the garbage collector later finalises it, the loop's
+    `__del__` raises "Invalid file descriptor: -1", an unraisable exception that this project's
+    pytest settings turn into an error of whichever test is running then. The browser tests
+    start many servers, so they hit it. Drop this override once `EdgeServer` closes its loop.
+    """
+    servers: list[EdgeServer] = []
+
+    def start(*args: Any, **kwargs: Any) -> EdgeServer:
+        server = start_edge(*args, **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+        if server.loop is not None and not server.loop.is_running():
+            server.loop.close()
+
+
+@pytest.fixture
 def artifact_edge(start_edge: Callable[..., EdgeServer], published_r2: BlobStore) -> EdgeServer:
     return start_edge(r2=published_r2)
 
 
+def _shoot(page: Page, request: pytest.FixtureRequest, label: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    stem = f"{request.node.name}-{label}".replace("[", "-").replace("]", "")
+    size = page.viewport_size or DESKTOP
+    page.screenshot(path=str(SCREENSHOTS / f"{stem}-desktop.png"), full_page=True)
+    page.set_viewport_size(PHONE)
+    page.screenshot(path=str(SCREENSHOTS / f"{stem}-phone.png"), full_page=True)
+    page.set_viewport_size(size)
+
+
 @pytest.fixture
 def screenshot(page: Page, request: pytest.FixtureRequest) -> Callable[[str], None]:
-    """Save the page at desktop and phone widths as `artifacts/screenshots/<test>-<label>-*.png`."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    """Save the page mid-test at desktop and phone widths: `artifacts/screenshots/<test>-<label>-*.png`."""
+    return lambda label: _shoot(page, request, label)
 
-    def shoot(label: str) -> None:
-        stem = f"{request.node.name}-{label}".replace("[", "-").replace("]", "")
-        size = page.viewport_size or DESKTOP
-        page.screenshot(path=str(SCREENSHOTS / f"{stem}-desktop.png"), full_page=True)
-        page.set_viewport_size(PHONE)
-        page.screenshot(path=str(SCREENSHOTS / f"{stem}-phone.png"), full_page=True)
-        page.set_viewport_size(size)
 
-    return shoot
+@pytest.fixture(autouse=True)
+def screenshot_at_end(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every browser test leaves a screenshot of where it ended, passed or failed (CI keeps
+    `artifacts/` so a failure can be seen, not just read)."""
+    page = request.getfixturevalue("page") if "page" in request.fixturenames else None
+    yield
+    if page is not None and not page.is_closed():
+        _shoot(page, request, "end")
 
 
 @pytest.fixture(scope="session")

@@ -137,8 +137,7 @@ class R2Spy:
 
 
 def test_reload_revalidates_with_304(
-    page: Page, start_edge: Callable[..., EdgeServer], published_r2: BlobStore, smollm2_files: TokenizerFiles,
-    screenshot: Callable[[str], None],
+    page: Page, start_edge: Callable[..., EdgeServer], published_r2: BlobStore, smollm2_files: TokenizerFiles
 ) -> None:
     spy = R2Spy(published_r2)
     edge = start_edge(r2=spy)
@@ -157,12 +156,9 @@ def test_reload_revalidates_with_304(
     assert spy.reads.count(key) == 1, "the edge sent tokenizer.json again instead of a 304"
     text = "revalidated, and still tokenizing"
     assert shown_ids(page, text) == smollm2_files.tokenizer().encode(text, add_special_tokens=False).ids
-    screenshot("revalidated")
 
 
-def test_model_picker_lists_published_models(
-    page: Page, artifact_edge: EdgeServer, tiny_files: TokenizerFiles, screenshot: Callable[[str], None]
-) -> None:
+def test_model_picker_lists_published_models(page: Page, artifact_edge: EdgeServer, tiny_files: TokenizerFiles) -> None:
     published = [m["name"] for m in page.request.get(f"{artifact_edge.url}/models").json()["data"]]
     assert sorted(published) == sorted([PUBLISHED_NAME, TINY_NAME])
 
@@ -177,7 +173,6 @@ def test_model_picker_lists_published_models(
     assert page.url.endswith(f"?model={TINY_NAME}")
     text = "Hello tiny model, 42!"
     assert shown_ids(page, text) == tiny.encode(text, add_special_tokens=False).ids
-    screenshot("tiny")
 
 
 def test_no_published_models_says_how_to_publish(page: Page, start_edge: Callable[..., EdgeServer]) -> None:

@@ -1,0 +1,201 @@
+/**
+ * The chat page: a conversation streamed from the edge, with the numbers that show what the edge
+ * did (time to first token, tokens per second, which model answered, whether the cache did).
+ *
+ * `document.body.dataset.state` says where the page is (idle, streaming, done, stopped, error),
+ * for people using dev tools and for the browser tests.
+ */
+import { streamChat } from "./chat-stream.mjs";
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  form: $("ask"), prompt: $("prompt"), model: $("model"), temperature: $("temperature"),
+  temperatureValue: $("temperature-value"), maxTokens: $("max-tokens"), deterministic: $("deterministic"),
+  send: $("send"), stop: $("stop"), newChat: $("new-chat"), transcript: $("transcript"),
+  status: $("status"), error: $("error"),
+  ttft: $("stat-ttft"), tps: $("stat-tps"), tokens: $("stat-tokens"), statModel: $("stat-model"),
+  cache: $("stat-cache"), finish: $("stat-finish"),
+};
+
+/** The conversation so far and the stream in flight (one at a time). */
+const state = { messages: [], controller: null };
+
+function setState(name) {
+  document.body.dataset.state = name;
+}
+
+function bubble(role, text = "") {
+  const article = document.createElement("article");
+  article.className = `message ${role}`;
+  const label = document.createElement("span");
+  label.className = "role";
+  label.textContent = role === "user" ? "You" : "Assistant";
+  const content = document.createElement("div");
+  content.className = "content";
+  content.textContent = text;
+  article.append(label, content);
+  ui.transcript.append(article);
+  return article;
+}
+
+function note(article, text) {
+  const span = document.createElement("span");
+  span.className = "note";
+  span.textContent = text;
+  article.append(span);
+}
+
+function resetStats() {
+  for (const dd of [ui.ttft, ui.tps, ui.tokens, ui.statModel, ui.cache, ui.finish]) dd.textContent = "—";
+  delete ui.cache.dataset.status;
+}
+
+function temperature() {
+  return ui.deterministic.checked ? 0 : Number(ui.temperature.value);
+}
+
+function syncTemperature() {
+  ui.temperature.disabled = ui.deterministic.checked;
+  ui.temperatureValue.textContent = temperature().toFixed(1);
+}
+
+function setStreaming(on) {
+  ui.send.disabled = on;
+  ui.stop.disabled = !on;
+}
+
+function request() {
+  const body = { messages: state.messages.map(({ role, content }) => ({ role, content })), temperature: temperature() };
+  const maxTokens = ui.maxTokens.value.trim();
+  if (maxTokens !== "") body.max_tokens = Number(maxTokens);
+  if (ui.model.value) body.model = ui.model.value;
+  return body;
+}
+
+/** Live figures for the answer in flight; `tokens` prefers the API's usage over counted chunks. */
+function meter() {
+  const started = performance.now();
+  const m = { first: null, last: null, chunks: 0, usage: null };
+  m.delta = () => {
+    const now = performance.now();
+    if (m.first === null) {
+      m.first = now;
+      ui.ttft.textContent = `${Math.round(now - started)} ms`;
+    }
+    m.last = now;
+    m.chunks += 1;
+    m.show();
+  };
+  m.show = () => {
+    const tokens = m.usage ? m.usage.completion_tokens : m.chunks;
+    ui.tokens.textContent = String(tokens);
+    const seconds = m.first === null ? 0 : (m.last - m.first) / 1000;
+    // the first token's time is time-to-first-token; the rate counts the tokens after it
+    const rate = (tokens - 1) / seconds;
+    ui.tps.textContent = tokens > 1 && seconds > 0 ? (rate >= 100 ? Math.round(rate).toString() : rate.toFixed(1)) : "—";
+  };
+  return m;
+}
+
+async function ask(text) {
+  ui.error.textContent = "";
+  resetStats();
+  state.messages.push({ role: "user", content: text });
+  bubble("user", text);
+  const answer = bubble("assistant");
+  const content = answer.querySelector(".content");
+  answer.setAttribute("aria-busy", "true");
+  const controller = new AbortController();
+  state.controller = controller;
+  setStreaming(true);
+  setState("streaming");
+  ui.status.textContent = "Waiting for the first token…";
+  const m = meter();
+  let reply = "";
+  try {
+    await streamChat(request(), controller.signal, {
+      onOpen({ model, cacheStatus, age }) {
+        ui.statModel.textContent = model || "—";
+        ui.cache.textContent = cacheStatus ? cacheStatus + (age ? ` (age ${age} s)` : "") : "not reported";
+        if (cacheStatus) ui.cache.dataset.status = cacheStatus;
+      },
+      onModel(model) { ui.statModel.textContent = model; },
+      onDelta(delta) {
+        if (m.first === null) ui.status.textContent = "Streaming…";
+        content.append(delta); // a text node per chunk: nothing re-parsed, nothing re-laid-out above it
+        reply += delta;
+        m.delta();
+      },
+      onFinish(reason) { ui.finish.textContent = reason; },
+      onUsage(usage) { m.usage = usage; m.show(); },
+    });
+    state.messages.push({ role: "assistant", content: reply });
+    ui.status.textContent = `Answer complete: ${ui.tokens.textContent} tokens.`;
+    setState("done");
+  } catch (error) {
+    if (error.name === "AbortError") {
+      state.messages.push({ role: "assistant", content: reply });
+      ui.finish.textContent = "stopped";
+      ui.status.textContent = `Stopped after ${m.chunks} tokens.`;
+      note(answer, "Stopped.");
+      setState("stopped");
+    } else {
+      state.messages.pop(); // the failed question stays on screen but not in the conversation sent next
+      ui.error.textContent = error.message;
+      ui.status.textContent = "";
+      note(answer, "No answer: see the error below.");
+      setState("error");
+    }
+  } finally {
+    answer.removeAttribute("aria-busy");
+    if (state.controller === controller) state.controller = null;
+    const stopHadFocus = document.activeElement === ui.stop;
+    setStreaming(false);
+    if (stopHadFocus) ui.prompt.focus(); // a disabled button drops keyboard focus to <body>
+  }
+}
+
+async function loadModels() {
+  try {
+    const response = await fetch("/v1/models");
+    if (!response.ok) return;
+    const { data } = await response.json();
+    for (const model of data || []) ui.model.append(new Option(model.id, model.id));
+  } catch { /* the default model still works */ }
+}
+
+function newChat() {
+  state.controller?.abort();
+  state.messages = [];
+  ui.transcript.replaceChildren();
+  ui.error.textContent = "";
+  ui.status.textContent = "New chat.";
+  resetStats();
+  setState("idle");
+  ui.prompt.focus();
+}
+
+function start() {
+  ui.form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = ui.prompt.value.trim();
+    if (!text || state.controller) return;
+    ui.prompt.value = "";
+    ask(text);
+  });
+  ui.prompt.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      ui.form.requestSubmit();
+    }
+  });
+  ui.stop.addEventListener("click", () => state.controller?.abort());
+  ui.newChat.addEventListener("click", newChat);
+  ui.deterministic.addEventListener("change", syncTemperature);
+  ui.temperature.addEventListener("input", syncTemperature);
+  syncTemperature();
+  loadModels();
+  setState("idle");
+}
+
+start();

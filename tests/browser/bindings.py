@@ -1,0 +1,75 @@
+"""AI bindings for the chat page tests: the real llama.cpp binding, wrapped at the binding seam.
+
+The tiny test model writes a whole answer in a few milliseconds, faster than a browser can show
+that it renders progressively; `PacedAI` spaces its stream events out, the way a real model's
+tokens arrive. `BreakingAI` fails a stream part-way, which the page must report with the API's
+own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping
+
+from edgellm.ports import AIBinding, BindingError
+
+
+@dataclass
+class PacedAI:
+    inner: AIBinding
+    delay: float = 0.05
+    events_sent: int = 0
+    closed_early: bool = False
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.inner.run(model, inputs)
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        return self.inner.describe(model)
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return self._paced(await self.inner.stream(model, inputs))
+
+    async def _paced(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        finished = False
+        try:
+            async for event in events:
+                await asyncio.sleep(self.delay)
+                self.events_sent += 1
+                yield event
+            finished = True
+        finally:
+            self.closed_early = not finished
+            await events.aclose()  # type: ignore[attr-defined]
+
+
+@dataclass
+class BreakingAI:
+    """Streams `good_events` events from the real binding, then fails as a dropped upstream would."""
+
+    inner: AIBinding
+    good_events: int = 3
+    message: str = "upstream connection reset"
+    calls: list[str] = field(default_factory=list)
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.inner.run(model, inputs)
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        return self.inner.describe(model)
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        self.calls.append(model)
+        return self._breaking(await self.inner.stream(model, inputs))
+
+    async def _breaking(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            sent = 0
+            async for event in events:
+                if sent == self.good_events:
+                    raise BindingError(self.message)
+                sent += 1
+                yield event
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]

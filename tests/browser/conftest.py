@@ -19,7 +19,7 @@ from edgellm_local.ai import default_model_path
 from edgellm_local.r2 import FileR2
 from edgellm_local.server import EdgeServer
 
-from .publishing import TokenizerFiles, publish_sync, tokenizer_files
+from .publishing import TokenizerFiles, publish_model, published_tokenizer
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -45,26 +45,24 @@ def browser_context_args(browser_context_args: dict[str, Any]) -> dict[str, Any]
 
 
 @pytest.fixture(scope="session")
-def smollm2_files() -> TokenizerFiles:
-    return tokenizer_files(default_model_path())
-
-
-@pytest.fixture(scope="session")
-def tiny_files(tiny_model: Path) -> TokenizerFiles:
-    return tokenizer_files(tiny_model)
-
-
-@pytest.fixture(scope="session")
-def published_r2(
-    tmp_path_factory: pytest.TempPathFactory, smollm2_files: TokenizerFiles, tiny_model: Path, tiny_files: TokenizerFiles
-) -> BlobStore:
-    """One R2 with SmolLM2 and the tiny test model published, shared by the session (publishing
-    98 MB once is enough; each test still gets its own browser context, so browser caches never
-    leak between tests)."""
+def published_r2(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> BlobStore:
+    """One R2 with SmolLM2 and the tiny test model published by `edgellm publish`, shared by the
+    session (publishing 98 MB once is enough; each test still gets its own browser context, so
+    browser caches never leak between tests)."""
     r2 = FileR2(tmp_path_factory.mktemp("published-r2"))
-    publish_sync(r2, PUBLISHED_NAME, default_model_path(), smollm2_files)
-    publish_sync(r2, TINY_NAME, tiny_model, tiny_files)
+    publish_model(r2, PUBLISHED_NAME, default_model_path())
+    publish_model(r2, TINY_NAME, tiny_model)
     return r2
+
+
+@pytest.fixture(scope="session")
+def smollm2_files(published_r2: BlobStore) -> TokenizerFiles:
+    return published_tokenizer(published_r2, PUBLISHED_NAME)
+
+
+@pytest.fixture(scope="session")
+def tiny_files(published_r2: BlobStore) -> TokenizerFiles:
+    return published_tokenizer(published_r2, TINY_NAME)
 
 
 @pytest.fixture

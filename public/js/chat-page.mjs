@@ -143,7 +143,7 @@ async function ask(text) {
       state.messages.pop(); // the failed question stays on screen but not in the conversation sent next
       ui.error.textContent = error.message;
       ui.status.textContent = "";
-      note(answer, "No answer: see the error below.");
+      note(answer, "No answer: the edge reported an error.");
       setState("error");
     }
   } finally {

@@ -177,9 +177,11 @@ def test_controls_are_labelled_and_deterministic_fixes_temperature(page: Page, e
     assert models == ["", *served]
 
 
-def test_pages_link_to_each_other(page: Page, edge: EdgeServer) -> None:
+def test_pages_link_to_each_other(page: Page, edge: EdgeServer, screenshot: Callable[[str], None]) -> None:
     for path in ("/", "/tokenizer", "/chat"):
         page.goto(edge.url + path)
+        if path == "/":
+            screenshot("home")
         hrefs = page.locator("header nav a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
         assert {"/", "/tokenizer", "/chat", "/v1/models"} <= set(hrefs)
         for href in hrefs:

@@ -11,6 +11,7 @@ default transport.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import sys
@@ -113,6 +114,7 @@ async def pull(base_url: str, name: str, out: Path, parallel: int = 4, **options
 
 def run(args: Any) -> int:
     """The `edgellm pull` command: 0 on success, 1 when the pull fails, 130 when interrupted."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per shard request is noise here
     try:
         result = asyncio.run(pull(args.base_url, args.name, Path(args.out), parallel=args.parallel))
     except PullError as exc:

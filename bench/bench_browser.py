@@ -15,7 +15,6 @@ Figures are medians of --rounds rounds (after one warm-up), and the ratio browse
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys

@@ -159,7 +159,10 @@ class EdgeServer:
 
     def _run(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+        try:
+            self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+        finally:
+            self.loop.close()  # left to the garbage collector, its __del__ raises on a closed fd
 
     def start(self) -> "EdgeServer":
         self._thread.start()
@@ -171,7 +174,7 @@ class EdgeServer:
 
     def drain(self) -> None:
         """Block until the server's `waitUntil` tasks have finished."""
-        assert self.loop is not None
+        assert self.loop is not None and not self.loop.is_closed()
         asyncio.run_coroutine_threadsafe(self.app.drain(), self.loop).result(30)
 
     def stop(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from . import api, artifacts
 from .cache import admin as cache_admin
 from .errors import ErrorKind, GatewayError
-from .http import Request, Response, json_response
+from .http import Request, Response
 from .ports import Deps
 from .router import Router, route
 from . import workers_ai

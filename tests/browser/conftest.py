@@ -66,29 +66,6 @@ def tiny_files(published_r2: BlobStore) -> TokenizerFiles:
 
 
 @pytest.fixture
-def start_edge(start_edge: Callable[..., EdgeServer]) -> Iterator[Callable[..., EdgeServer]]:
-    """The shared `start_edge`, plus closing each server's event loop once it has stopped.
-
-    `EdgeServer` leaves its loop open; when the garbage collector later finalises it, the loop's
-    `__del__` raises "Invalid file descriptor: -1", an unraisable exception that this project's
-    pytest settings turn into an error of whichever test is running then. The browser tests
-    start many servers, so they hit it. Drop this override once `EdgeServer` closes its loop.
-    """
-    servers: list[EdgeServer] = []
-
-    def start(*args: Any, **kwargs: Any) -> EdgeServer:
-        server = start_edge(*args, **kwargs)
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
-        if server.loop is not None and not server.loop.is_running():
-            server.loop.close()
-
-
-@pytest.fixture
 def artifact_edge(start_edge: Callable[..., EdgeServer], published_r2: BlobStore) -> EdgeServer:
     return start_edge(r2=published_r2)
 

@@ -1,0 +1,27 @@
+"""`python -m bench`: run every benchmark in turn, each printing its figures and ratios.
+
+Each one also runs alone: `python -m bench.bench_gateway`, `bench.bench_cache`,
+`bench.bench_artifacts`, `bench.bench_browser`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_artifacts", "bench.bench_browser")
+
+
+def main() -> int:
+    failed = []
+    for module in BENCHMARKS:
+        print(f"\n=== {module} ===", flush=True)
+        if subprocess.run([sys.executable, "-m", module]).returncode != 0:
+            failed.append(module)
+    if failed:
+        print(f"\nmissed a target or failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""Gateway overhead: the same chat requests through the local edge and straight to llama.cpp.
+
+Both sides speak HTTP to a llama.cpp server loaded the same way (`LlamaCppRunner`, same GGUF,
+n_ctx and slots, greedy decoding), in one run:
+- gateway: the real local edge (`edgellm dev`, its own process) at `/v1/chat/completions`, which
+  parses, validates, translates to Workers AI inputs, calls the llama.cpp binding and renders back;
+  `cf-aig-skip-cache: true` keeps the answer cache out (its benchmark is bench_cache);
+- direct: llama.cpp's own embedded HTTP server (`xllamacpp.Server(...).listening_address`).
+Requests alternate between the two (ABBA order, so neither always goes first after the other
+warms a cache), each pair with the same prompt, sequentially so the two never share the CPU.
+Each pair must produce the same number of tokens (greedy output is identical within one
+llama.cpp build), so the difference is the gateway's work alone.
+
+Prints per mode (whole answers, and streams read to the end): the overhead ratio (sum of
+gateway times / sum of direct times; target < 1.05x) and the added milliseconds per request at
+p50 and p99 (paired differences).
+
+    .venv/bin/python -m bench.bench_gateway [--iterations 3] [--max-tokens 96] [--modes json,stream]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.edge_process import running_edge
+from edgellm.config import DEFAULT_MODEL
+from edgellm_local.ai import LlamaCppRunner, default_model_path
+
+PROMPTS = (
+    "Write a long story about a lighthouse keeper during a storm.",
+    "Explain in detail how a bicycle works, part by part.",
+    "Describe a busy market in a coastal town at dawn.",
+    "Write a detailed recipe for bread, with every step explained.",
+    "Tell me about the history of maps and how they were made.",
+)
+TARGET_RATIO = 1.05
+GATEWAY_HEADERS = {"cf-aig-skip-cache": "true"}
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    rank = p / 100 * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class Side:
+    name: str
+    client: httpx.Client
+    path: str
+    extra: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def request(self, prompt: str, max_tokens: int, stream: bool) -> tuple[float, int]:
+        """(seconds to the last byte, completion tokens)."""
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+                **self.extra}
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+        started = time.perf_counter()
+        if not stream:
+            response = self.client.post(self.path, json=body, headers=self.headers)
+            elapsed = time.perf_counter() - started
+            response.raise_for_status()
+            return elapsed, int(response.json()["usage"]["completion_tokens"])
+        tokens = 0
+        # llama.cpp's server drops a kept-alive connection after a stream, so streams use a
+        # fresh connection on both sides (loopback connect: a fraction of a millisecond)
+        headers = {**self.headers, "connection": "close"}
+        with self.client.stream("POST", self.path, json=body, headers=headers) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"usage":{' in line:
+                    tokens = int(json.loads(line[len("data: "):])["usage"]["completion_tokens"])
+        return time.perf_counter() - started, tokens
+
+
+@dataclass
+class Result:
+    gateway: list[float] = field(default_factory=list)
+    direct: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    def report(self, mode: str) -> None:
+        added_ms = [(g - d) * 1000 for g, d in zip(self.gateway, self.direct)]
+        ratio = sum(self.gateway) / sum(self.direct)
+        print(f"\n[{mode}] {len(self.gateway)} pairs, {statistics.mean(self.tokens):.0f} tokens per answer on average")
+        print(f"  direct  llama.cpp  p50 {percentile(self.direct, 50) * 1000:8.1f} ms   p99 {percentile(self.direct, 99) * 1000:8.1f} ms")
+        print(f"  gateway local edge p50 {percentile(self.gateway, 50) * 1000:8.1f} ms   p99 {percentile(self.gateway, 99) * 1000:8.1f} ms")
+        print(f"  added by the gateway: p50 {percentile(added_ms, 50):+.1f} ms   p99 {percentile(added_ms, 99):+.1f} ms")
+        print(f"  overhead ratio {ratio:.3f}x (median of pair ratios "
+              f"{statistics.median(g / d for g, d in zip(self.gateway, self.direct)):.3f}x), "
+              f"target < {TARGET_RATIO}x: {'met' if ratio < TARGET_RATIO else 'NOT met'}")
+
+
+def run_mode(gateway: Side, direct: Side, args: argparse.Namespace, stream: bool) -> Result:
+    result = Result()
+    for i in range(args.warmup + args.iterations):
+        for j, prompt in enumerate(PROMPTS[: args.prompts]):
+            order = (gateway, direct) if (i + j) % 2 == 0 else (direct, gateway)
+            timings = {side.name: side.request(prompt, args.max_tokens, stream) for side in order}
+            (g, g_tokens), (d, d_tokens) = timings["gateway"], timings["direct"]
+            if g_tokens != d_tokens:
+                raise SystemExit(f"unequal work: gateway generated {g_tokens} tokens, direct {d_tokens} for {prompt!r}")
+            if i >= args.warmup:
+                result.gateway.append(g)
+                result.direct.append(d)
+                result.tokens.append(g_tokens)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=3, help="measured rounds over the prompts, per mode (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first (default 1)")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1), metavar="N")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--modes", default="json,stream", help="json, stream or both (default json,stream)")
+    parser.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2-135M-Instruct)")
+    args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"json", "stream"}:
+        parser.error("--modes takes json, stream or json,stream")
+
+    model = args.model or default_model_path()
+    # the same loading parameters as the local edge's composition root (EdgeSettings defaults)
+    runner = LlamaCppRunner(model, n_ctx=4096, n_parallel=2).load()
+    direct_url = runner._server.listening_address.rstrip("/")  # noqa: SLF001  (the runner's own server)
+    print(f"model {model.name}; {args.prompts} prompts x {args.iterations} iterations (+{args.warmup} warm-up) "
+          f"per mode, max_tokens {args.max_tokens}, temperature 0")
+    with running_edge(str(model)) as edge_url, httpx.Client(base_url=edge_url, timeout=120) as edge_client, \
+            httpx.Client(base_url=direct_url, timeout=120) as direct_client:
+        gateway = Side("gateway", edge_client, "/v1/chat/completions", {"model": DEFAULT_MODEL}, GATEWAY_HEADERS)
+        direct = Side("direct", direct_client, "/v1/chat/completions", {})
+        print(f"gateway {edge_url} (edgellm dev)   direct {direct_url} (llama.cpp server)")
+        started = time.monotonic()
+        for mode in modes:
+            run_mode(gateway, direct, args, stream=(mode == "stream")).report(mode)
+        print(f"\n{time.monotonic() - started:.0f} s of measuring")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,6 +29,8 @@ def read_json(request: Request, deps: Deps) -> Any:
         raise invalid("The request body is empty; send a JSON object.", None, "invalid_json")
     try:
         return json.loads(request.body)
+    except RecursionError:
+        raise invalid("The request body is nested too deeply.", None, "invalid_json") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
 

@@ -51,6 +51,7 @@ OUT_OF_RANGE = [
 CASES: list[Case] = [
     *[(400, None, ("json",), "POST", path, b'{"messages": [') for path in BASE],
     *[(400, None, ("empty",), "POST", path, b"") for path in BASE],
+    *[(400, None, ("nested",), "POST", path, b"[" * 100_000 + b"]" * 100_000) for path in BASE],
     *[(400, None, ("object",), "POST", path, b"[1, 2]") for path in BASE],
     *[(413, None, ("exceeds", str(MAX_BODY_BYTES)), "POST", path, b" " * (MAX_BODY_BYTES + 1)) for path in BASE],
     *[case for name, value in WRONG_TYPES.items() for case in for_each_route(400, name, (name,), {name: value})],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 SCHEMA = "edgellm.manifest/1"
@@ -79,6 +79,17 @@ class Manifest:
         manifest = cls(name, model, shard_size, shards, files)
         manifest._check_layout()
         return manifest
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as published: `parse(json.dumps(m.to_json())) == m`."""
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "model": asdict(self.model),
+            "shard_size": self.shard_size,
+            "shards": [asdict(s) for s in self.shards],
+            "files": [asdict(f) for f in self.files],
+        }
 
     def _check_layout(self) -> None:
         offset = 0

@@ -27,12 +27,12 @@ from edgellm.errors import GatewayError
 from edgellm.ports import BindingError
 
 from .ai import ModelFileError, check_gguf
+from .manifest import ArtifactFile, Manifest, ModelFile, Shard
 from .sinks import CHUNK_SIZE, ArtifactSink, BlobStoreSink, Body, FileSlice, SinkError, WranglerSink, wrangler_bucket
 
 if TYPE_CHECKING:  # gguf, numpy and tokenizers cost ~0.4 s to import: only `publish` pays it
     import gguf
 
-SCHEMA = "edgellm.manifest/1"
 MODEL_FILE = "model.gguf"  # the name pull writes, independent of the local file's name
 DEFAULT_SHARD_SIZE = 64 * 1024 * 1024
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -49,18 +49,6 @@ def parse_size(text: str) -> int:
     if match is None or int(match[1]) == 0:
         raise PublishError(f"invalid size {text!r}: expected a positive number of bytes or e.g. 512K, 16M, 1G")
     return int(match[1]) * _UNITS[match[2].lower()]
-
-
-@dataclass(frozen=True)
-class Shard:
-    index: int
-    offset: int
-    size: int
-    sha256: str
-
-    @property
-    def path(self) -> str:
-        return f"blobs/sha256-{self.sha256}"
 
 
 @dataclass(frozen=True)
@@ -82,7 +70,8 @@ def hash_weights(path: Path, shard_size: int, chunk_size: int = CHUNK_SIZE) -> W
                 size += len(chunk)
             if size == 0:
                 break
-            shards.append(Shard(len(shards), offset, size, digest.hexdigest()))
+            sha256 = digest.hexdigest()
+            shards.append(Shard(len(shards), offset, size, sha256, f"blobs/sha256-{sha256}"))
             offset += size
     return Weights(offset, whole.hexdigest(), tuple(shards))
 
@@ -103,19 +92,13 @@ def model_files(reader: gguf.GGUFReader) -> dict[str, bytes]:
 
 
 def build_manifest(name: str, weights: Weights, shard_size: int, files: dict[str, bytes]) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "name": name,
-        "model": {"file": MODEL_FILE, "size": weights.size, "sha256": weights.sha256},
-        "shard_size": shard_size,
-        "shards": [
-            {"index": s.index, "offset": s.offset, "size": s.size, "sha256": s.sha256, "path": s.path} for s in weights.shards
-        ],
-        "files": [
-            {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "content_type": JSON}
-            for path, data in files.items()
-        ],
-    }
+    return Manifest(
+        name,
+        ModelFile(MODEL_FILE, weights.size, weights.sha256),
+        shard_size,
+        weights.shards,
+        tuple(ArtifactFile(path, len(data), hashlib.sha256(data).hexdigest(), JSON) for path, data in files.items()),
+    ).to_json()
 
 
 @dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
@@ -27,11 +26,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-import httpx
 
-from bench.edge_process import free_port
+from bench.edge_process import running_edge
+from edgellm_local.publish import parse_size
 from edgellm_local.r2 import FileR2
 from tests.support.tiny_gguf import write_tiny_gguf
 
@@ -46,15 +44,6 @@ with httpx.Client(timeout=120, headers={"Accept-Encoding": "identity"}) as clien
         r.raise_for_status()
         f.write(r.content)
 """
-
-
-def parse_size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": MB, "gb": 10**9}
-    text = text.strip().lower()
-    for unit in sorted(units, key=len, reverse=True):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * units[unit])
-    return int(text)
 
 
 def write_model(path: Path, size: int) -> None:
@@ -83,28 +72,6 @@ def publish(state: Path, model: Path, shard_size: int) -> dict:
         return json.loads(asyncio.run(read()))
     finally:
         r2.close()
-
-
-@contextlib.contextmanager
-def edge_process(model: Path, state: Path) -> Iterator[str]:
-    """`edgellm dev` on a free port over `state` (where the model was published)."""
-    port = free_port()
-    command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", str(state), "--model", str(model)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the local edge did not start")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @dataclass(frozen=True)
@@ -166,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = publish(state, model, args.shard_size)
         print(f"published {args.size:,} bytes as {len(manifest['shards'])} shards of {args.shard_size:,} in {time.perf_counter() - t:.1f} s")
         runs: dict[str, list[Run]] = {"curl": [], "curl+sha": [], "naive": [], "pull": []}
-        with edge_process(tiny, state) as url:
+        with running_edge(tiny, state) as url:
             urls = [f"{url}/models/{NAME}/{s['path']}" for s in manifest["shards"]]
             curl = ["curl", "--silent", "--show-error", "--fail", "-H", "Accept-Encoding: identity", *urls]
             for round_ in range(args.rounds):

@@ -22,12 +22,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_edge(model: str | None = None, extra: list[str] | None = None) -> Iterator[str]:
+def running_edge(model: str | os.PathLike[str] | None = None, state: str | os.PathLike[str] | None = None,
+                 extra: list[str] | None = None) -> Iterator[str]:
+    """`edgellm dev` on a free port (over `state`, or a fresh temporary one); yields its URL."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="edgellm-bench-") as state:
-        command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", state]
+    with tempfile.TemporaryDirectory(prefix="edgellm-bench-") as scratch:
+        state = state or scratch
+        command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", str(state)]
         if model:
-            command += ["--model", model]
+            command += ["--model", str(model)]
         process = subprocess.Popen(command + (extra or []), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
         url = f"http://127.0.0.1:{port}"

@@ -14,7 +14,7 @@ from .config import Config
 from .errors import ErrorKind, GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token
 from .validation import as_bool, as_int, as_str
-from .workers_ai import ROLES, validate_sampling
+from .workers_ai import validate_messages, validate_sampling
 
 MAX_STOP_SEQUENCES = 4
 _ROLE_ALIASES = {"developer": "system"}
@@ -35,37 +35,31 @@ def resolve_model(body: dict[str, Any], config: Config) -> str:
     return model
 
 
-def _content_text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(f"'{where}[{j}]' must be a text part; only text content is supported.", f"{where}[{j}]", "unsupported_content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise invalid(f"'{where}' must be a string or an array of text parts.", where, "invalid_type")
+def _content_text(parts: list[Any], where: str) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise invalid(f"'{where}[{j}]' must be a text part; only text content is supported.", f"{where}[{j}]", "unsupported_content")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def parse_messages(value: Any) -> list[dict[str, str]]:
-    if not isinstance(value, list):
-        raise invalid("'messages' must be an array of messages.", "messages", "invalid_type")
-    if not value:
-        raise invalid("'messages' must contain at least one message.", "messages", "empty_messages")
-    messages = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid(f"'{where}' must be an object with 'role' and 'content'.", where, "invalid_type")
-        role = _ROLE_ALIASES.get(message.get("role"), message.get("role"))
-        if role not in ROLES:
-            raise invalid(
-                f"'{where}.role' must be one of {', '.join(ROLES)} (or developer); got {message.get('role')!r}.",
-                f"{where}.role", "invalid_role",
-            )
-        messages.append({"role": role, "content": _content_text(message.get("content"), f"{where}.content")})
-    return messages
+    """OpenAI messages -> Workers AI messages: `developer` is a system message, and content
+    given as text parts is joined; then Workers AI's own checks apply."""
+    if isinstance(value, list):
+        value = [_normalise_message(m, i) for i, m in enumerate(value)]
+    return validate_messages(value)
+
+
+def _normalise_message(message: Any, i: int) -> Any:
+    if not isinstance(message, dict):
+        return message
+    role = _ROLE_ALIASES.get(message.get("role"), message.get("role"))
+    content = message.get("content")
+    if isinstance(content, list):
+        content = _content_text(content, f"messages[{i}].content")
+    return {**message, "role": role, "content": content}
 
 
 def _parse_stop(body: dict[str, Any]) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from ..state import IsolateState
 from .entry import record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import MAX_TTL, MIN_TTL, is_deterministic
-from .service import GENERATION_KEY, _counters, current_scope, lookup, store
+from .service import GENERATION_KEY, counters_of, current_scope, lookup, store
 
 MAX_PRELOAD = 100
 _HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -153,7 +153,7 @@ async def cache_stats(request: Request, deps: Deps) -> Response:
     return json_response({
         "object": "cache.stats",
         "scope": "isolate",  # counters are per isolate: KV must never be used as a counter
-        **_counters(deps).to_json(),
+        **counters_of(deps).to_json(),
         "inflight": len(deps.state.inflight) if isinstance(deps.state, IsolateState) else 0,
         "namespace": scope.namespace, "generation": scope.generation,
         "default_ttl": deps.config.cache_default_ttl, "classes": deps.config.cache_classes,

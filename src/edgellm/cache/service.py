@@ -24,7 +24,7 @@ GENERATION_KEY = "cache-meta/{tenant}/{namespace}/generation"
 GENERATION_REFRESH_SECONDS = 30.0
 
 
-def _counters(deps: Deps) -> CacheCounters:
+def counters_of(deps: Deps) -> CacheCounters:
     state = deps.state
     return state.cache if isinstance(state, IsolateState) else CacheCounters()
 
@@ -46,7 +46,7 @@ async def current_scope(deps: Deps) -> CacheScope:
             generation = int(entry.value) if entry is not None else 0
         except Exception as exc:  # fail open: generation 0 (worst case: a purged entry is served until TTL)
             deps.log.warning("cache generation read failed: %s", exc)
-            _counters(deps).read_errors += 1
+            counters_of(deps).read_errors += 1
     if isinstance(state, IsolateState):
         state.generations[memo_key] = (generation, now)
     return CacheScope(config.tenant, config.cache_namespace, generation)
@@ -59,7 +59,7 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
         entry = await deps.kv.get(key.kv_key)
     except Exception as exc:
         deps.log.warning("cache read failed for %s: %s", key.kv_key, exc)
-        _counters(deps).read_errors += 1
+        counters_of(deps).read_errors += 1
         return None, 0
     if entry is None:
         return None, 0
@@ -78,7 +78,7 @@ async def store(deps: Deps, key: CacheKey, answer: CachedAnswer, ttl: int) -> bo
         return True
     except Exception as exc:
         deps.log.error("cache write failed for %s: %s", key.kv_key, exc)
-        _counters(deps).write_errors += 1
+        counters_of(deps).write_errors += 1
         return False
 
 
@@ -100,7 +100,7 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
 async def cached_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
     """Answer from KV, join an identical in-flight generation, or start one and cache it."""
     decision = await decide(deps, request, gen_request)
-    counters = _counters(deps)
+    counters = counters_of(deps)
     if decision.key is None:
         counters.bypasses += 1
         generation = await start_generation(deps, gen_request)
@@ -124,7 +124,7 @@ async def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_requ
     inflight: dict[str, Any] = deps.state.inflight if isinstance(deps.state, IsolateState) else {}
     flight = inflight.get(key.kv_key)
     if flight is not None:
-        _counters(deps).coalesced += 1
+        counters_of(deps).coalesced += 1
         return flight
     flight = Flight()
     inflight[key.kv_key] = flight

@@ -57,24 +57,24 @@ async def serve_generation(
     return json_response(await as_json(generation), headers=headers)
 
 
-async def create_chat_completion(request: Request, deps: Deps) -> Response:
-    gen_request = openai.parse_chat_request(read_json(request, deps), deps.config)
+async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Response:
+    parse = openai.parse_chat_request if chat else openai.parse_completion_request
+    render_json = openai.render_chat_json if chat else openai.render_completion_json
+    gen_request = parse(read_json(request, deps), deps.config)
     created = int(deps.clock.now())
     return await serve_generation(
         request, deps, gen_request,
-        lambda g: openai.render_chat_json(g, created),
-        lambda g: openai.render_stream(g, created, chat=True, include_usage=gen_request.include_usage),
+        lambda g: render_json(g, created),
+        lambda g: openai.render_stream(g, created, chat=chat, include_usage=gen_request.include_usage),
     )
+
+
+async def create_chat_completion(request: Request, deps: Deps) -> Response:
+    return await _openai_generation(request, deps, chat=True)
 
 
 async def create_completion(request: Request, deps: Deps) -> Response:
-    gen_request = openai.parse_completion_request(read_json(request, deps), deps.config)
-    created = int(deps.clock.now())
-    return await serve_generation(
-        request, deps, gen_request,
-        lambda g: openai.render_completion_json(g, created),
-        lambda g: openai.render_stream(g, created, chat=False, include_usage=gen_request.include_usage),
-    )
+    return await _openai_generation(request, deps, chat=False)
 
 
 async def run_model(request: Request, deps: Deps) -> Response:

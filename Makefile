@@ -33,8 +33,16 @@ vendor:
 	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs public/vendor/tokenizers.min.mjs
 	cp node_modules/@huggingface/tokenizers/LICENSE public/vendor/tokenizers.LICENSE
 
-dev: setup
-	$(BIN)/edgellm dev --port $(PORT)
+# The default model's tokenizer and shards in the local R2, so the tokenizer page and
+# `edgellm pull` have something to serve; published once (the stamp), republishing is a no-op.
+STATE := .state
+$(STATE)/.published-smollm2-135m: | setup
+	$(BIN)/edgellm publish "$$($(BIN)/python -c 'from edgellm_local.ai import default_model_path; print(default_model_path())')" \
+	  --name smollm2-135m --state $(STATE)
+	touch $@
+
+dev: setup $(STATE)/.published-smollm2-135m
+	$(BIN)/edgellm dev --port $(PORT) --state $(STATE)
 
 test: setup-test
 	$(BIN)/python -m pytest

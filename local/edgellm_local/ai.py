@@ -108,6 +108,14 @@ def to_llama_request(inputs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     return "chat", {"messages": [{"role": "user", "content": inputs["prompt"]}], **body}
 
 
+def _llama_exception(exc: BaseException) -> BindingError:
+    """llama.cpp raises ValueError for input it refuses (its HTTP server answers those with 400,
+    e.g. a chat ending in two assistant messages); anything else is the runner failing."""
+    if isinstance(exc, ValueError):
+        return InvalidModelInput(f"5006: llama.cpp: {exc}")
+    return BindingError(f"llama.cpp failed: {exc}")
+
+
 def _raise_llama_error(result: Any) -> None:
     if isinstance(result, dict) and "error" in result:
         error = result["error"]
@@ -155,7 +163,7 @@ class LlamaCppAI:
         try:
             result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
         except Exception as exc:  # a binding fails with a binding error, never a bare exception
-            raise BindingError(f"llama.cpp failed: {exc}") from exc
+            raise _llama_exception(exc) from exc
         _raise_llama_error(result)
         choice = result["choices"][0]
         text = choice["message"]["content"] if kind == "chat" else choice["text"]
@@ -210,7 +218,7 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
             if item is DONE:
                 return
             if isinstance(item, BaseException):
-                raise BindingError(f"llama.cpp failed: {item}")
+                raise _llama_exception(item) from item
             _raise_llama_error(item)
             if item.get("usage"):
                 usage = item["usage"]

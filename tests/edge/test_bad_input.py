@@ -57,6 +57,9 @@ CASES: list[Case] = [
     *[case for name, value in WRONG_TYPES.items() for case in for_each_route(400, name, (name,), {name: value})],
     *[case for name, value in OUT_OF_RANGE for case in for_each_route(400, name, (name, str(value)), {name: value})],
     (400, "messages", ("messages", "at least one"), "POST", CHAT, {"messages": []}),
+    # refused by the model itself (llama.cpp's chat template), still the caller's error: 400
+    (400, None, ("assistant",), "POST", CHAT, {"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}),
     (400, "messages", ("messages", "at least one"), "POST", RUN, {"messages": []}),
     (400, "messages", ("messages",), "POST", CHAT, {"messages": "hi"}),
     (400, "messages", ("messages",), "POST", CHAT, {}),

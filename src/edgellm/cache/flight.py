@@ -1,9 +1,11 @@
 """Request coalescing: identical cacheable misses in one isolate share one generation.
 
 The generation runs in its own task (a producer) that appends events to a `Flight`; every
-request for the same key subscribes and streams them, late joiners replaying what they
-missed first. When the last subscriber leaves before the end (every client aborted), the
-producer is cancelled, so an abandoned generation costs nothing more and writes nothing.
+request for the same key joins it and streams the events, late joiners replaying what they
+missed first. A request counts from the moment it joins, not from its first read, so one
+client leaving early never cancels a generation another has joined but not yet read. When the
+last one leaves before the end (every client aborted), the producer is cancelled, so an
+abandoned generation costs nothing more and writes nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+from ..errors import ErrorKind, GatewayError
 from ..generation import Event, Generation
 
 
@@ -41,7 +44,11 @@ class Flight:
                 self.events.append(event)
                 self._notify()
         except asyncio.CancelledError:
-            self.error = self.error or ConnectionAbortedError("every client left")
+            self.error = self.error or GatewayError(
+                ErrorKind.UNAVAILABLE, "The shared generation was abandoned; try again.", code="generation_abandoned", retry_after=1
+            )
+            if not self.started.done():
+                self.started.set_exception(self.error)
             raise
         except BaseException as exc:  # delivered to every subscriber
             self.error = exc
@@ -52,8 +59,12 @@ class Flight:
             self._notify()
             on_done(self)
 
-    async def subscribe(self) -> AsyncIterator[Event]:
+    def join(self) -> AsyncIterator[Event]:
+        """Count a request in now; the iterator it returns streams every event from the first."""
         self.subscribers += 1
+        return self._follow()
+
+    async def _follow(self) -> AsyncIterator[Event]:
         position = 0
         try:
             while True:

@@ -115,12 +115,13 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             age = max(0, int(deps.clock.now() - answer.created))
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest)
     counters.misses += 1
-    flight = await join_or_start(deps, key, policy, gen_request)
+    flight = join_or_start(deps, key, policy, gen_request)
+    events = flight.join()
     model = await asyncio.shield(flight.started)
-    return Generation(model, flight.subscribe(), cache_status="MISS", cache_key=key.digest)
+    return Generation(model, events, cache_status="MISS", cache_key=key.digest)
 
 
-async def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: GenerationRequest) -> Flight:
+def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: GenerationRequest) -> Flight:
     inflight: dict[str, Any] = deps.state.inflight if isinstance(deps.state, IsolateState) else {}
     flight = inflight.get(key.kv_key)
     if flight is not None:

@@ -1,5 +1,6 @@
 """Workers KV on SQLite, with the real service's limits enforced, so that code which passes
-here does not fail on Cloudflare (a 30 s TTL, a 600-byte key, 2 KB of metadata all fail there).
+here does not fail on Cloudflare (a 30 s TTL, a 600-byte key, 2 KB of metadata, a second write
+to the same key within a second all fail there).
 
 Not emulated: KV's eventual consistency (a write is visible at once here, up to 60 s later
 elsewhere); code must never rely on read-after-write, and the core does not.
@@ -21,6 +22,7 @@ MAX_VALUE_BYTES = 25 * 1024 * 1024
 MAX_METADATA_BYTES = 1024
 MIN_TTL_SECONDS = 60
 MAX_LIST_LIMIT = 1000
+MIN_SECONDS_BETWEEN_WRITES = 1.0  # KV allows one write per second to the same key
 
 
 def check_key(key: str) -> None:
@@ -41,6 +43,7 @@ class SqliteKV:
     clock: Clock = field(default_factory=SystemClock)
     _db: sqlite3.Connection = field(init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _last_write: dict[str, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if str(self.path) != ":memory:":
@@ -93,10 +96,14 @@ class SqliteKV:
                 )
             expires_at = float(expiration)
         with self._lock:
+            last = self._last_write.get(key)
+            if last is not None and now - last < MIN_SECONDS_BETWEEN_WRITES:
+                raise KVLimitError("KV PUT failed: 429 Too Many Requests (one write per second to the same key)")
             self._db.execute(
                 "INSERT OR REPLACE INTO kv (key, value, metadata, expiration) VALUES (?, ?, ?, ?)",
                 (key, sqlite3.Binary(value), meta, expires_at),
             )
+            self._last_write[key] = now
 
     async def delete(self, key: str) -> None:
         check_key(key)

@@ -22,6 +22,7 @@ class ErrorKind(enum.Enum):
     REQUEST_TOO_LARGE = (413, "invalid_request_error")
     UNSUPPORTED_MEDIA_TYPE = (415, "invalid_request_error")
     RANGE_NOT_SATISFIABLE = (416, "invalid_request_error")
+    RATE_LIMITED = (429, "rate_limit_error")
     SERVER = (500, "server_error")
     NOT_SUPPORTED = (501, "not_supported_error")
     UPSTREAM = (502, "upstream_error")

@@ -144,17 +144,20 @@ def test_non_deterministic_requests_bypass(cache_edge) -> None:
     assert ai.calls == 3
 
 
-def test_control_headers(cache_edge) -> None:
+def test_control_headers(cache_edge, clock) -> None:
     server, deps, ai = cache_edge
     assert post(server, CHAT, **{"cf-aig-skip-cache": "true"}).headers["cf-aig-cache-status"] == "BYPASS"
     assert post(server, CHAT, **{"cache-control": "no-store"}).headers["cf-aig-cache-status"] == "MISS"
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"        # no-store wrote nothing
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
     assert post(server, CHAT, **{"cf-aig-skip-cache": "true"}).headers["cf-aig-cache-status"] == "BYPASS"
+    clock.advance(100)
+    assert post(server, CHAT).headers["age"] == "100"
     refreshed = post(server, CHAT, **{"cache-control": "no-cache"})
     assert refreshed.headers["cf-aig-cache-status"] == "MISS"                # not read, but rewritten
     assert ai.calls == 5  # bypass, no-store, miss, bypass, no-cache
-    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
+    again = post(server, CHAT)
+    assert again.headers["cf-aig-cache-status"] == "HIT" and again.headers["age"] == "0"
 
 
 def test_custom_key_shares_an_entry_across_bodies(cache_edge) -> None:
@@ -266,12 +269,14 @@ def test_kv_failure_fails_open(start_edge, make_deps) -> None:
     assert stats["read_errors"] >= 3 and stats["write_errors"] == 3
 
 
-def test_corrupt_entry_is_a_miss_and_is_overwritten(cache_edge) -> None:
+def test_corrupt_entry_is_a_miss_and_is_overwritten(cache_edge, clock) -> None:
     server, deps, ai = cache_edge
     first = post(server, CHAT)
     [entry] = asyncio.run(deps.kv.list(prefix="cache/"))["keys"]
     assert entry["name"].endswith(first.headers["x-edgellm-cache-key"])
+    clock.advance(1)  # KV takes one write per second per key
     asyncio.run(deps.kv.put(entry["name"], b"{not json"))
+    clock.advance(1)
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"
     again = post(server, CHAT)
     assert again.headers["cf-aig-cache-status"] == "HIT" and chat_text(again) == chat_text(first)
@@ -286,23 +291,27 @@ def test_admin_routes_need_the_token(cache_edge, start_edge) -> None:
     assert response.status_code == 404 and response.json()["error"]["code"] == "route_not_found"
 
 
-def test_purge_one_key_and_a_whole_namespace(cache_edge) -> None:
+def test_purge_one_key_and_a_whole_namespace(cache_edge, clock) -> None:
     server, deps, ai = cache_edge
     other = {**CHAT, "max_tokens": 8}
     key = post(server, CHAT).headers["x-edgellm-cache-key"]
     post(server, other)
     purged = httpx.post(server.url + "/admin/cache/purge", json={"key": key}, headers=ADMIN)
     assert purged.status_code == 200
+    clock.advance(1)  # KV takes one write per second per key
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"
     assert post(server, other).headers["cf-aig-cache-status"] == "HIT"
 
     by_request = httpx.post(server.url + "/admin/cache/purge", json={"request": other}, headers=ADMIN)
     assert by_request.json()["key"] != key
+    clock.advance(1)
     assert post(server, other).headers["cf-aig-cache-status"] == "MISS"
 
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
     namespace = httpx.post(server.url + "/admin/cache/purge", json={"namespace": "default"}, headers=ADMIN).json()
     assert namespace["generation"] == 1
+    too_soon = httpx.post(server.url + "/admin/cache/purge", json={"namespace": "default"}, headers=ADMIN)
+    assert too_soon.status_code == 429 and too_soon.headers["retry-after"] == "1"
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"
     assert post(server, other).headers["cf-aig-cache-status"] == "MISS"
     bad = httpx.post(server.url + "/admin/cache/purge", json={"key": "../etc"}, headers=ADMIN)

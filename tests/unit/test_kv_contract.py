@@ -28,15 +28,28 @@ def test_sqlite_kv_is_a_kv_store(kv: SqliteKV) -> None:
     assert all(callable(getattr(store, name)) for name in ("get", "put", "delete", "list"))
 
 
-async def test_put_get_delete(kv: SqliteKV) -> None:
+async def test_put_get_delete(kv: SqliteKV, clock: ManualClock) -> None:
     assert await kv.get("k") is None
     await kv.put("k", b"v1", metadata={"model": "m", "n": 1})
     assert await kv.get("k") == KVEntry(b"v1", {"model": "m", "n": 1})
+    clock.advance(1)
     await kv.put("k", b"v2")  # last write wins, metadata included
     assert await kv.get("k") == KVEntry(b"v2", None)
     await kv.delete("k")
     assert await kv.get("k") is None
     await kv.delete("k")  # deleting a missing key is not an error
+
+
+async def test_one_write_per_second_to_the_same_key(kv: SqliteKV, clock: ManualClock) -> None:
+    await kv.put("k", b"v1")
+    clock.advance(0.5)
+    with pytest.raises(KVLimitError, match="429"):
+        await kv.put("k", b"v2")
+    await kv.put("other", b"v")  # the limit is per key
+    assert (await kv.get("k")).value == b"v1"  # type: ignore[union-attr]
+    clock.advance(0.5)
+    await kv.put("k", b"v2")
+    assert (await kv.get("k")).value == b"v2"  # type: ignore[union-attr]
 
 
 async def test_values_are_bytes_exactly(kv: SqliteKV) -> None:

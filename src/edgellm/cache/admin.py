@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hmac
 import re
-from typing import Any
+from typing import Any, Awaitable
 
 from .. import openai
 from ..errors import ErrorKind, GatewayError, invalid
 from ..generation import GenerationRequest
 from ..http import Request, Response, json_response
 from ..inference import start_generation
-from ..ports import Deps
+from ..ports import BindingError, Deps, KVLimitError
 from ..state import IsolateState
 from .entry import record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
@@ -37,6 +37,19 @@ def require_admin(request: Request, deps: Deps) -> None:
     if not given or not hmac.compare_digest(given.encode(), token.encode()):
         raise GatewayError(ErrorKind.AUTHENTICATION, "A valid admin bearer token is required.", code="invalid_admin_token",
                            headers={"www-authenticate": 'Bearer realm="edgellm-admin"'})
+
+
+async def _kv_write(operation: Awaitable[Any]) -> None:
+    """A write KV refuses is never a 500: its one-write-per-second-per-key limit is the
+    caller's to respect (429), an outage is a 503; both say when to retry."""
+    try:
+        await operation
+    except KVLimitError as exc:
+        if "429" not in str(exc):
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"KV refused the write: {exc}", code="kv_limit") from exc
+        raise GatewayError(ErrorKind.RATE_LIMITED, f"Too soon: {exc}", code="kv_rate_limited", retry_after=1) from exc
+    except BindingError as exc:
+        raise GatewayError(ErrorKind.UNAVAILABLE, f"KV refused the write: {exc}", code="kv_unavailable", retry_after=1) from exc
 
 
 def _admin_body(request: Request, deps: Deps) -> dict[str, Any]:
@@ -126,7 +139,7 @@ async def purge_cache(request: Request, deps: Deps) -> Response:
         key = build_cache_key(_parse_item(body["request"], deps, "request"), scope)
     else:
         raise invalid("Send one of 'key', 'cache_key', 'request' or 'namespace'.", None, "missing_required_parameter")
-    await deps.kv.delete(key.kv_key)
+    await _kv_write(deps.kv.delete(key.kv_key))
     return json_response({"object": "cache.purge", "purged": "key", "key": key.digest})
 
 
@@ -139,9 +152,12 @@ async def _purge_namespace(deps: Deps, namespace: Any) -> Response:
     except ValueError as exc:
         raise invalid(str(exc), "namespace") from None
     kv_key = GENERATION_KEY.format(tenant=deps.config.tenant, namespace=namespace)
-    current = await deps.kv.get(kv_key)
+    try:
+        current = await deps.kv.get(kv_key)
+    except BindingError as exc:
+        raise GatewayError(ErrorKind.UNAVAILABLE, f"KV is unavailable: {exc}", code="kv_unavailable", retry_after=1) from exc
     generation = (int(current.value) if current is not None else 0) + 1
-    await deps.kv.put(kv_key, str(generation).encode())
+    await _kv_write(deps.kv.put(kv_key, str(generation).encode()))
     if isinstance(deps.state, IsolateState):
         deps.state.generations[(deps.config.tenant, namespace)] = (generation, deps.clock.now())
     return json_response({"object": "cache.purge", "purged": "namespace", "namespace": namespace, "generation": generation})

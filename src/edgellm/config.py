@@ -60,7 +60,8 @@ class Config:
         base = cls()
         return cls(
             model=str(get("MODEL") or base.model),
-            fallback_models=_list(get("FALLBACK_MODELS")) if get("FALLBACK_MODELS") is not None else base.fallback_models,
+            # present but empty turns fallback off; absent keeps the default list
+            fallback_models=_list(env.get("FALLBACK_MODELS")) if env.get("FALLBACK_MODELS") is not None else base.fallback_models,
             context_window=int(get("CONTEXT_WINDOW") or base.context_window),
             cache_namespace=str(get("CACHE_NAMESPACE") or base.cache_namespace),
             cache_default_ttl=int(get("CACHE_DEFAULT_TTL") or base.cache_default_ttl),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from .config import Config
+from .state import IsolateState
 
 
 # --- errors a binding may raise (adapters translate their runtime's exceptions to these) ----
@@ -178,7 +179,7 @@ class Deps:
     clock: Clock = SystemClock()
     wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
     log: logging.Logger = logging.getLogger("edgellm")
-    state: Any = None  # per-isolate state (cache coalescing, counters), never module-global
+    state: IsolateState = field(default_factory=IsolateState)  # per isolate (coalescing, counters), never module-global
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

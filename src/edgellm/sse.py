@@ -6,6 +6,8 @@ import codecs
 import json
 from typing import Any, AsyncIterator, Iterator
 
+from .ports import BindingError
+
 from .http import json_bytes
 
 DONE = "[DONE]"
@@ -55,8 +57,13 @@ class SSEDecoder:
             self._data = []
 
 
+class StreamCutError(BindingError):
+    """The upstream stream ended without `[DONE]`: the answer is incomplete and must not be
+    passed off (or cached) as a finished one."""
+
+
 async def decode_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
-    """Workers AI stream bytes -> event dicts, stopping at `[DONE]`."""
+    """Workers AI stream bytes -> event dicts, up to `[DONE]`; a stream cut before it raises."""
     decoder = SSEDecoder()
     async for chunk in chunks:
         for data in decoder.feed(chunk):
@@ -64,5 +71,7 @@ async def decode_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str,
                 return
             yield json.loads(data)
     for data in decoder.flush():
-        if data != DONE:
-            yield json.loads(data)
+        if data == DONE:
+            return
+        yield json.loads(data)
+    raise StreamCutError("the AI stream ended before [DONE]")

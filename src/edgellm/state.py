@@ -24,6 +24,7 @@ class CacheCounters:
 
 @dataclass
 class IsolateState:
+    config: Any = None  # the Worker's parsed Config, set on the isolate's first request
     inflight: dict[str, Any] = field(default_factory=dict)  # cache key -> cache.flight.Flight
     generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # namespace purge generations
     cache: CacheCounters = field(default_factory=CacheCounters)

@@ -8,7 +8,6 @@ determinism and invariants, never wording.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -334,3 +334,24 @@ def test_preload_then_hit_and_stats(cache_edge) -> None:
     assert not_cacheable.status_code == 400 and not_cacheable.json()["error"]["code"] == "not_cacheable"
     stats = httpx.get(server.url + "/admin/cache/stats", headers=ADMIN).json()
     assert stats["hits"] == 2 and stats["bytes_served"] > 0 and stats["generation"] == 0
+
+
+def test_coalescing_never_lets_one_request_decide_another_ones_storage(start_edge, make_deps) -> None:
+    deps = make_deps()
+    ai = CountingAI(deps.ai, start_delay=0.3)
+    server = start_edge(type(deps)(**{**deps.__dict__, "ai": ai}))
+    results: dict[str, httpx.Response] = {}
+
+    def call(name: str, headers: dict[str, str]) -> None:
+        results[name] = httpx.post(server.url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=60)
+
+    threads = [threading.Thread(target=call, args=("no-store", {"cache-control": "no-store"})),
+               threading.Thread(target=call, args=("plain", {}))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    server.drain()
+    assert ai.calls == 2  # different storage policies: two flights, not one
+    assert chat_text(results["plain"]) == chat_text(results["no-store"])
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"  # the plain request's answer was stored

@@ -165,3 +165,31 @@ def test_config_reads_vars_from_env_attributes(adapter) -> None:
     config = adapter.pyodide.Config.from_env(adapter.pyodide.EnvMapping(env))
     assert config.model == "@cf/meta/other" and config.fallback_models == ("a", "b")
     assert config.cache_classes == {"news": 120} and config.admin_token is None
+
+
+async def test_a_misconfigured_worker_answers_json_not_a_bare_500(adapter) -> None:
+    class NativeRequest:
+        method, url = "GET", "https://edge.example/healthz"
+        headers = email.message.Message()
+
+    env = SimpleNamespace(AI=object(), CACHE=fp.jsnull, ARTIFACTS=None, CACHE_CLASSES="news=300")
+    ctx = SimpleNamespace(waitUntil=lambda aw: None)
+    from edgellm.state import IsolateState
+
+    native = await adapter.pyodide.fetch(NativeRequest(), env, ctx, IsolateState())
+    error = __import__("json").loads(native.body)["error"]
+    assert native.status == 500 and native.headers["content-type"] == "application/json"
+    assert error["code"] == "worker_setup_failed" and "JSONDecodeError" in error["message"]
+
+
+def test_vars_are_parsed_once_per_isolate_and_a_jsnull_kv_is_no_kv(adapter) -> None:
+    from edgellm.state import IsolateState
+
+    state = IsolateState()
+    env = SimpleNamespace(AI=object(), CACHE=fp.jsnull, ARTIFACTS=None, MODEL="@cf/a")
+    ctx = SimpleNamespace(waitUntil=lambda aw: None)
+    first = adapter.pyodide.build_deps(env, ctx, state)
+    env.MODEL = "@cf/b"
+    second = adapter.pyodide.build_deps(env, ctx, state)
+    assert first.config is second.config and second.config.model == "@cf/a"
+    assert first.kv is None and first.r2 is None and first.state is state

@@ -7,7 +7,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from edgellm.sse import SSEDecoder, decode_events, encode_done, encode_event
+from edgellm.sse import SSEDecoder, StreamCutError, decode_events, encode_done, encode_event
 
 
 @pytest.mark.parametrize(
@@ -70,9 +70,17 @@ async def test_decode_events_stops_at_done() -> None:
     assert events == [{"response": "a"}, {"response": "b"}]
 
 
-async def test_decode_events_without_done_returns_what_arrived() -> None:
-    events = [e async for e in decode_events(_chunks(b'data: {"response":"a"}\n\ndata: {"response":"b"}'))]
-    assert events == [{"response": "a"}, {"response": "b"}]
+async def test_decode_events_without_done_is_a_cut_stream() -> None:
+    received = []
+    with pytest.raises(StreamCutError):
+        async for event in decode_events(_chunks(b'data: {"response":"a"}\n\ndata: {"response":"b"}')):
+            received.append(event)
+    assert received == [{"response": "a"}, {"response": "b"}]  # what arrived, then the error
+
+
+async def test_done_without_a_trailing_blank_line_still_ends_cleanly() -> None:
+    events = [e async for e in decode_events(_chunks(b'data: {"response":"a"}\n\ndata: [DONE]'))]
+    assert events == [{"response": "a"}]
 
 
 async def test_encode_then_decode_round_trips() -> None:

@@ -18,7 +18,6 @@ from ..generation import GenerationRequest
 from ..http import Request, Response, json_response
 from ..inference import start_generation
 from ..ports import BindingError, Deps, KVLimitError
-from ..state import IsolateState
 from .entry import record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import MAX_TTL, MIN_TTL, is_deterministic
@@ -158,8 +157,7 @@ async def _purge_namespace(deps: Deps, namespace: Any) -> Response:
         raise GatewayError(ErrorKind.UNAVAILABLE, f"KV is unavailable: {exc}", code="kv_unavailable", retry_after=1) from exc
     generation = (int(current.value) if current is not None else 0) + 1
     await _kv_write(deps.kv.put(kv_key, str(generation).encode()))
-    if isinstance(deps.state, IsolateState):
-        deps.state.generations[(deps.config.tenant, namespace)] = (generation, deps.clock.now())
+    deps.state.generations[(deps.config.tenant, namespace)] = (generation, deps.clock.now())
     return json_response({"object": "cache.purge", "purged": "namespace", "namespace": namespace, "generation": generation})
 
 
@@ -170,7 +168,7 @@ async def cache_stats(request: Request, deps: Deps) -> Response:
         "object": "cache.stats",
         "scope": "isolate",  # counters are per isolate: KV must never be used as a counter
         **counters_of(deps).to_json(),
-        "inflight": len(deps.state.inflight) if isinstance(deps.state, IsolateState) else 0,
+        "inflight": len(deps.state.inflight),
         "namespace": scope.namespace, "generation": scope.generation,
         "default_ttl": deps.config.cache_default_ttl, "classes": deps.config.cache_classes,
     })

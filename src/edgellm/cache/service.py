@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 from ..generation import Generation, GenerationRequest
 from ..http import Request
 from ..inference import start_generation
 from ..ports import Deps
-from ..state import CacheCounters, IsolateState
+from ..state import CacheCounters
 from .entry import CachedAnswer, CorruptEntry, record
 from .flight import Flight
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
@@ -25,30 +24,30 @@ GENERATION_REFRESH_SECONDS = 30.0
 
 
 def counters_of(deps: Deps) -> CacheCounters:
-    state = deps.state
-    return state.cache if isinstance(state, IsolateState) else CacheCounters()
+    return deps.state.cache
 
 
 async def current_scope(deps: Deps) -> CacheScope:
     """The namespace's purge generation, remembered in the isolate for a few seconds: a
     namespace purge bumps it in KV, and KV itself takes up to 60 s to be seen everywhere."""
-    config, state = deps.config, deps.state
+    config, generations = deps.config, deps.state.generations
     memo_key = (config.tenant, config.cache_namespace)
     now = deps.clock.now()
-    if isinstance(state, IsolateState):
-        memo = state.generations.get(memo_key)
-        if memo is not None and now - memo[1] < GENERATION_REFRESH_SECONDS:
-            return CacheScope(config.tenant, config.cache_namespace, memo[0])
-    generation = 0
-    if deps.kv is not None:
-        try:
-            entry = await deps.kv.get(GENERATION_KEY.format(tenant=config.tenant, namespace=config.cache_namespace))
-            generation = int(entry.value) if entry is not None else 0
-        except Exception as exc:  # fail open: generation 0 (worst case: a purged entry is served until TTL)
-            deps.log.warning("cache generation read failed: %s", exc)
-            counters_of(deps).read_errors += 1
-    if isinstance(state, IsolateState):
-        state.generations[memo_key] = (generation, now)
+    memo = generations.get(memo_key)
+    if memo is not None and now - memo[1] < GENERATION_REFRESH_SECONDS:
+        return CacheScope(config.tenant, config.cache_namespace, memo[0])
+    if deps.kv is None:
+        return CacheScope(config.tenant, config.cache_namespace, 0)
+    try:
+        entry = await deps.kv.get(GENERATION_KEY.format(tenant=config.tenant, namespace=config.cache_namespace))
+        generation = int(entry.value) if entry is not None else 0
+    except Exception as exc:
+        # Fail open on the last generation this isolate knew (0 if none), and do not remember
+        # the guess: the next request asks KV again rather than undoing a purge for 30 s.
+        deps.log.warning("cache generation read failed: %s", exc)
+        counters_of(deps).read_errors += 1
+        return CacheScope(config.tenant, config.cache_namespace, memo[0] if memo else 0)
+    generations[memo_key] = (generation, now)
     return CacheScope(config.tenant, config.cache_namespace, generation)
 
 
@@ -122,17 +121,20 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
 
 
 def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: GenerationRequest) -> Flight:
-    inflight: dict[str, Any] = deps.state.inflight if isinstance(deps.state, IsolateState) else {}
-    flight = inflight.get(key.kv_key)
+    """Requests share a flight only if they would store its answer the same way (write or
+    not, for how long): a `no-store` or short-TTL request never decides for another."""
+    inflight = deps.state.inflight
+    flight_key = f"{key.kv_key}|{'w' if policy.write else 'n'}|{policy.ttl}"
+    flight = inflight.get(flight_key)
     if flight is not None:
         counters_of(deps).coalesced += 1
         return flight
     flight = Flight()
-    inflight[key.kv_key] = flight
+    inflight[flight_key] = flight
 
     def on_done(done: Flight) -> None:
-        if inflight.get(key.kv_key) is done:
-            del inflight[key.kv_key]
+        if inflight.get(flight_key) is done:
+            del inflight[flight_key]
         answer = record(done.model, done.events, deps.clock.now()) if done.error is None else None
         if answer is not None and policy.write:
             deps.wait_until(store(deps, key, answer, policy.ttl))

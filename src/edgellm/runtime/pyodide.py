@@ -7,6 +7,7 @@ be a JS ReadableStream of `Uint8Array` chunks; errors arrive as `JsException` wi
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
@@ -17,6 +18,7 @@ from workers import Response as WorkersResponse  # type: ignore[import-not-found
 
 from ..app import handle
 from ..config import Config
+from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response
 from ..ports import (
     BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, ModelNotFound,
@@ -188,13 +190,14 @@ class EnvMapping(Mapping[str, Any]):
         return 0
 
 
-def build_deps(env: Any, ctx: Any, state: Any) -> Deps:
-    config = Config.from_env(EnvMapping(env))
-    r2 = getattr(env, "ARTIFACTS", None)
+def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
+    if state.config is None:  # `[vars]` do not change within an isolate: parse them once
+        state.config = Config.from_env(EnvMapping(env))
+    kv, r2 = getattr(env, "CACHE", None), getattr(env, "ARTIFACTS", None)
     return Deps(
-        config=config,
+        config=state.config,
         ai=WorkersAI(env.AI),
-        kv=WorkersKV(env.CACHE) if getattr(env, "CACHE", None) is not None else None,
+        kv=None if is_missing(kv) else WorkersKV(kv),
         r2=_r2(r2, ctx.waitUntil),
         wait_until=ctx.waitUntil,
         state=state,
@@ -222,7 +225,15 @@ def isolate_state() -> IsolateState:
     return _isolate
 
 
-async def fetch(request: Any, env: Any, ctx: Any, state: Any = None) -> Any:
-    deps = build_deps(env, ctx, state)
-    core_request = await to_core_request(request, deps.config.max_body_bytes)
+async def fetch(request: Any, env: Any, ctx: Any, state: IsolateState | None = None) -> Any:
+    try:
+        deps = build_deps(env, ctx, state or isolate_state())
+        core_request = await to_core_request(request, deps.config.max_body_bytes)
+    except Exception as exc:  # before `handle` can answer: still JSON, never the platform's bare 500
+        logging.getLogger("edgellm").exception("could not set up the request")
+        error = GatewayError(
+            ErrorKind.SERVER, f"The Worker could not set up this request ({type(exc).__name__}: {exc}); check its [vars] and bindings.",
+            code="worker_setup_failed",
+        )
+        return to_native_response(error.to_response())
     return to_native_response(await handle(core_request, deps))

@@ -1,0 +1,24 @@
+"""Config from `[vars]` strings."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgellm.config import DEFAULT_FALLBACK_MODELS, DEFAULT_MODEL, Config
+
+
+@pytest.mark.parametrize("env,fallbacks", [
+    ({}, DEFAULT_FALLBACK_MODELS),                       # absent: the default list
+    ({"FALLBACK_MODELS": ""}, ()),                        # present but empty: fallback off
+    ({"FALLBACK_MODELS": "a, b"}, ("a", "b")),
+    ({"FALLBACK_MODELS": '["a", "b"]'}, ("a", "b")),
+])
+def test_fallback_models(env: dict, fallbacks: tuple) -> None:
+    assert Config.from_env(env).fallback_models == fallbacks
+
+
+def test_defaults_and_overrides() -> None:
+    assert Config.from_env({}).model == DEFAULT_MODEL
+    config = Config.from_env({"MODEL": "@cf/x", "CACHE_CLASSES": '{"hourly": 3600}', "CACHE_DEFAULT_TTL": "120", "ADMIN_TOKEN": ""})
+    assert (config.model, config.cache_classes, config.cache_default_ttl, config.admin_token) == ("@cf/x", {"hourly": 3600}, 120, None)
+    assert config.models == ("@cf/x", *DEFAULT_FALLBACK_MODELS)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgellm.ports import Clock, KVEntry, KVLimitError, SystemClock
+from edgellm.ports import Clock, KVEntry, KVLimitError, KVRateLimited, SystemClock
 
 MAX_KEY_BYTES = 512
 MAX_VALUE_BYTES = 25 * 1024 * 1024
@@ -98,7 +98,9 @@ class SqliteKV:
         with self._lock:
             last = self._last_write.get(key)
             if last is not None and now - last < MIN_SECONDS_BETWEEN_WRITES:
-                raise KVLimitError("KV PUT failed: 429 Too Many Requests (one write per second to the same key)")
+                raise KVRateLimited("KV PUT failed: 429 Too Many Requests (one write per second to the same key)")
+            if len(self._last_write) > 4096:  # only the last second matters: forget older writes
+                self._last_write = {k: t for k, t in self._last_write.items() if now - t < MIN_SECONDS_BETWEEN_WRITES}
             self._db.execute(
                 "INSERT OR REPLACE INTO kv (key, value, metadata, expiration) VALUES (?, ?, ?, ?)",
                 (key, sqlite3.Binary(value), meta, expires_at),

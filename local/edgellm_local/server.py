@@ -64,18 +64,20 @@ class EdgeApp:
         if scope["type"] != "http":
             return
         request = await self._read_request(scope, receive)
+        if request is None:
+            return  # the client left while sending its body: nothing to answer, nothing to start
         response = self.assets.serve(request) if self.assets else None
         if response is None:
             response = await handle(request, self.deps.for_request(self.wait_until))
         await self._send(response, receive, send)
 
-    async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request:
+    async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | None:
         limit = self.deps.config.max_body_bytes
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                return None
             chunk = message.get("body", b"")
             if size <= limit:  # keep at most limit+1 bytes: enough for the core to say 413
                 chunks.append(chunk[: limit + 1 - size])

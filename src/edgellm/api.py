@@ -6,33 +6,18 @@ Every generation route is the same three steps: parse the wire format into a
 
 from __future__ import annotations
 
-import json
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from . import openai, workers_ai
-from .errors import ErrorKind, GatewayError, invalid
+from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
 from .http import Request, Response, json_response
 from .cache.service import cached_generation
 from .ports import Deps
+from .validation import read_json
 
 JSONRenderer = Callable[[Generation], Awaitable[dict[str, Any]]]
 StreamRenderer = Callable[[Generation], AsyncIterator[bytes]]
-
-
-def read_json(request: Request, deps: Deps) -> Any:
-    limit = deps.config.max_body_bytes
-    declared = request.header("content-length")
-    if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
-        raise GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large")
-    if not request.body.strip():
-        raise invalid("The request body is empty; send a JSON object.", None, "invalid_json")
-    try:
-        return json.loads(request.body)
-    except RecursionError:
-        raise invalid("The request body is nested too deeply.", None, "invalid_json") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
 
 
 def generation_headers(generation: Generation) -> dict[str, str]:
@@ -60,7 +45,7 @@ async def serve_generation(
 async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Response:
     parse = openai.parse_chat_request if chat else openai.parse_completion_request
     render_json = openai.render_chat_json if chat else openai.render_completion_json
-    gen_request = parse(read_json(request, deps), deps.config)
+    gen_request = parse(read_json(request, deps.config.max_body_bytes), deps.config)
     created = int(deps.clock.now())
     return await serve_generation(
         request, deps, gen_request,
@@ -82,7 +67,7 @@ async def run_model(request: Request, deps: Deps) -> Response:
     model = request.path_params["model"]
     if model not in deps.config.models:
         raise GatewayError(ErrorKind.NOT_FOUND, f"No such model {model}; GET /v1/models lists the models served.", param="model", code="model_not_found")
-    inputs, stream = workers_ai.validate_inputs(read_json(request, deps), deps.config)
+    inputs, stream = workers_ai.validate_inputs(read_json(request, deps.config.max_body_bytes), deps.config)
     gen_request = GenerationRequest(model, inputs, stream=stream)
     return await serve_generation(request, deps, gen_request, workers_ai.render_json, workers_ai.render_stream)
 

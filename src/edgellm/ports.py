@@ -44,6 +44,12 @@ class KVLimitError(BindingError):
     """A KV call broke one of KV's documented limits (key/value/metadata size, TTL floor)."""
 
 
+class KVRateLimited(KVLimitError):
+    """KV refused a second write to the same key within a second (429)."""
+
+    retryable = True
+
+
 # --- ports --------------------------------------------------------------------------------
 
 

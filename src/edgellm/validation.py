@@ -6,9 +6,26 @@ Each check names the offending parameter so the 400 tells the caller exactly wha
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from .errors import invalid
+from .errors import ErrorKind, GatewayError, invalid
+from .http import Request
+
+
+def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, or a 413/400 that says what is wrong with it."""
+    declared = request.header("content-length")
+    if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
+        raise GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large")
+    if not request.body.strip():
+        raise invalid("The request body is empty; send a JSON object.", None, "invalid_json")
+    try:
+        return json.loads(request.body)
+    except RecursionError:
+        raise invalid("The request body is nested too deeply.", None, "invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
 
 
 def as_int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:

@@ -48,7 +48,20 @@ async def test_a_joined_request_keeps_the_generation_alive_before_its_first_read
     assert done[0].error is None and flight.subscribers == 0
 
 
-async def test_a_late_joiner_replays_from_the_first_event() -> None:
+async def test_a_joiner_mid_flight_replays_what_it_missed_then_follows_live() -> None:
+    gate, done = asyncio.Event(), []
+    flight = fly(paced(4, gate), done)
+    early = flight.join()
+    first = await anext(early)  # one event out, the producer now waits on the gate
+    late = flight.join()  # joins mid-flight
+    assert await anext(late) == first  # replayed
+    gate.set()  # the rest arrives live, to both
+    rest_early = [event async for event in early]
+    rest_late = [event async for event in late]
+    assert rest_early == rest_late and len(rest_early) == 4 and isinstance(rest_early[-1], Finish)
+
+
+async def test_a_joiner_after_the_end_still_gets_the_whole_answer() -> None:
     done: list[Flight] = []
     flight = fly(paced(4), done)
     first = [event async for event in flight.join()]

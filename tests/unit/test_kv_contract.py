@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from edgellm.ports import KVEntry, KVLimitError, KVStore
+from edgellm.ports import KVEntry, KVLimitError, KVRateLimited, KVStore
 from edgellm_local.kv import SqliteKV
 from tests.conftest import ManualClock
 
@@ -43,7 +43,7 @@ async def test_put_get_delete(kv: SqliteKV, clock: ManualClock) -> None:
 async def test_one_write_per_second_to_the_same_key(kv: SqliteKV, clock: ManualClock) -> None:
     await kv.put("k", b"v1")
     clock.advance(0.5)
-    with pytest.raises(KVLimitError, match="429"):
+    with pytest.raises(KVRateLimited, match="429"):
         await kv.put("k", b"v2")
     await kv.put("other", b"v")  # the limit is per key
     assert (await kv.get("k")).value == b"v1"  # type: ignore[union-attr]

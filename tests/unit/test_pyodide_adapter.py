@@ -193,3 +193,13 @@ def test_vars_are_parsed_once_per_isolate_and_a_jsnull_kv_is_no_kv(adapter) -> N
     second = adapter.pyodide.build_deps(env, ctx, state)
     assert first.config is second.config and second.config.model == "@cf/a"
     assert first.kv is None and first.r2 is None and first.state is state
+
+
+@pytest.mark.parametrize("message,error", [
+    ("KV PUT failed: 429 Too Many Requests", "KVRateLimited"),
+    ("KV PUT failed: 414 UTF-8 encoded length of 513 exceeds key length limit of 512.", "KVLimitError"),
+    ("KV GET failed: 503 Service Unavailable (tried 404 times)", "BindingError"),
+    ("network connection lost after 400 ms", "BindingError"),
+])
+def test_kv_errors_are_classified_by_their_status(adapter, message: str, error: str) -> None:
+    assert type(adapter.pyodide.kv_error(fp.JsException(message))).__name__ == error

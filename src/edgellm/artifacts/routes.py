@@ -21,6 +21,8 @@ from .names import REVALIDATE, ArtifactPath, name_from_prefix, parse_artifact_pa
 T = TypeVar("T")
 ATTEMPTS = 3
 MAX_INDEX_PAGES = 10
+MAX_INDEX_MODELS = 200  # the index answers with at most this many names
+HEADS_IN_FLIGHT = 6  # Workers allow only a few simultaneous subrequests per invocation
 
 
 def _store(deps: Deps) -> BlobStore:
@@ -100,12 +102,21 @@ async def list_published_models(request: Request, deps: Deps) -> Response:
     names: list[str] = []
     cursor: str | None = None
     for _ in range(MAX_INDEX_PAGES):
+        if len(names) >= MAX_INDEX_MODELS:
+            break
         page: dict[str, Any] = await _call(store.list("models/", cursor=cursor, delimiter="/"))
         names += [n for n in map(name_from_prefix, page.get("delimitedPrefixes", [])) if n]
         cursor = page.get("cursor")
         if not page.get("truncated") or not cursor:
             break
-    heads = await asyncio.gather(*(_call(store.head(ArtifactPath(n, "manifest.json").key)) for n in names))
+    names = names[:MAX_INDEX_MODELS]
+    limit = asyncio.Semaphore(HEADS_IN_FLIGHT)
+
+    async def manifest_head(name: str) -> R2Object | None:
+        async with limit:
+            return await _call(store.head(ArtifactPath(name, "manifest.json").key))
+
+    heads = await asyncio.gather(*(manifest_head(n) for n in names))
     data = [
         {"name": n, "manifest": f"/models/{n}/manifest.json"} for n, head in zip(names, heads) if head is not None
     ]

@@ -17,7 +17,8 @@ from ..errors import ErrorKind, GatewayError, invalid
 from ..generation import GenerationRequest
 from ..http import Request, Response, json_response
 from ..inference import start_generation
-from ..ports import BindingError, Deps, KVLimitError
+from ..ports import BindingError, Deps, KVLimitError, KVRateLimited
+from ..validation import read_json
 from .entry import record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import MAX_TTL, MIN_TTL, is_deterministic
@@ -43,19 +44,17 @@ async def _kv_write(operation: Awaitable[Any]) -> None:
     caller's to respect (429), an outage is a 503; both say when to retry."""
     try:
         await operation
-    except KVLimitError as exc:
-        if "429" not in str(exc):
-            raise GatewayError(ErrorKind.INVALID_REQUEST, f"KV refused the write: {exc}", code="kv_limit") from exc
+    except KVRateLimited as exc:
         raise GatewayError(ErrorKind.RATE_LIMITED, f"Too soon: {exc}", code="kv_rate_limited", retry_after=1) from exc
+    except KVLimitError as exc:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"KV refused the write: {exc}", code="kv_limit") from exc
     except BindingError as exc:
         raise GatewayError(ErrorKind.UNAVAILABLE, f"KV refused the write: {exc}", code="kv_unavailable", retry_after=1) from exc
 
 
 def _admin_body(request: Request, deps: Deps) -> dict[str, Any]:
-    from ..api import read_json
-
     require_admin(request, deps)
-    body = read_json(request, deps)
+    body = read_json(request, deps.config.max_body_bytes)
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", None, "invalid_type")
     return body

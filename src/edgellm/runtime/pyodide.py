@@ -21,7 +21,7 @@ from ..config import Config
 from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response
 from ..ports import (
-    BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, ModelNotFound,
+    BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
 )
 from ..sse import decode_events
 from ..state import IsolateState
@@ -99,9 +99,17 @@ class WorkersAI:
 # --- KV -----------------------------------------------------------------------------------
 
 
+_KV_STATUS = re.compile(r"^KV \w+ failed: (\d{3})\b")
+
+
 def kv_error(exc: BaseException) -> BindingError:
+    """`KV PUT failed: 429 ...` -> KVRateLimited; any other 4xx -> KVLimitError; else BindingError."""
     message = _message(exc)
-    return KVLimitError(message) if re.search(r"\b4\d\d\b", message) else BindingError(message)
+    match = _KV_STATUS.match(message)
+    status = int(match.group(1)) if match else 0
+    if status == 429:
+        return KVRateLimited(message)
+    return KVLimitError(message) if 400 <= status < 500 else BindingError(message)
 
 
 @dataclass

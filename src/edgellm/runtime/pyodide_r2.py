@@ -30,7 +30,10 @@ from .pyodide import is_missing, js_options, read_stream
 
 CACHE_NAME = "edgellm-artifacts"
 CACHE_HOST = "https://r2.edgellm.internal/"
-CACHE_MAX_BYTES = 64 * 1024 * 1024  # the tee buffers for the slower reader: keep it bounded
+# The tee buffers whatever the slower of its two readers has not taken yet, in isolate memory
+# (128 MB in all): only objects this small are copied into the cache (manifests, tokenizers,
+# small shards); larger shards stream from R2 every time.
+CACHE_MAX_BYTES = 8 * 1024 * 1024
 _RETRYABLE = ("(10001)", "(10043)", "(10058)")  # internal error, unavailable, too many requests
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
@@ -235,10 +238,13 @@ class WorkersR2:
             return None
         described = hit.headers.get("x-edgellm-r2-object")
         partial = _CONTENT_RANGE.fullmatch(str(hit.headers.get("content-range") or ""))
-        if is_missing(described) or (rng is not None and (hit.status != 206 or not partial)):
-            await R2Body(hit.body).aclose()  # it ignored the range: never send the wrong bytes
+        try:
+            if is_missing(described) or (rng is not None and (hit.status != 206 or not partial)):
+                raise ValueError("no description, or the cache ignored the range")
+            obj = R2Object(**json.loads(str(described)))
+        except (ValueError, TypeError):  # never send the wrong bytes: fall back to R2
+            await R2Body(hit.body).aclose()
             return None
-        obj = R2Object(**json.loads(str(described)))
         if partial:
             first, last = int(partial.group(1)), int(partial.group(2))
             obj.range = (first, last - first + 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -14,6 +14,7 @@ from edgellm.inference import binding_error
 from edgellm.openai import parse_chat_request, parse_completion_request, render_chat_json, render_completion_json, render_stream
 from edgellm.ports import BindingError
 from edgellm.sse import SSEDecoder
+from tests.support.generations import scripted_generation
 
 CONFIG = Config()
 USER = [{"role": "user", "content": "hi"}]
@@ -157,15 +158,7 @@ def test_completion_rejects(body: dict[str, Any], code: str) -> None:
 # --- rendering ---------------------------------------------------------------------------------
 
 
-async def _events(*items: Any) -> AsyncIterator[Any]:
-    for item in items:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
-def generation(*items: Any) -> Generation:
-    return Generation("@cf/meta/llama-2-7b-chat-int8", _events(*items))
+generation = scripted_generation
 
 
 FINISH = Finish("length", Usage(4, 2))

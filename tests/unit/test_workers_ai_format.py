@@ -4,7 +4,7 @@ SSE stream of `{"response": token}` events."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -15,6 +15,7 @@ from edgellm.inference import binding_error
 from edgellm.ports import BindingError
 from edgellm.sse import SSEDecoder
 from edgellm.workers_ai import render_json, render_stream, result_envelope, validate_inputs, validate_sampling
+from tests.support.generations import scripted_generation
 
 CONFIG = Config()
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -111,15 +112,7 @@ def test_max_tokens_bound_follows_the_configured_context_window() -> None:
 # --- rendering ---------------------------------------------------------------------------------
 
 
-async def _events(*items: Any) -> AsyncIterator[Any]:
-    for item in items:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
-def generation(*items: Any) -> Generation:
-    return Generation("@cf/meta/llama-2-7b-chat-int8", _events(*items))
+generation = scripted_generation
 
 
 def test_envelope() -> None:

@@ -12,6 +12,8 @@ from typing import Any, Mapping
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
 MAX_BODY_BYTES = 1024 * 1024
+# OpenAI names clients hard-code, answered by the primary model ("" = whatever MODEL is).
+DEFAULT_MODEL_ALIASES = {"gpt-4o-mini": "", "gpt-3.5-turbo": ""}
 
 
 def _list(value: Any) -> tuple[str, ...]:
@@ -32,6 +34,15 @@ def _dict(value: Any, default: Mapping[str, int]) -> dict[str, int]:
     return {str(k): int(v) for k, v in data.items()}
 
 
+def _json_object(value: Any) -> dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    data = value if isinstance(value, Mapping) else json.loads(str(value))
+    if not isinstance(data, Mapping):
+        raise ValueError(f"expected a JSON object, got {value!r}")
+    return dict(data)
+
+
 @dataclass(frozen=True)
 class Config:
     model: str = DEFAULT_MODEL
@@ -45,6 +56,18 @@ class Config:
     )
     admin_token: str | None = None
     tenant: str = "default"
+    # model id -> what it can honour (see capabilities.py); unlisted ids use the backend's word
+    # or Cloudflare's published lists. `MODEL_CAPABILITIES` var: {"id": ["json_mode", ...]}.
+    model_capabilities: dict[str, Any] = field(default_factory=dict)
+    # alias -> served model id (e.g. "gpt-4o-mini" -> MODEL), for clients that hard-code a name.
+    # `MODEL_ALIASES` var: {"gpt-4o-mini": "@cf/..."}; a target of "" means the primary MODEL.
+    model_aliases: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODEL_ALIASES))
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        """Aliases resolved to served ids (a target the gateway does not serve is dropped)."""
+        resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
+        return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -68,4 +91,8 @@ class Config:
             cache_classes=_dict(get("CACHE_CLASSES"), base.cache_classes),
             admin_token=get("ADMIN_TOKEN"),
             tenant=str(get("TENANT") or base.tenant),
+            model_capabilities=_json_object(get("MODEL_CAPABILITIES")),
+            # present but empty turns aliases off; absent keeps the default ones
+            model_aliases=({str(k): str(v) for k, v in _json_object(get("MODEL_ALIASES")).items()}
+                           if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
         )

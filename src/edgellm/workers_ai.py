@@ -12,7 +12,8 @@ from typing import Any, AsyncIterator
 from . import sse
 from .config import Config
 from .errors import GatewayError, invalid
-from .generation import Finish, Generation, Token
+from .generation import Finish, Generation, Token, ToolCallDelta
+from .structured import is_tool_message, parse_extensions, validate_tool_message
 from .validation import as_bool, as_float, as_int, as_str
 
 DEFAULT_MAX_TOKENS = 256
@@ -41,6 +42,9 @@ def validate_messages(value: Any, param: str = "messages") -> list[dict[str, str
         where = f"{param}[{i}]"
         if not isinstance(message, dict):
             raise invalid(f"'{where}' must be an object with 'role' and 'content'.", where, "invalid_type")
+        if is_tool_message(message):  # a tool result, or an assistant turn that called tools
+            messages.append(validate_tool_message(message, where))
+            continue
         role = message.get("role")
         if role not in ROLES:
             raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role", "invalid_role")
@@ -83,6 +87,8 @@ def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
     lora = as_str(body, "lora", allow_empty=False)
     if lora is not None:
         inputs["lora"] = lora
+    if has_messages:  # JSON mode, tools and logprobs (Workers AI's shapes), checked alike
+        inputs.update(parse_extensions(body, openai_shape=False))
     return inputs, bool(as_bool(body, "stream"))
 
 
@@ -95,8 +101,20 @@ def result_envelope(result: Any, *, success: bool = True, errors: list[Any] | No
 
 
 async def render_json(generation: Generation) -> dict[str, Any]:
-    text, finish = await generation.collect()
-    return result_envelope({"response": text, "usage": finish.usage.to_json()})
+    answer = await generation.collect_answer()
+    result: dict[str, Any] = {"response": answer.text, "usage": answer.finish.usage.to_json()}
+    if answer.tool_calls:  # Workers AI's function-calling output: [{name, arguments: <object>}]
+        result["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": _arguments(c.arguments)} for c in answer.tool_calls]
+    return result_envelope(result)
+
+
+def _arguments(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
@@ -110,6 +128,9 @@ async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
             if isinstance(event, Token):
                 if event.text:
                     yield sse.encode_event({"response": event.text})
+            elif isinstance(event, ToolCallDelta):
+                yield sse.encode_event({"response": "", "tool_calls": [{"index": event.index, "id": event.id, "name": event.name,
+                                                                          "arguments": event.arguments}]})
             elif isinstance(event, Finish):
                 yield sse.encode_event({"response": "", "usage": event.usage.to_json()})
     except GatewayError as exc:

@@ -155,13 +155,14 @@ async def test_failing_binding_is_502_or_503_with_retry_after(ai: ScriptedAI, st
 async def test_models() -> None:
     data = body_json(await handle(get("/v1/models"), deps_with()))
     assert data["object"] == "list"
-    assert [m["id"] for m in data["data"]] == [PRIMARY, FALLBACK]
-    assert [m["edgellm"]["role"] for m in data["data"]] == ["primary", "fallback"]
+    assert [m["id"] for m in data["data"]] == [PRIMARY, FALLBACK, "gpt-4o-mini", "gpt-3.5-turbo"]
+    assert [m["edgellm"]["role"] for m in data["data"]] == ["primary", "fallback", "alias", "alias"]
     assert data["data"][0]["edgellm"]["backend"] == "scripted"  # what the binding says backs the id
+    assert data["data"][2]["edgellm"]["alias_of"] == PRIMARY  # the default aliases name the primary model
 
 
 async def test_models_follow_the_config() -> None:
-    data = body_json(await handle(get("/v1/models"), deps_with(model="@cf/a", fallback_models=("@cf/b", "@cf/a"))))
+    data = body_json(await handle(get("/v1/models"), deps_with(model="@cf/a", fallback_models=("@cf/b", "@cf/a"), model_aliases={})))
     assert [m["id"] for m in data["data"]] == ["@cf/a", "@cf/b"]
 
 

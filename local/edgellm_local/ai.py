@@ -15,10 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
+from edgellm.capabilities import CAPABILITY_NAMES
 from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
 from edgellm.workers_ai import validate_inputs
+
+from . import structured
+from .structured import ToolPlan
 
 GGUF_MAGIC = b"GGUF"
 
@@ -139,7 +143,18 @@ class LlamaCppAI:
         runner = self.models.get(model)
         if runner is None:
             return None
-        return {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name}
+        return {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
+                # constrained generation makes any GGUF honour every one of these (structured.py)
+                "capabilities": list(CAPABILITY_NAMES), "build": _build()}
+
+    def _structure(self, inputs: Mapping[str, Any], kind: str, body: dict[str, Any]) -> tuple[ToolPlan | None, int | None]:
+        """JSON mode, tools and logprobs onto the llama.cpp body: (tool plan, top_logprobs or None)."""
+        if kind != "chat" or "messages" not in inputs:
+            return None, None
+        if inputs.get("tools") and inputs.get("logprobs"):
+            raise InvalidModelInput("5006: logprobs cannot be combined with tools on the local edge (the logprobs would be those of the tool-call JSON)")
+        plan = structured.apply(inputs, body)
+        return plan, (int(inputs.get("top_logprobs") or 0) if inputs.get("logprobs") else None)
 
     def _prepare(self, model: str, inputs: Mapping[str, Any]) -> tuple[LlamaCppRunner, str, dict[str, Any]]:
         runner = self.models.get(model)
@@ -160,6 +175,7 @@ class LlamaCppAI:
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
         runner, kind, body = self._prepare(model, inputs)
+        plan, top = self._structure(inputs, kind, body)
         try:
             result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
         except Exception as exc:  # a binding fails with a binding error, never a bare exception
@@ -168,12 +184,23 @@ class LlamaCppAI:
         choice = result["choices"][0]
         text = choice["message"]["content"] if kind == "chat" else choice["text"]
         usage = result.get("usage") or {}
-        return {"response": text or "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+        out: dict[str, Any] = {"response": text or "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+        if plan is not None:
+            answer, calls = plan.parse(text or "")
+            out["response"] = answer or ""
+            if calls:
+                out["tool_calls"] = calls
+        if top is not None:
+            out["logprobs"] = structured.logprobs_of(choice, top) or []
+        return out
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
+        plan, top = self._structure(inputs, kind, body)
         body.update(stream=True, stream_options={"include_usage": True})
         events = _stream_events(runner, kind, body)
+        if plan is not None or top is not None:
+            events = _structured_stream(events, plan, top)
         # Like the real binding, refuse at the call (before any byte is sent) rather than
         # mid-stream: wait for the first event, so a rejected input (context too long) raises here.
         try:
@@ -181,6 +208,38 @@ class LlamaCppAI:
         except StopAsyncIteration:
             first = None
         return _prepend(first, events)
+
+
+def _build() -> str:
+    """The llama.cpp build serving (xllamacpp's version pins it), for `system_fingerprint`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"xllamacpp-{version('xllamacpp')}"
+    except PackageNotFoundError:
+        return "xllamacpp"
+
+
+async def _structured_stream(events: AsyncIterator[dict[str, Any]], plan: ToolPlan | None, top: int | None) -> AsyncIterator[dict[str, Any]]:
+    """Logprobs in OpenAI's shape per token; with tools, the constrained answer is read whole
+    (it is JSON until its end) and then sent as tool-call events or as text."""
+    parts: list[str] = []
+    try:
+        async for event in events:
+            if "logprobs" in event and top is not None:
+                event = {**event, "logprobs": structured.logprobs_of(event, top) or []}
+            if plan is not None and event.get("response"):
+                parts.append(event["response"])
+                continue
+            yield event
+        if plan is not None:
+            text, calls = plan.parse("".join(parts))
+            if calls:
+                yield {"response": "", "tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+            elif text:
+                yield {"response": text}
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
 
 
 async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
@@ -225,7 +284,9 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
                 yield {"response": "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
             for choice in item.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
-                if text:
+                if choice.get("logprobs"):  # asked for: llama.cpp's entries ride along (trimmed by _structured_stream)
+                    yield {"response": text or "", "logprobs": choice["logprobs"]}
+                elif text:
                     yield {"response": text}
     finally:
         cancelled.set()

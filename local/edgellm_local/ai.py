@@ -221,21 +221,26 @@ def _build() -> str:
 
 
 async def _structured_stream(events: AsyncIterator[dict[str, Any]], plan: ToolPlan | None, top: int | None) -> AsyncIterator[dict[str, Any]]:
-    """Logprobs in OpenAI's shape per token; with tools, the constrained answer is read whole
-    (it is JSON until its end) and then sent as tool-call events or as text."""
+    """Logprobs in OpenAI's shape per token; with tools, the constrained answer's tool calls as
+    OpenAI streams them (first fragment: id and name; then argument fragments as generated),
+    or, when the model answered instead (`{"response": ...}`), that text once it is complete."""
     parts: list[str] = []
+    calls = structured.ToolCallStream()
     try:
         async for event in events:
             if "logprobs" in event and top is not None:
                 event = {**event, "logprobs": structured.logprobs_of(event, top) or []}
             if plan is not None and event.get("response"):
                 parts.append(event["response"])
+                fragments = calls.feed(event["response"])
+                if fragments:
+                    yield {"response": "", "tool_calls": fragments}
                 continue
             yield event
-        if plan is not None:
-            text, calls = plan.parse("".join(parts))
-            if calls:
-                yield {"response": "", "tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+        if plan is not None and not calls.started:
+            text, whole = plan.parse("".join(parts))
+            if whole:
+                yield {"response": "", "tool_calls": [{"index": i, **call} for i, call in enumerate(whole)]}
             elif text:
                 yield {"response": text}
     finally:

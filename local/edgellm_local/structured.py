@@ -152,3 +152,84 @@ def logprobs_of(choice: Mapping[str, Any], top: int) -> list[dict[str, Any]] | N
              "top_logprobs": [{"token": t.get("token", ""), "logprob": t.get("logprob"), "bytes": t.get("bytes")}
                               for t in (e.get("top_logprobs") or [])[:top]]}
             for e in content]
+
+
+class ToolCallStream:
+    """Reads a constrained tool-call answer as llama.cpp streams it and turns it into OpenAI's
+    tool-call fragments as they are generated: a call's first fragment (id, name) once its name
+    is complete, then its `arguments` JSON text piece by piece.
+
+    The grammar fixes the shape (`{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`,
+    `name` first), so a scanner that tracks strings and nesting depth is enough: the root object
+    is depth 1, the array 2, each call object 3, and `arguments` is the value under key
+    `arguments` at depth 3. An answer that is `{"response": ...}` yields nothing here.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.string_start = 0
+        self.kinds: list[str] = []  # "{" or "[" per open container
+        self.expecting_key: list[bool] = []
+        self.keys: list[str | None] = []
+        self.index = -1
+        self.arguments_open = False
+        self.started = False  # at least one call was announced
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        fragment: list[str] = []
+        for ch in piece:
+            pos = len(self.text)
+            self.text += ch
+            if self.arguments_open:
+                fragment.append(ch)
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                    self._string_done(json.loads(self.text[self.string_start:pos + 1]), out, fragment)
+                continue
+            if ch == '"':
+                self.in_string, self.string_start = True, pos
+            elif ch in "{[":
+                if self.depth == 3 and self.keys[-1] == "arguments" and not self.arguments_open:
+                    self.arguments_open = True
+                    fragment.append(ch)
+                self.depth += 1
+                self.kinds.append(ch)
+                self.expecting_key.append(ch == "{")
+                self.keys.append(None)
+                if self.depth == 3 and ch == "{":
+                    self.index += 1
+            elif ch in "}]":
+                self.depth -= 1
+                self.kinds.pop()
+                self.expecting_key.pop()
+                self.keys.pop()
+                if self.arguments_open and self.depth == 3:
+                    self.arguments_open = False
+            elif ch == "," and self.kinds and self.kinds[-1] == "{":
+                self.expecting_key[-1] = True
+        if fragment:
+            out.append({"index": self.index, "function": {"arguments": "".join(fragment)}})
+        return out
+
+    def _string_done(self, value: Any, out: list[dict[str, Any]], fragment: list[str]) -> None:
+        if self.arguments_open or not self.kinds or self.kinds[-1] != "{":
+            return
+        if self.expecting_key[-1]:  # a key
+            self.keys[-1] = value
+            self.expecting_key[-1] = False
+        elif self.depth == 3 and self.keys[-1] == "name" and isinstance(value, str):
+            if fragment:
+                out.append({"index": self.index, "function": {"arguments": "".join(fragment)}})
+                fragment.clear()
+            self.started = True
+            out.append({"index": self.index, "id": f"call_{secrets.token_hex(12)}", "type": "function",
+                        "function": {"name": value, "arguments": ""}})

@@ -83,6 +83,11 @@ def finish_reason(usage: Usage, max_tokens: int) -> str:
     return "length" if usage.completion_tokens >= max_tokens else "stop"
 
 
+def _with_tool_calls(reason: str, called: bool) -> str:
+    """An answer that calls tools finishes with "tool_calls", unless it was cut by max_tokens."""
+    return "tool_calls" if called and reason != "length" else reason
+
+
 async def _from_result(result: dict[str, Any], max_tokens: int) -> AsyncIterator[Event]:
     text = response_text(result.get("response"))
     calls = tool_call_deltas(result.get("tool_calls"))
@@ -94,7 +99,7 @@ async def _from_result(result: dict[str, Any], max_tokens: int) -> AsyncIterator
         yield Token(text or "", tuple(logprobs) if isinstance(logprobs, list) else None)
     for call in calls:
         yield call
-    yield Finish("tool_calls" if calls else finish_reason(usage, max_tokens), usage)
+    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), bool(calls)), usage)
 
 
 async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -> AsyncIterator[Event]:
@@ -122,7 +127,7 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -
     finally:
         await _aclose(events)
     usage = usage or Usage(0, count)  # a stream without a usage event: one event per token
-    yield Finish("tool_calls" if called else finish_reason(usage, max_tokens), usage)
+    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), called), usage)
 
 
 async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, live: bool = True) -> AsyncIterator[Event]:

@@ -160,3 +160,22 @@ async def test_an_entry_records_and_replays_tool_calls_and_logprobs() -> None:
     assert replayed == [Token("a", lp), ToolCallDelta(0, "c1", "f", '{"x":1}'), Finish("tool_calls", Usage(2, 3))]
     plain = record("m", [Token("hi"), Finish("stop", Usage())], 1.0)
     assert plain is not None and b"tool_calls" not in plain.encode() and b"logprobs" not in plain.encode()
+
+
+def test_the_local_tool_call_stream_yields_openai_fragments_as_generated() -> None:
+    from edgellm_local.structured import ToolCallStream
+
+    answer = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "a}\\"b", "n": [1, {"x": 2}]}}, {"name": "f", "arguments": {}}]}'
+    stream, events = ToolCallStream(), []
+    for i in range(0, len(answer), 3):  # three characters per "token"
+        events += stream.feed(answer[i:i + 3])
+    calls: dict[int, dict[str, str]] = {}
+    for event in events:
+        call = calls.setdefault(event["index"], {"name": "", "arguments": ""})
+        call["name"] += event["function"].get("name", "")
+        call["arguments"] += event["function"]["arguments"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": 'a}"b', "n": [1, {"x": 2}]}), ("f", {})]
+    assert [e["function"]["name"] for e in events if "id" in e] == ["get_weather", "f"]
+    assert sum(1 for e in events if e["index"] == 0 and e["function"]["arguments"]) > 5
+    assert ToolCallStream().feed('{"response": "hi"}') == []  # a text answer is not a call

@@ -19,7 +19,7 @@ can honour a valid one is `capabilities.enforce`'s question.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from .errors import invalid
 from .validation import as_bool, as_int
@@ -225,3 +225,29 @@ def response_text(value: Any) -> str | None:
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return value if isinstance(value, str) else None
+
+
+def for_workers_ai_binding(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Workers AI's function-calling quirks, applied at its binding: it validates tool-call ids
+    as nine letters or digits (OpenAI's and its own `chatcmpl-tool-...` ids fail) and refuses a
+    null `content` on a tool-calling turn. Ids are mapped by a hash, so a call and its result
+    keep matching."""
+    import hashlib
+
+    messages = inputs.get("messages")
+    if not isinstance(messages, list) or not any(is_tool_message(m) for m in messages):
+        return dict(inputs)
+
+    def short(call_id: str) -> str:
+        return call_id if re.fullmatch(r"[A-Za-z0-9]{9}", call_id) else hashlib.sha256(call_id.encode()).hexdigest()[:9]
+
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["content"] = m.get("content") or ""
+            m["tool_calls"] = [{**c, "id": short(c["id"])} for c in m["tool_calls"]]
+        if m.get("tool_call_id"):
+            m["tool_call_id"] = short(m["tool_call_id"])
+        out.append(m)
+    return {**inputs, "messages": out}

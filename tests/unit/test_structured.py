@@ -179,3 +179,26 @@ def test_the_local_tool_call_stream_yields_openai_fragments_as_generated() -> No
     assert [e["function"]["name"] for e in events if "id" in e] == ["get_weather", "f"]
     assert sum(1 for e in events if e["index"] == 0 and e["function"]["arguments"]) > 5
     assert ToolCallStream().feed('{"response": "hi"}') == []  # a text answer is not a call
+
+
+async def test_the_workers_ai_adapter_meets_its_function_calling_and_json_mode_quirks() -> None:
+    from tests.support import fake_pyodide as fp
+    from tests.unit.test_pyodide_adapter import FakeAIBinding
+
+    with fp.installed():
+        from edgellm.runtime import pyodide
+
+        binding = FakeAIBinding(fp.JsDict({"response": {"city": "Paris"}, "usage": {"prompt_tokens": 3}}))
+        ai = pyodide.WorkersAI(binding)
+        call = {"id": "call_abc123def456", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+        messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_abc123def456", "content": "sunny"}]
+        await ai.run(HERMES, {"messages": messages, "tools": [TOOL]})
+        sent = binding.calls[0][1]["messages"]  # JS objects: read as attributes
+        short = sent[1].tool_calls[0].id
+        assert len(short) == 9 and short.isalnum() and sent[2].tool_call_id == short  # a call and its result still match
+        assert sent[1].content == ""  # the binding refuses a null content
+        # JSON mode does not stream on Workers AI: run whole, handed on as one event
+        events = await ai.stream(HERMES, {"messages": ASK, "response_format": {"type": "json_object"}})
+        assert [e async for e in events] == [{"response": {"city": "Paris"}, "usage": {"prompt_tokens": 3}}]
+        assert "stream" not in binding.calls[1][1]

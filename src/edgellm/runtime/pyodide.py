@@ -24,6 +24,7 @@ from ..ports import (
     BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
 )
 from ..sse import decode_events
+from ..structured import for_workers_ai_binding
 from ..state import IsolateState
 
 
@@ -82,6 +83,7 @@ class WorkersAI:
         return None
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = for_workers_ai_binding(inputs)
         try:
             result = await self.binding.run(model, js_options(inputs))
         except JsException as exc:
@@ -89,11 +91,20 @@ class WorkersAI:
         return result.to_py()
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        if inputs.get("response_format") is not None:
+            # Workers AI's JSON mode does not stream (Cloudflare's JSON mode docs): run it whole
+            # and hand the answer on as a one-event stream
+            return _one_event(await self.run(model, inputs))
+        inputs = for_workers_ai_binding(inputs)
         try:
             stream = await self.binding.run(model, js_options({**inputs, "stream": True}))
         except JsException as exc:
             raise ai_error(exc) from exc
         return decode_events(read_stream(stream))
+
+
+async def _one_event(result: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield result
 
 
 # --- KV -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from . import sse
 from .config import Config
 from .errors import ErrorKind, GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
-from .structured import parse_extensions
+from .structured import parse_extensions, refuse_chat_only
 from .validation import as_bool, as_int, as_str
 from .workers_ai import validate_messages, validate_sampling
 
@@ -139,6 +139,7 @@ def parse_completion_request(body: Any, config: Config) -> GenerationRequest:
     if body.get("logprobs") is not None:  # never silently dropped: no backend here returns them for completions
         raise invalid("'logprobs' is not supported on /v1/completions; use /v1/chat/completions with 'logprobs': true.",
                       "logprobs", "unsupported_parameter")
+    refuse_chat_only(body, "use /v1/chat/completions")
     # An OpenAI completion continues the text as given: no chat template unless asked.
     inputs = {"prompt": prompt, **sampling, "raw": True, **extras}
     stream, include_usage = _stream_flags(body)

@@ -251,3 +251,13 @@ def for_workers_ai_binding(inputs: Mapping[str, Any]) -> dict[str, Any]:
             m["tool_call_id"] = short(m["tool_call_id"])
         out.append(m)
     return {**inputs, "messages": out}
+
+
+CHAT_ONLY = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs")
+
+
+def refuse_chat_only(body: Mapping[str, Any], where: str) -> None:
+    """A prompt (not messages) cannot carry these: refused by name rather than dropped."""
+    for name in CHAT_ONLY:
+        if body.get(name) is not None:
+            raise invalid(f"'{name}' is only supported with 'messages' ({where}).", name, "unsupported_parameter")

@@ -13,7 +13,7 @@ from . import sse
 from .config import Config
 from .errors import GatewayError, invalid
 from .generation import Finish, Generation, Token, ToolCallDelta
-from .structured import is_tool_message, parse_extensions, validate_tool_message
+from .structured import is_tool_message, parse_extensions, refuse_chat_only, validate_tool_message
 from .validation import as_bool, as_float, as_int, as_str
 
 DEFAULT_MAX_TOKENS = 256
@@ -89,6 +89,8 @@ def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
         inputs["lora"] = lora
     if has_messages:  # JSON mode, tools and logprobs (Workers AI's shapes), checked alike
         inputs.update(parse_extensions(body, openai_shape=False))
+    else:
+        refuse_chat_only(body, "send 'messages' instead of 'prompt'")
     return inputs, bool(as_bool(body, "stream"))
 
 

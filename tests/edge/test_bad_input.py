@@ -67,7 +67,7 @@ CASES: list[Case] = [
     (400, "prompt", ("prompt",), "POST", COMPLETIONS, {}),
     (400, "prompt", ("prompt",), "POST", COMPLETIONS, {"prompt": 12}),
     (400, "messages[0].role", ("role", "wizard"), "POST", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}),
-    (400, "messages[1].role", ("role", "tool"), "POST", RUN,
+    (400, "messages[1].tool_call_id", ("tool_call_id",), "POST", RUN,  # a tool result must name the call it answers
      {"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]}),
     (400, "messages[0].content", ("content",), "POST", CHAT, {"messages": [{"role": "user", "content": 7}]}),
     (404, "model", ("@cf/no/such-model",), "POST", CHAT, {**BASE[CHAT], "model": "@cf/no/such-model"}),

@@ -202,3 +202,12 @@ async def test_the_workers_ai_adapter_meets_its_function_calling_and_json_mode_q
         events = await ai.stream(HERMES, {"messages": ASK, "response_format": {"type": "json_object"}})
         assert [e async for e in events] == [{"response": {"city": "Paris"}, "usage": {"prompt_tokens": 3}}]
         assert "stream" not in binding.calls[1][1]
+
+
+async def test_prompt_requests_refuse_chat_only_parameters_by_name() -> None:
+    ai = FunctionCallingAI()
+    for path, body in [("/v1/completions", {"prompt": "x", "tools": [TOOL]}),
+                       (f"/client/v4/accounts/a/ai/run/{HERMES}", {"prompt": "x", "response_format": {"type": "json_object"}})]:
+        error = assert_error(await handle(post(path, body), deps(ai, model=HERMES)), 400, "unsupported_parameter")
+        assert error["param"] in ("tools", "response_format")
+    assert ai.calls == []

@@ -43,6 +43,14 @@ def _json_object(value: Any) -> dict[str, Any]:
     return dict(data)
 
 
+def _capabilities(value: Any) -> dict[str, Any]:
+    """Checked once, when the vars are read: a misspelt capability is a setup error, not a
+    failure of every request that names the model."""
+    from .capabilities import Capabilities
+
+    return {str(model): Capabilities.parse(names) for model, names in _json_object(value).items()}
+
+
 @dataclass(frozen=True)
 class Config:
     model: str = DEFAULT_MODEL
@@ -91,7 +99,7 @@ class Config:
             cache_classes=_dict(get("CACHE_CLASSES"), base.cache_classes),
             admin_token=get("ADMIN_TOKEN"),
             tenant=str(get("TENANT") or base.tenant),
-            model_capabilities=_json_object(get("MODEL_CAPABILITIES")),
+            model_capabilities=_capabilities(get("MODEL_CAPABILITIES")),
             # present but empty turns aliases off; absent keeps the default ones
             model_aliases=({str(k): str(v) for k, v in _json_object(get("MODEL_ALIASES")).items()}
                            if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),

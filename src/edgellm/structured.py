@@ -18,10 +18,14 @@ can honour a valid one is `capabilities.enforce`'s question.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import secrets
 from typing import Any, Mapping
 
 from .errors import invalid
+from .generation import ToolCallDelta
 from .validation import as_bool, as_int
 
 MAX_TOOLS = 128
@@ -187,16 +191,11 @@ def validate_tool_message(message: dict[str, Any], where: str) -> dict[str, Any]
 # --- what a backend returns -----------------------------------------------------------------
 
 
-def tool_call_deltas(raw: Any, *, first_index: int = 0) -> list["ToolCallDelta"]:
+def tool_call_deltas(raw: Any, *, first_index: int = 0) -> list[ToolCallDelta]:
     """A binding's `tool_calls` -> events. Accepts OpenAI's shape (whole calls or stream
     fragments: `{index?, id?, type, function: {name?, arguments?}}`) and Workers AI's
     (`{name, arguments: <object>}`); arguments given as an object become a JSON string, and a
     call without an id is given one."""
-    import json
-    import secrets
-
-    from .generation import ToolCallDelta
-
     if not isinstance(raw, list):
         return []
     deltas = []
@@ -220,8 +219,6 @@ def tool_call_deltas(raw: Any, *, first_index: int = 0) -> list["ToolCallDelta"]
 
 def response_text(value: Any) -> str | None:
     """Workers AI's JSON mode answers `response` as an object; OpenAI's content is its JSON text."""
-    import json
-
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return value if isinstance(value, str) else None
@@ -232,8 +229,6 @@ def for_workers_ai_binding(inputs: Mapping[str, Any]) -> dict[str, Any]:
     as nine letters or digits (OpenAI's and its own `chatcmpl-tool-...` ids fail) and refuses a
     null `content` on a tool-calling turn. Ids are mapped by a hash, so a call and its result
     keep matching."""
-    import hashlib
-
     messages = inputs.get("messages")
     if not isinstance(messages, list) or not any(is_tool_message(m) for m in messages):
         return dict(inputs)

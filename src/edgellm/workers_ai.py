@@ -7,6 +7,7 @@ are the same request everywhere downstream (the binding, the cache key).
 
 from __future__ import annotations
 
+import json
 from typing import Any, AsyncIterator
 
 from . import sse
@@ -111,8 +112,6 @@ async def render_json(generation: Generation) -> dict[str, Any]:
 
 
 def _arguments(text: str) -> Any:
-    import json
-
     try:
         return json.loads(text)
     except ValueError:

@@ -125,6 +125,8 @@ def test_capabilities_come_from_config_then_backend_then_cloudflare_lists() -> N
     assert Config.from_env({}).aliases == {"gpt-4o-mini": LLAMA2, "gpt-3.5-turbo": LLAMA2}
     with pytest.raises(ValueError):
         Capabilities.parse(["telepathy"])
+    with pytest.raises(ValueError):  # a misspelt var fails when the vars are read, not per request
+        Config.from_env({"MODEL_CAPABILITIES": json.dumps({LLAMA2: ["json-mode"]})})
 
 
 def test_the_cache_key_covers_every_new_field_and_keeps_plain_keys() -> None:

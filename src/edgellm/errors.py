@@ -16,15 +16,12 @@ from .http import Response, json_response
 class ErrorKind(enum.Enum):
     INVALID_REQUEST = (400, "invalid_request_error")
     AUTHENTICATION = (401, "authentication_error")
-    PERMISSION = (403, "permission_error")
     NOT_FOUND = (404, "not_found_error")
     METHOD_NOT_ALLOWED = (405, "invalid_request_error")
     REQUEST_TOO_LARGE = (413, "invalid_request_error")
-    UNSUPPORTED_MEDIA_TYPE = (415, "invalid_request_error")
     RANGE_NOT_SATISFIABLE = (416, "invalid_request_error")
     RATE_LIMITED = (429, "rate_limit_error")
     SERVER = (500, "server_error")
-    NOT_SUPPORTED = (501, "not_supported_error")
     UPSTREAM = (502, "upstream_error")
     UNAVAILABLE = (503, "unavailable_error")
 

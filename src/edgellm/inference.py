@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from .errors import ErrorKind, GatewayError
+from . import errors
+from .errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
 from .generation import Event, Finish, Generation, GenerationRequest, Token, Usage
-from .ports import BindingError, CapacityExceeded, Deps, InvalidModelInput, ModelNotFound
-
-RETRY_AFTER_SECONDS = 5
+from .ports import BindingError, Deps, ModelNotFound
 
 
 def candidate_models(deps: Deps, model: str) -> list[str]:
@@ -22,23 +21,8 @@ def candidate_models(deps: Deps, model: str) -> list[str]:
 
 
 def binding_error(exc: BindingError, model: str) -> GatewayError:
-    """Translate a binding failure in exactly one place."""
-    if isinstance(exc, InvalidModelInput):
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"The model rejected the input: {exc}", code="invalid_model_input")
-    if isinstance(exc, CapacityExceeded):
-        return GatewayError(
-            ErrorKind.UNAVAILABLE, f"Inference capacity exceeded for {model}: {exc}", code="capacity_exceeded",
-            retry_after=RETRY_AFTER_SECONDS,
-        )
-    if isinstance(exc, ModelNotFound):
-        return GatewayError(
-            ErrorKind.UPSTREAM, f"No configured model is available (last tried {model}: {exc}).",
-            code="model_unavailable", retry_after=60,
-        )
-    return GatewayError(
-        ErrorKind.UPSTREAM, f"The AI binding failed for {model}: {exc}", code="upstream_error",
-        retry_after=RETRY_AFTER_SECONDS,
-    )
+    """An AI binding failure for `model`, through the gateway's one translator."""
+    return errors.binding_error(exc, "The AI binding", "upstream", model)
 
 
 async def start_generation(deps: Deps, request: GenerationRequest) -> Generation:

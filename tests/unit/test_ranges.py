@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgellm.artifacts.conditional import ByteRange, none_match, parse_etags, parse_range, range_applies
+from edgellm.artifacts.conditional import ByteRange, etag_listed, none_match, parse_etags, parse_range, range_applies
 from edgellm.errors import GatewayError
 
 SIZE = 1000
@@ -86,6 +86,16 @@ def test_parse_etags() -> None:
     assert parse_etags("*") == [(False, "*")]
     assert parse_etags('"a" junk') is None
     assert parse_etags(" ") is None
+    assert parse_etags('abc, W/"b", c', bare=True) == [(False, '"abc"'), (True, '"b"'), (False, '"c"')]
+    assert parse_etags("a b", bare=True) is None
+
+
+@pytest.mark.parametrize(
+    "header, listed",
+    [("abc", True), ('"abc"', True), ("x, abc", True), ('W/abc', True), ("*", True), ("x", False), ("abcd", False), ("", False)],
+)
+def test_etag_listed_takes_bare_tags_as_r2_does(header: str, listed: bool) -> None:
+    assert etag_listed(header, ETAG, bare=True) is listed
 
 
 IF_RANGE = [
@@ -102,3 +112,4 @@ IF_RANGE = [
 @pytest.mark.parametrize("header, applies", IF_RANGE)
 def test_range_applies(header: str | None, applies: bool) -> None:
     assert range_applies(header, ETAG) is applies
+

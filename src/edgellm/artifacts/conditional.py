@@ -18,6 +18,7 @@ from ..errors import ErrorKind, GatewayError
 _RANGE = re.compile(r"\s*bytes\s*=\s*(.*)", re.IGNORECASE | re.DOTALL)
 _SPEC = re.compile(r"(\d*)-(\d*)")
 _ETAG = re.compile(r'\s*(W/)?("[^"]*")\s*(?:,|$)')
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _BARE_ETAG = re.compile(r'\s*(W/)?("[^"]*"|[^\s",]+)\s*(?:,|$)')  # R2's `onlyIf` also takes unquoted tags
 
 
@@ -76,6 +77,25 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
         raise unsatisfiable(size)
     end = size - 1 if last == "" else min(int(last), size - 1)
     return ByteRange(start, end)
+
+
+def range_header(offset: int | None = None, length: int | None = None, suffix: int | None = None) -> str:
+    """The `Range` value asking for what an `R2Range` asks R2 for: `length` bytes from `offset`
+    (to the end without a length), or the last `suffix` bytes."""
+    if suffix is not None:
+        return f"bytes=-{suffix}"
+    first = offset or 0
+    return f"bytes={first}-" if length is None else f"bytes={first}-{first + length - 1}"
+
+
+def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """(first, last, total) of `Content-Range: bytes first-last/total`; total None for `*`;
+    None when `value` is absent or not that form (an unsatisfied `bytes */size` included)."""
+    match = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if not match:
+        return None
+    first, last, total = match.groups()
+    return int(first), int(last), None if total == "*" else int(total)
 
 
 def parse_etags(header: str, *, bare: bool = False) -> list[tuple[bool, str]] | None:

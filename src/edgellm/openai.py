@@ -13,8 +13,8 @@ from . import sse
 from .config import Config
 from .errors import ErrorKind, GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token
-from .validation import as_bool, as_int, as_str
-from .workers_ai import validate_messages, validate_sampling
+from .validation import as_bool, as_int
+from .workers_ai import validate_messages, validate_options, validate_sampling
 
 MAX_STOP_SEQUENCES = 4
 _ROLE_ALIASES = {"developer": "system"}
@@ -85,14 +85,7 @@ def _parse_common(body: Any, config: Config) -> tuple[str, dict[str, Any], dict[
     if body.get("max_completion_tokens") is not None:
         sampling_body["max_tokens"] = body["max_completion_tokens"]
     sampling = validate_sampling(sampling_body, config)
-    extras: dict[str, Any] = {}
-    raw = as_bool(body, "raw")
-    if raw is not None:
-        extras["raw"] = raw
-    lora = as_str(body, "lora", allow_empty=False)
-    if lora is not None:
-        extras["lora"] = lora
-    return model, sampling, extras
+    return model, sampling, validate_options(body)
 
 
 def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:

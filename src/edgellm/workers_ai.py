@@ -64,6 +64,18 @@ def validate_sampling(body: dict[str, Any], config: Config) -> dict[str, Any]:
     return out
 
 
+def validate_options(body: dict[str, Any]) -> dict[str, Any]:
+    """`raw` (no chat template) and `lora` (an adapter name), only when given."""
+    options: dict[str, Any] = {}
+    raw = as_bool(body, "raw")
+    if raw is not None:
+        options["raw"] = raw
+    lora = as_str(body, "lora", allow_empty=False)
+    if lora is not None:
+        options["lora"] = lora
+    return options
+
+
 def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
     """A Workers AI input object -> (inputs with defaults, stream flag)."""
     if not isinstance(body, dict):
@@ -77,12 +89,7 @@ def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
     else:
         inputs["messages"] = validate_messages(body["messages"])
     inputs.update(validate_sampling(body, config))
-    raw = as_bool(body, "raw")
-    if raw is not None:
-        inputs["raw"] = raw
-    lora = as_str(body, "lora", allow_empty=False)
-    if lora is not None:
-        inputs["lora"] = lora
+    inputs.update(validate_options(body))
     return inputs, bool(as_bool(body, "stream"))
 
 

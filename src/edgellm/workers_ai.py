@@ -13,6 +13,7 @@ from . import sse
 from .config import Config
 from .errors import GatewayError, invalid
 from .generation import Finish, Generation, Token
+from .http import Response
 from .validation import as_bool, as_float, as_int, as_str
 
 DEFAULT_MAX_TOKENS = 256
@@ -99,6 +100,12 @@ def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
 def result_envelope(result: Any, *, success: bool = True, errors: list[Any] | None = None) -> dict[str, Any]:
     """Cloudflare's REST envelope: `{result, success, errors, messages}`."""
     return {"result": result, "success": success, "errors": errors or [], "messages": []}
+
+
+def error_response(error: GatewayError) -> Response:
+    """The REST route's errors: the OpenAI error JSON inside Cloudflare's envelope, which
+    Workers-AI-style clients read (`success: false, errors: [...]`)."""
+    return error.to_response(result_envelope(None, success=False, errors=[{"code": error.status, "message": error.message}]))
 
 
 async def render_json(generation: Generation) -> dict[str, Any]:

@@ -77,7 +77,9 @@ async def test_streams_a_reply_as_tokens_arrive(page: Page, make_deps: Callable[
     await expect(page.locator("#stat-ttft")).to_have_text(re.compile(r"^\d+ ms$"))
     await expect(page.locator("#stat-tps")).to_have_text(re.compile(r"^\d+(\.\d)?$"))
     tps = float(await page.locator("#stat-tps").text_content() or "0")
-    assert 5 < tps < 1 / 0.04 * 1.5, f"{tps} tokens/s does not fit tokens paced {0.04} s apart"
+    # an upper bound only: tokens paced 0.04 s apart cannot arrive faster, but a loaded machine may
+    # deliver them slower (a lower bound here was a timed assertion, red under load)
+    assert 0 < tps < 1 / 0.04 * 1.5, f"{tps} tokens/s does not fit tokens paced {0.04} s apart"
     await expect(page.get_by_role("button", name="Stop")).to_be_disabled()
 
 

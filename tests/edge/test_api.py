@@ -154,11 +154,12 @@ class HeldRunner:
 
     def _held(self, callback: Any) -> Any:
         def on_chunk(chunk: Any) -> bool:
-            stop = callback(chunk)
             texts = [(c.get("delta") or {}).get("content") or c.get("text") for c in chunk.get("choices") or []]
-            if any(texts) and not self.holding.is_set():
-                self.holding.set()
-                self.release.wait(60)
+            if not any(texts) or self.holding.is_set():
+                return callback(chunk)
+            self.holding.set()  # before the chunk is passed on: a client that sees it sees the hold
+            stop = callback(chunk)
+            self.release.wait(60)
             return stop
 
         return on_chunk

@@ -1,8 +1,9 @@
 """Workers AI backed by a real llama.cpp runner (xllamacpp embeds llama.cpp's own server).
 
 It behaves like the binding the Worker gets: the same input schema and defaults (temperature
-0.6, max_tokens 256), the same output and stream event shapes, and the same failures (an
-unknown model id raises `ModelNotFound`, a schema violation `InvalidModelInput`).
+0.6, max_tokens 256: the model's published JSON schema in `schemas/`), the same output and stream
+event shapes, and the same failures (an unknown model id raises `ModelNotFound`, a schema
+violation `InvalidModelInput`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 from edgellm.capabilities import CAPABILITY_NAMES
+import jsonschema
+
 from edgellm.config import Config
-from edgellm.errors import GatewayError
 from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
-from edgellm.workers_ai import validate_inputs
 
 from . import structured
 from .structured import ToolPlan
 
 GGUF_MAGIC = b"GGUF"
+# The binding's published input schema, as data: inputs are checked the way Workers AI checks them,
+# never with the gateway's own validation (which would make the two unable to disagree).
+INPUT_SCHEMA_PATH = Path(__file__).with_name("schemas") / "text-generation.input.json"
 
 
 class ModelFileError(Exception):
@@ -128,12 +132,36 @@ def _raise_llama_error(result: Any) -> None:
         raise (InvalidModelInput if code == 400 else BindingError)(f"llama.cpp: {message}")
 
 
+@dataclass(frozen=True)
+class InputSchema:
+    """A Workers AI model's input JSON schema: refuses what the binding refuses (error 5006) and
+    fills in the defaults it publishes (temperature 0.6, max_tokens 256, ...)."""
+
+    schema: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path = INPUT_SCHEMA_PATH) -> "InputSchema":
+        schema = json.loads(path.read_text())
+        jsonschema.Draft202012Validator.check_schema(schema)
+        return cls(schema)
+
+    def check(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(self.schema).iter_errors(dict(inputs)))
+        if error is not None:
+            where = "/" + "/".join(str(p) for p in error.absolute_path)
+            raise InvalidModelInput(f"5006: Input validation error: {where}: {error.message}")
+        defaults = {k: v["default"] for k, v in self.schema["properties"].items() if "default" in v}
+        return {**defaults, **{k: v for k, v in inputs.items() if v is not None}}
+
+
 @dataclass
 class LlamaCppAI:
-    """The local `env.AI`: model ids (from config) -> a llama.cpp runner standing in for them."""
+    """The local `env.AI`: model ids (from config) -> a llama.cpp runner standing in for them.
+    Every id is held to the text-generation input schema of the default model."""
 
     models: dict[str, LlamaCppRunner]
     config: Config = field(default_factory=Config)
+    inputs: InputSchema = field(default_factory=InputSchema.load)
 
     @classmethod
     def for_config(cls, config: Config, runner: LlamaCppRunner) -> "LlamaCppAI":
@@ -160,10 +188,7 @@ class LlamaCppAI:
         runner = self.models.get(model)
         if runner is None:
             raise ModelNotFound(f"5007: No such model {model} or task")
-        try:
-            checked, _ = validate_inputs(dict(inputs), self.config)
-        except GatewayError as exc:
-            raise InvalidModelInput(f"5006: {exc.message}") from exc
+        checked = self.inputs.check(inputs)
         if "lora" in checked:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
         kind, body = to_llama_request(checked)

@@ -7,7 +7,7 @@ binding call produced them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 
@@ -106,7 +106,6 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
-    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def max_tokens(self) -> int:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from .errors import ErrorKind, GatewayError
+from . import errors
+from .errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
 from .capabilities import capabilities_of, missing
 from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
-from .ports import BindingError, CapacityExceeded, Deps, InvalidModelInput, ModelNotFound
+from .ports import BindingError, Deps, ModelNotFound
 from .structured import response_text, tool_call_deltas
-
-RETRY_AFTER_SECONDS = 5
 
 
 def candidate_models(deps: Deps, model: str) -> list[str]:
@@ -33,23 +32,8 @@ def capable_models(deps: Deps, request: GenerationRequest) -> list[str]:
 
 
 def binding_error(exc: BindingError, model: str) -> GatewayError:
-    """Translate a binding failure in exactly one place."""
-    if isinstance(exc, InvalidModelInput):
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"The model rejected the input: {exc}", code="invalid_model_input")
-    if isinstance(exc, CapacityExceeded):
-        return GatewayError(
-            ErrorKind.UNAVAILABLE, f"Inference capacity exceeded for {model}: {exc}", code="capacity_exceeded",
-            retry_after=RETRY_AFTER_SECONDS,
-        )
-    if isinstance(exc, ModelNotFound):
-        return GatewayError(
-            ErrorKind.UPSTREAM, f"No configured model is available (last tried {model}: {exc}).",
-            code="model_unavailable", retry_after=60,
-        )
-    return GatewayError(
-        ErrorKind.UPSTREAM, f"The AI binding failed for {model}: {exc}", code="upstream_error",
-        retry_after=RETRY_AFTER_SECONDS,
-    )
+    """An AI binding failure for `model`, through the gateway's one translator."""
+    return errors.binding_error(exc, "The AI binding", "upstream", model)
 
 
 async def start_generation(deps: Deps, request: GenerationRequest) -> Generation:

@@ -15,7 +15,7 @@ from .errors import ErrorKind, GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
 from .structured import parse_extensions, refuse_chat_only
 from .validation import as_bool, as_int, as_str
-from .workers_ai import validate_messages, validate_sampling
+from .workers_ai import validate_messages, validate_options, validate_sampling
 
 MAX_STOP_SEQUENCES = 4
 # OpenAI request parameters no backend of this gateway can honour (the legacy `functions` API:
@@ -95,14 +95,7 @@ def _parse_common(body: Any, config: Config) -> tuple[str, dict[str, Any], dict[
     if body.get("max_completion_tokens") is not None:
         sampling_body["max_tokens"] = body["max_completion_tokens"]
     sampling = validate_sampling(sampling_body, config)
-    extras: dict[str, Any] = {}
-    raw = as_bool(body, "raw")
-    if raw is not None:
-        extras["raw"] = raw
-    lora = as_str(body, "lora", allow_empty=False)
-    if lora is not None:
-        extras["lora"] = lora
-    return model, sampling, extras
+    return model, sampling, validate_options(body)
 
 
 def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:

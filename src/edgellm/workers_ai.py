@@ -14,6 +14,7 @@ from . import sse
 from .config import Config
 from .errors import GatewayError, invalid
 from .generation import Finish, Generation, Token, ToolCallDelta
+from .http import Response
 from .structured import is_tool_message, parse_extensions, refuse_chat_only, validate_tool_message
 from .validation import as_bool, as_float, as_int, as_str
 
@@ -69,6 +70,18 @@ def validate_sampling(body: dict[str, Any], config: Config) -> dict[str, Any]:
     return out
 
 
+def validate_options(body: dict[str, Any]) -> dict[str, Any]:
+    """`raw` (no chat template) and `lora` (an adapter name), only when given."""
+    options: dict[str, Any] = {}
+    raw = as_bool(body, "raw")
+    if raw is not None:
+        options["raw"] = raw
+    lora = as_str(body, "lora", allow_empty=False)
+    if lora is not None:
+        options["lora"] = lora
+    return options
+
+
 def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
     """A Workers AI input object -> (inputs with defaults, stream flag)."""
     if not isinstance(body, dict):
@@ -82,12 +95,7 @@ def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
     else:
         inputs["messages"] = validate_messages(body["messages"])
     inputs.update(validate_sampling(body, config))
-    raw = as_bool(body, "raw")
-    if raw is not None:
-        inputs["raw"] = raw
-    lora = as_str(body, "lora", allow_empty=False)
-    if lora is not None:
-        inputs["lora"] = lora
+    inputs.update(validate_options(body))
     if has_messages:  # JSON mode, tools and logprobs (Workers AI's shapes), checked alike
         inputs.update(parse_extensions(body, openai_shape=False))
     else:
@@ -101,6 +109,12 @@ def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
 def result_envelope(result: Any, *, success: bool = True, errors: list[Any] | None = None) -> dict[str, Any]:
     """Cloudflare's REST envelope: `{result, success, errors, messages}`."""
     return {"result": result, "success": success, "errors": errors or [], "messages": []}
+
+
+def error_response(error: GatewayError) -> Response:
+    """The REST route's errors: the OpenAI error JSON inside Cloudflare's envelope, which
+    Workers-AI-style clients read (`success: false, errors: [...]`)."""
+    return error.to_response(result_envelope(None, success=False, errors=[{"code": error.status, "message": error.message}]))
 
 
 async def render_json(generation: Generation) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 import pytest
 
+from edgellm.errors import RETRY_AFTER_SECONDS
 from edgellm.ports import BindingError, BlobStore, Deps, R2Object
 from edgellm_local.cli import main
 from edgellm_local.pull import Downloader
@@ -196,7 +197,7 @@ def test_an_edge_503_is_retried_after_the_time_it_asks_for(start_edge: Callable[
 
     transport = RecordingTransport()
     pull_with(edge, tmp_path / "pulled", transport, sleep=sleep)
-    assert sleeps == [1.0, 1.0]  # the edge's Retry-After, for the manifest and for shard 2
+    assert sleeps == [float(RETRY_AFTER_SECONDS)] * 2  # the edge's Retry-After, for the manifest and for shard 2
     assert (tmp_path / "pulled" / "model.gguf").read_bytes() == model_file.read_bytes()
 
 

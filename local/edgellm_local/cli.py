@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -28,6 +27,7 @@ def _dev(args: argparse.Namespace) -> int:
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
+        app.api_first = args.server == "fast"
     except (ModelFileError, PortInUse) as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
         return 2
@@ -36,7 +36,7 @@ def _dev(args: argparse.Namespace) -> int:
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
     try:
-        asyncio.run(make_server(app).serve(sockets=[sock]))
+        make_server(app, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (uvloop) event loop
     except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
         print("EdgeLLM local edge stopped", flush=True)
         return 130
@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files) (default: %(default)s)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
+    dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
+                     help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
+                          "static files first (for benchmarks) (default: %(default)s)")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")

@@ -55,6 +55,11 @@ def route(methods: str | Iterable[str], template: str, handler: Handler) -> Rout
 class Router:
     routes: tuple[Route, ...]
 
+    def has_path(self, path: str) -> bool:
+        """Whether any route's template matches `path`, whatever the method: the local edge asks
+        before probing the filesystem for a static asset (no asset shares a route's path)."""
+        return any(r.pattern.match(path) for r in self.routes)
+
     def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
         allowed: set[str] = set()
         for r in self.routes:

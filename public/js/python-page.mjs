@@ -19,8 +19,11 @@ print(f"{MODEL}: {len(tokenizer['model']['vocab']):,} tokens in the vocabulary,"
 
 question = "What is the capital of France?"
 reply = requests.post(f"{EDGE}/v1/chat/completions", json={
-    "messages": [{"role": "user", "content": question}],
-    "max_tokens": 24,
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant. Answer in one sentence."},
+        {"role": "user", "content": question},
+    ],
+    "max_tokens": 32,
     "temperature": 0,
 })
 reply.raise_for_status()

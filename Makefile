@@ -77,6 +77,10 @@ test: setup-test
 	$(BIN)/python -m pytest
 
 bench: setup-test
+	@command -v aria2c >/dev/null 2>&1 || { \
+	  echo "installing Debian's aria2 for the pull benchmark's aria2c -x8 row"; \
+	  apt-get install -y -qq aria2 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq aria2 >/dev/null; } || \
+	  echo "aria2 could not be installed: bench.bench_artifacts skips its row"; }
 	$(BIN)/python -m bench
 
 deploy-check:

@@ -6,7 +6,11 @@ measures from this one, in a single run:
   not read, the model generates, the answer is written) and of HITs for the same request;
 - HIT throughput against `/healthz`, a minimal route through the same server and router that
   returns a small fixed JSON body.
+- HIT p50 and throughput on two local edges started one after the other: `--server baseline`
+  (uvicorn on h11 and the asyncio loop, static files probed before routing: the edge before issue
+  12) and the default `--server fast` (httptools + uvloop, API paths routed first).
 Targets (issue 3): MISS/HIT latency ratio >= 100x; HIT throughput >= 0.5x the fixed body's.
+Figures from a shared, busy 2-core machine vary from run to run: compare ratios within one run.
 
     .venv/bin/python -m bench.bench_cache [--misses 8] [--hits 400] [--concurrency 16]
 """
@@ -71,6 +75,30 @@ def row(name: str, samples: list[float], rps: float | None = None) -> str:
     return f"{name:<22}{len(samples):>6}{p50:>12.2f}{p99:>12.2f}{rate}"
 
 
+async def hits_on(kind: str, args: argparse.Namespace) -> tuple[list[float], float]:
+    """HIT latencies and throughput on a fresh edge started with `--server kind`."""
+    with running_edge(extra=["--server", kind]) as url:
+        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+            (await client.post("/v1/chat/completions", json=BODY)).raise_for_status()
+            await asyncio.sleep(0.2)  # let the write-behind land
+            await sequential(client, 20, "POST", "/v1/chat/completions", "HIT", json=BODY)  # warm up
+            hit = await sequential(client, args.hits, "POST", "/v1/chat/completions", "HIT", json=BODY)
+            rps = await throughput(client, args.hits * 2, args.concurrency, "POST", "/v1/chat/completions", json=BODY)
+    return hit, rps
+
+
+async def compare_servers(args: argparse.Namespace) -> None:
+    results = {kind: await hits_on(kind, args) for kind in ("baseline", "fast")}
+    print(f"\nHIT through the local edge's HTTP server, same run:")
+    print(f"{'':<22}{'n':>6}{'p50 ms':>12}{'p99 ms':>12}{'req/s':>10}")
+    print(row("baseline (h11)", *results["baseline"]))
+    print(row("fast (httptools+uvloop)", *results["fast"]))
+    (base, base_rps), (fast, fast_rps) = results["baseline"], results["fast"]
+    print(f"fast / baseline: throughput {fast_rps / base_rps:.2f}x, p50 {percentile(fast, 50) * 1000:.2f} ms vs "
+          f"{percentile(base, 50) * 1000:.2f} ms")
+
+
 async def main(args: argparse.Namespace) -> None:
     with running_edge() as url:
         limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
@@ -95,6 +123,7 @@ async def main(args: argparse.Namespace) -> None:
           f"(p99: {percentile(miss, 99) / percentile(hit, 99):.0f}x; target >= 100x)")
     print(f"HIT throughput / fixed-body throughput at concurrency {args.concurrency}: "
           f"{hit_rps / fixed_rps:.2f}x (target >= 0.5x)")
+    await compare_servers(args)
 
 
 if __name__ == "__main__":

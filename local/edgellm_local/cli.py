@@ -10,14 +10,15 @@ from pathlib import Path
 
 from edgellm.config import Config
 
-from .ai import ModelFileError, default_model_path
-from .edge import EdgeSettings, build_app
 from .publish import add_parser as add_publish_parser
-from .pull import run as run_pull
-from .server import PortInUse, bind_socket, make_server
 
 
 def _dev(args: argparse.Namespace) -> int:
+    # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
+    from .ai import ModelFileError, default_model_path
+    from .edge import EdgeSettings, build_app
+    from .server import PortInUse, bind_socket, make_server
+
     try:
         model = Path(args.model) if args.model else default_model_path()
         config = Config.from_env({
@@ -43,6 +44,12 @@ def _dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pull(args: argparse.Namespace) -> int:
+    from .pull import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     pull.add_argument("--parallel", type=int, default=4, choices=range(1, 65), metavar="N", help="concurrent shard downloads (1-64, default 4)")
     pull.add_argument("--verify-full", action="store_true", help="also hash the whole file at the end (each shard is always verified as it arrives)")
     pull.add_argument("--limit-rate", metavar="RATE", help="at most RATE bytes per second, e.g. 500K, 10M (default: no limit)")
-    pull.set_defaults(run=run_pull)
+    pull.set_defaults(run=_pull)
     add_publish_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -30,7 +30,18 @@ node_modules/.installed: package.json package-lock.json
 
 setup: $(VENV)/.installed-local
 
-setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python
+# transformers.js for the browser test that loads a tokenizer from the edge with its default
+# remotePathTemplate: only its self-contained bundle, unpacked from the npm tarball (its npm
+# dependencies, onnxruntime-node and sharp, are large native packages a tokenizer never uses).
+TRANSFORMERS_JS := 4.3.1
+node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js: | node_modules/.installed
+	rm -rf node_modules/.transformers-js && mkdir -p node_modules/.transformers-js/$(TRANSFORMERS_JS)
+	cd node_modules/.transformers-js && npm pack --silent @huggingface/transformers@$(TRANSFORMERS_JS) >/dev/null && \
+	  tar xzf huggingface-transformers-$(TRANSFORMERS_JS).tgz -C $(TRANSFORMERS_JS) --strip-components=2 package/dist/transformers.min.js && \
+	  tar xzf huggingface-transformers-$(TRANSFORMERS_JS).tgz -C $(TRANSFORMERS_JS) --strip-components=1 package/LICENSE && \
+	  rm huggingface-transformers-$(TRANSFORMERS_JS).tgz
+
+setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }

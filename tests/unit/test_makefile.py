@@ -25,7 +25,9 @@ PYTHON = RECORDER + """if [ "$1" = "-c" ]; then case "$2" in *index.json*) exec 
 """
 EDGELLM = RECORDER + """if [ "$1" = publish ]; then mkdir -p .state; fi
 """
-NPM = RECORDER + """mkdir -p node_modules/pyodide && for f in pyodide.mjs pyodide.asm.js pyodide.asm.wasm python_stdlib.zip pyodide-lock.json; do echo x > node_modules/pyodide/$f; done
+NPM = RECORDER + """if [ "$1" = pack ]; then mkdir -p p/package/dist && echo x > p/package/dist/transformers.min.js && echo x > p/package/LICENSE && \
+  tar czf huggingface-transformers-"${{3#*@*@}}".tgz -C p package && rm -rf p && exit 0; fi
+mkdir -p node_modules/pyodide && for f in pyodide.mjs pyodide.asm.js pyodide.asm.wasm python_stdlib.zip pyodide-lock.json; do echo x > node_modules/pyodide/$f; done
 """
 
 
@@ -75,7 +77,8 @@ def test_a_second_make_dev_installs_nothing(project: Path) -> None:
 
 
 def test_setup_test_reinstalls_only_what_changed(project: Path) -> None:
-    make(project, "setup-test")
+    first = make(project, "setup-test")
+    assert any(c.startswith("npm pack --silent @huggingface/transformers@") for c in first), first
     assert [c for c in make(project, "setup-test") if not c.startswith("chromium")] == []
     os.utime(project / "pyproject.toml")  # a changed dependency list: pip runs again, npm does not
     again = make(project, "setup-test")

@@ -647,3 +647,18 @@ def test_progress_redraws_in_place_on_a_tty_and_prints_lines_in_a_log() -> None:
     assert tty.getvalue().count("\r") == 4 and "\n" not in tty.getvalue()
     assert log.getvalue().count("\n") == 1  # the first draw; the next is due after 5 s
     assert "4.0/4.0 MiB" in bars[0].line() and "1.0 MB/s" in bars[0].line()
+
+
+def test_a_dead_port_fails_at_once_through_the_real_transport(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing listening: one line, exit 1, no retries (the old pull retried for ~12 s)."""
+    import socket
+
+    from edgellm_local.cli import main
+
+    with socket.socket() as s:  # a port that was free a moment ago and has no listener now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["pull", f"http://127.0.0.1:{port}", NAME, "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the edge: cannot connect to 127.0.0.1:{port}" in err and "is it running" in err
+    assert "retrying" not in err and "Traceback" not in err

@@ -15,7 +15,10 @@ checking curl's file once would add. Timings include process start-up.
 Targets (issue 12): pull, verifying, at least 0.9x curl and 1.5x aria2c -x8, at under 100 MB peak RSS.
 Figures from a shared, busy 2-core machine vary from run to run: compare ratios within one run.
 
-    .venv/bin/python -m bench.bench_artifacts [--size 1GiB] [--shard-size 64MiB] [--parallel 4] [--rounds 1]
+    .venv/bin/python -m bench.bench_artifacts [--size 1GiB] [--shard-size 64MiB] [--parallel 4] [--also-parallel 1] [--rounds 1]
+
+`--also-parallel` adds a second pull row: on loopback, where there is no latency to hide, one
+stream competes less with the edge for the CPU; the targets are judged on `--parallel`.
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default=1 << 30, help="model size (default 1GiB)")
     parser.add_argument("--shard-size", type=parse_size, default=64 << 20, help="shard size (default 64MiB)")
-    parser.add_argument("--parallel", type=int, default=4, help="pull's concurrent shard downloads")
+    parser.add_argument("--parallel", type=int, default=4, help="pull's concurrent shard downloads (the targets' row)")
+    parser.add_argument("--also-parallel", type=int, default=1, help="a second pull row with this --parallel (0: none)")
     parser.add_argument("--rounds", type=int, default=1, help="repeat each download; the best round counts")
     args = parser.parse_args(argv)
 
@@ -141,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if aria2c is None:
             print("aria2c is not installed: skipping its row (`apt-get install aria2`; `make bench` does)")
         runs: dict[str, list[Run]] = {"curl": [], "curl+sha": [], "naive": [], "pull": []}
+        if args.also_parallel and args.also_parallel != args.parallel:
+            runs["pull-also"] = []
         if aria2c:
             runs["aria2c"] = []
         with running_edge(tiny, state) as url:
@@ -167,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs["pull"].append(measure(f"edgellm pull (parallel {args.parallel})", pull, args.size))
                 assert (out / "model.gguf").stat().st_size == args.size
                 (out / "model.gguf").unlink()
+                if "pull-also" in runs:
+                    pull[-1] = str(args.also_parallel)
+                    runs["pull-also"].append(measure(f"edgellm pull (parallel {args.also_parallel})", pull, args.size))
+                    (out / "model.gguf").unlink()
     best = {k: min(v, key=lambda r: r.seconds) for k, v in runs.items()}
     print(f"\n{'download (best of ' + str(args.rounds) + ')':<28} {'seconds':>8} {'MB/s':>8} {'peak RSS MB':>12}")
     for run in best.values():
@@ -178,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         ratio = pull.rate / best["aria2c"].rate
         print(f"pull / aria2c -x8:       {ratio:.2f}x   (target >= 1.5)")
         met = met and ratio >= 1.5
+    if "pull-also" in best:
+        also = best["pull-also"]
+        print(f"pull --parallel {args.also_parallel} / curl: {also.rate / curl.rate:.2f}x"
+              + (f", / aria2c -x8: {also.rate / best['aria2c'].rate:.2f}x" if "aria2c" in best else ""))
     print(f"pull / naive throughput: {pull.rate / naive.rate:.2f}x")
     print(f"pull peak memory:        {pull.peak_rss / MB:.1f} MB   (target < 100 MB; naive {naive.peak_rss / MB:.1f} MB, {naive.peak_rss / pull.peak_rss:.1f}x pull's)")
     return 0 if met else 1

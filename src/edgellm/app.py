@@ -5,7 +5,8 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
-from . import api, artifacts
+from . import api, artifacts, model_catalog
+from .artifacts import hf
 from .cache import admin as cache_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
@@ -18,8 +19,15 @@ ROUTES = Router((
     route("POST", "/v1/completions", api.create_completion),
     route("GET", "/v1/models", api.list_models),
     route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model, render_error=workers_ai.error_response),
+    route("GET", "/client/v4/accounts/{account_id}/ai/models/search", model_catalog.search_models, render_error=workers_ai.error_response),
     route("GET", "/healthz", api.health),
     route("GET", "/models", artifacts.list_published_models),
+    # the Hugging Face Hub's layout (repo `models/{name}`); before the catch-all artifact route
+    route("GET", "/models/{name}/resolve/{revision}/{file:path}", hf.resolve_file),
+    route("GET", "/api/models/models/{name}", hf.get_repo_info),
+    route("GET", "/api/models/models/{name}/revision/{revision}", hf.get_repo_info),
+    route("GET", "/api/models/models/{name}/tree/{revision}", hf.list_repo_tree),
+    route("GET", "/api/models/models/{name}/tree/{revision}/{path:path}", hf.list_repo_tree),
     route("GET", "/models/{path:path}", artifacts.get_artifact),
     route("POST", "/admin/cache/preload", cache_admin.preload_cache),
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
@@ -28,7 +36,7 @@ ROUTES = Router((
 
 CORS_HEADERS = {
     "access-control-allow-origin": "*",
-    "access-control-expose-headers": "cf-aig-cache-status, age, x-edgellm-model, etag, content-length, content-range, accept-ranges, retry-after",
+    "access-control-expose-headers": "cf-aig-cache-status, age, x-edgellm-model, etag, content-length, content-range, accept-ranges, retry-after, x-repo-commit, x-linked-etag, x-linked-size, x-error-code",
 }
 
 

@@ -63,6 +63,11 @@ class Router:
         (whatever the method, so a 405 renders like the route's own errors); None for no route."""
         return next((r.render_error for r in self.routes if r.pattern.match(path)), None)
 
+    def has_path(self, path: str) -> bool:
+        """Whether any route's template matches `path`, whatever the method: the local edge asks
+        before probing the filesystem for a static asset (no asset shares a route's path)."""
+        return any(r.pattern.match(path) for r in self.routes)
+
     def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
         allowed: set[str] = set()
         for r in self.routes:

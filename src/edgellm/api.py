@@ -28,6 +28,9 @@ def generation_headers(generation: Generation) -> dict[str, str]:
         headers["age"] = str(generation.age)
     if generation.cache_key:
         headers["x-edgellm-cache-key"] = generation.cache_key
+    route = generation.route or ("edge; reason=cache" if generation.cache_status == "HIT" else None)
+    if route:
+        headers["x-edgellm-route"] = route
     return headers
 
 
@@ -35,11 +38,12 @@ async def serve_generation(
     request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
 ) -> Response:
     generation = await cached_generation(deps, request, gen_request)
-    headers = generation_headers(generation)
     if gen_request.stream:
+        headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
         return Response(200, headers, as_stream(generation))
-    return json_response(await as_json(generation), headers=headers)
+    body = await as_json(generation)  # first: a failover while collecting changes the route header
+    return json_response(body, headers=generation_headers(generation))
 
 
 async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Response:

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .routing.config import RoutingConfig
+
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
 MAX_BODY_BYTES = 1024 * 1024
@@ -45,6 +47,7 @@ class Config:
     )
     admin_token: str | None = None
     tenant: str = "default"
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -68,4 +71,5 @@ class Config:
             cache_classes=_dict(get("CACHE_CLASSES"), base.cache_classes),
             admin_token=get("ADMIN_TOKEN"),
             tenant=str(get("TENANT") or base.tenant),
+            routing=RoutingConfig.from_env(env),
         )

@@ -43,6 +43,8 @@ class Token:
 class Finish:
     finish_reason: str  # "stop" | "length"
     usage: Usage
+    route: str | None = None  # where it ran, when routing says so ("edge", "origin", "edge,origin")
+    cacheable: bool = True  # False for an answer stitched from two routes (a mid-stream failover)
 
 
 Event = Token | Finish
@@ -77,6 +79,7 @@ class Generation:
     cache_status: str | None = None
     age: int | None = None
     cache_key: str | None = None
+    route: str | None = None  # the `x-edgellm-route` value: "edge|origin|edge,origin; reason=..."
 
     async def collect(self) -> tuple[str, Finish]:
         parts: list[str] = []
@@ -86,4 +89,6 @@ class Generation:
                 parts.append(event.text)
             else:
                 finish = event
+        if finish.route and "," in finish.route:  # a failover after the start: the answer used both routes
+            self.route = finish.route
         return "".join(parts), finish

@@ -111,7 +111,10 @@ async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
                 if event.text:
                     yield sse.encode_event({"response": event.text})
             elif isinstance(event, Finish):
-                yield sse.encode_event({"response": "", "usage": event.usage.to_json()})
+                final: dict[str, Any] = {"response": "", "usage": event.usage.to_json()}
+                if event.route:
+                    final["edgellm_route"] = event.route
+                yield sse.encode_event(final)
     except GatewayError as exc:
         yield sse.encode_event(exc.to_json())
         return

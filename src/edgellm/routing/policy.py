@@ -50,7 +50,7 @@ def resolve_region(config: RoutingConfig, request: Request) -> RegionConfig | No
     `cf-ipcontinent` headers, as sent by Cloudflare's proxy."""
     if not config.regions:
         return None
-    cf = getattr(request, "cf", None) or {}
+    cf = request.cf
     if cf:
         country, continent = cf.get("country"), cf.get("continent")
     else:

@@ -263,3 +263,24 @@ def test_a_bad_timeout_header_is_a_400(routed: Callable[..., Any]) -> None:
     response = client.post("/v1/chat/completions", json=chat(), headers={"cf-aig-request-timeout": "soon"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "cf-aig-request-timeout"
     assert faulty.calls == 0
+
+
+def test_edgellm_dev_wires_origins_and_faults_from_the_command_line(tiny_model: Path, tmp_path: Path, origin: OriginProcess) -> None:
+    edge = OriginProcess.start(tiny_model, tmp_path, "--origin", origin.url, "--origin-token", "tok", "--admin-token", ADMIN,
+                               "--fault", "fail=1", "--var", "EDGE_FIRST_TOKEN_MS=60000")
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    try:
+        before = len(origin.generation_requests())
+        response = httpx.post(f"{edge.url}/v1/chat/completions", json=chat(), timeout=60)
+        assert response.headers["x-edgellm-route"] == "origin; reason=edge-error; origin=origin1"
+        [asked] = origin.generation_requests()[before:]
+        assert asked["authorization"] == "Bearer tok"
+        assert httpx.post(f"{edge.url}/admin/faults", json={}, timeout=10).status_code == 401
+        plan = httpx.post(f"{edge.url}/admin/faults", json={"stall": 0.0}, headers=admin, timeout=10).json()
+        assert plan["plan"]["fail"] == 0 and plan["injected"]["fail"] == 1
+        again = httpx.post(f"{edge.url}/v1/chat/completions", json=chat(), timeout=60)
+        assert again.headers["x-edgellm-route"] == "edge; reason=cache"  # the origin's complete answer was cached
+        response = httpx.post(f"{edge.url}/v1/chat/completions", json=chat("another question"), timeout=60)
+        assert response.headers["x-edgellm-route"] == "edge; reason=primary"
+    finally:
+        edge.stop()

@@ -13,7 +13,7 @@ latency at p50/p99 against the baseline, and the time from the stall budget runn
 first origin token. Then the edge-side token counting cost per request (pure-Python BPE, the
 SmolLM2 tokenizer.json, cold word cache) at 1k and 8k prompt tokens, against `tokenizers`.
 
-    .venv/bin/python -m bench.bench_routing [--requests 20] [--max-tokens 24] [--stall-ms 2000]
+    .venv/bin/python -m bench.bench_routing [--requests 12] [--model PATH.gguf] [--max-tokens 24] [--stall-ms 2000]
 """
 
 from __future__ import annotations
@@ -115,11 +115,12 @@ def counting_cost(repeats: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--model", help="GGUF for both edge and origin (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--stall-ms", type=int, default=2000)
     args = parser.parse_args()
-    model = default_model_path()
+    model = Path(args.model) if args.model else default_model_path()
     print(f"model {model.name}; {args.requests} sequential streamed requests per scenario, max_tokens {args.max_tokens}; "
           "figures from a shared, busy machine")
     with running_edge(model) as origin_url, tempfile.TemporaryDirectory() as state:

@@ -105,7 +105,11 @@ class FaultyAI:
         delay = self._roll("delay_first", model)
         stall = self._roll("stall", model)
         fail_mid = not stall and self._roll("fail_mid", model)
-        inner = await self.inner.stream(model, inputs)
+        try:
+            inner = await self.inner.stream(model, inputs)
+        except asyncio.CancelledError:  # abandoned while the binding was opening it: it stopped the stream
+            self.closed += 1
+            raise
         return self._events(inner, delay, stall, fail_mid)
 
     async def _events(self, inner: AsyncIterator[dict[str, Any]], delay: bool, stall: bool, fail_mid: bool) -> AsyncIterator[dict[str, Any]]:

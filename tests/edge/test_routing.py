@@ -284,3 +284,24 @@ def test_edgellm_dev_wires_origins_and_faults_from_the_command_line(tiny_model: 
         assert response.headers["x-edgellm-route"] == "edge; reason=primary"
     finally:
         edge.stop()
+
+
+def test_a_raw_completion_is_continued_as_prompt_plus_partial_answer(routed: Callable[..., Any], origin: OriginProcess) -> None:
+    client, faulty, _ = routed(FaultPlan(fail_mid=1.0, after=3))
+    before = len(origin.generation_requests())
+    body = {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0}
+    response = client.post("/v1/completions", json=body)
+    assert response.headers["x-edgellm-route"] == "edge,origin; reason=edge-failed-mid-stream"
+    [asked] = origin.generation_requests()[before:]
+    sent = json.loads(asked["body"])
+    assert asked["path"] == "/v1/completions" and sent["prompt"] == "Once upon a time" + "".join(faulty.sent)
+    assert response.json()["choices"][0]["text"].startswith("".join(faulty.sent))
+
+
+def test_the_workers_ai_stream_says_both_routes_in_its_last_event(routed: Callable[..., Any]) -> None:
+    client, faulty, _ = routed(FaultPlan(fail_mid=1.0, after=2))
+    run = "/client/v4/accounts/abc/ai/run/@cf/meta/llama-2-7b-chat-int8"
+    with client.stream("POST", run, json={"prompt": "Hi", "max_tokens": 8, "stream": True}) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert events[-1]["edgellm_route"] == "edge,origin; reason=edge-failed-mid-stream" and "usage" in events[-1]
+    assert "".join(e["response"] for e in events).startswith("".join(faulty.sent))

@@ -80,3 +80,39 @@ def test_a_bad_request_timeout_header_is_a_400(value: str) -> None:
     assert info.value.status == 400
     assert first_token_budget(RoutingConfig(), Request("POST", "http://x/", {"cf-aig-request-timeout": "250"})) == 0.25
     assert first_token_budget(RoutingConfig(), Request("POST", "http://x/")) == 3.0
+
+
+async def test_a_probe_whose_client_leaves_before_the_first_token_frees_the_probe_slot() -> None:
+    import asyncio
+    import logging
+    from dataclasses import replace as dc_replace
+
+    from edgellm.ports import Deps
+    from edgellm.routing.policy import routing_state, start_routed
+    from edgellm.state import IsolateState
+
+    class SilentAI:
+        """Accepts the stream and never sends a token (the binding seam, a hung edge)."""
+
+        def describe(self, model: str) -> None:
+            return None
+
+        async def stream(self, model: str, inputs: object) -> object:
+            await asyncio.Event().wait()
+
+    class NoFetch:
+        async def post(self, *args: object) -> object:
+            raise AssertionError("the origin must not be asked when the client left")
+
+    config = Config.from_env({"ORIGINS": '["http://o"]', "BREAKER": '{"failures": 1, "cooldown_s": 0}'})
+    deps = Deps(config=config, ai=SilentAI(), fetch=NoFetch(), state=IsolateState(), log=logging.getLogger("test"))  # type: ignore[arg-type]
+    breaker = routing_state(deps).breaker
+    breaker.failure(0)  # open, with no cool-down: the next request is the probe
+    request = GenerationRequest(config.model, {"prompt": "hi", "max_tokens": 4, "temperature": 0.0}, stream=True)
+    task = asyncio.ensure_future(start_routed(deps, Request("POST", "http://x/"), request))
+    while not breaker.probing:
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not breaker.probing and breaker.admit(1) == "probe"

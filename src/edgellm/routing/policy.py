@@ -180,6 +180,11 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
             breaker.abandon()
             raise
         reason = _REASONS.get(exc.code or "", "edge-error")
+    except asyncio.CancelledError:  # the client left: no verdict on the edge, free a probe slot
+        breaker.abandon()
+        for generation in started:
+            await _aclose(generation.events)
+        raise
     else:
         state.counters.edge += 1
         routed = Generation(generation.model, _empty(), route="edge; reason=primary")

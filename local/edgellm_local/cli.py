@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from edgellm.config import Config
@@ -17,27 +19,40 @@ def _dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
     from .ai import ModelFileError, default_model_path
     from .edge import EdgeSettings, build_app
+    from .faults import FaultAdmin, FaultPlan, FaultyAI
+    from .request_log import RequestLog
     from .server import PortInUse, bind_socket, make_server
 
     try:
         model = Path(args.model) if args.model else default_model_path()
-        config = Config.from_env({
-            "MODEL": args.model_id,
-            "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
-        })
+        env = dict(var.split("=", 1) for var in args.var)  # any [vars] value, as wrangler.toml would set it
+        env.update({"MODEL": args.model_id, "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN")})
+        if args.origin:
+            env["ORIGIN_TOKEN"] = args.origin_token or os.environ.get("EDGELLM_ORIGIN_TOKEN")
+            env["ORIGINS"] = json.dumps([{"name": f"origin{i + 1}", "url": url, "token_secret": "ORIGIN_TOKEN"}
+                                         for i, url in enumerate(args.origin)])
+        config = Config.from_env(env)
+        plan = FaultPlan.parse(args.fault)
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
         app.api_first = args.server == "fast"
-    except (ModelFileError, PortInUse) as exc:
+    except (ModelFileError, PortInUse, ValueError) as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
         return 2
+    faulty = FaultyAI(app.deps.ai, plan)  # no faults unless asked; POST /admin/faults changes them
+    app.deps = replace(app.deps, ai=faulty)
+    served = FaultAdmin(app, faulty, config.admin_token)
+    if args.request_log:
+        served = RequestLog(served, Path(args.request_log))
     host, port = sock.getsockname()[:2]
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
+    for origin in config.routing.origins:
+        print(f"  origin {origin.name}: {origin.url}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
     try:
-        make_server(app, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (uvloop) event loop
+        make_server(served, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (uvloop) event loop
     except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
         print("EdgeLLM local edge stopped", flush=True)
         return 130
@@ -63,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
                      help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
                           "static files first (for benchmarks) (default: %(default)s)")
+    dev.add_argument("--origin", action="append", default=[], metavar="URL", help="an OpenAI-compatible origin to fall back to (repeatable)")
+    dev.add_argument("--origin-token", help="bearer token for the origins (default: $EDGELLM_ORIGIN_TOKEN)")
+    dev.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a [vars] value, e.g. EDGE_FIRST_TOKEN_MS=500 (repeatable)")
+    dev.add_argument("--fault", action="append", default=[], metavar="KIND=RATE[:OPT=V]",
+                     help="inject faults at the AI binding: fail, retired, delay_first, stall, fail_mid (e.g. stall=0.33:after=3)")
+    dev.add_argument("--request-log", metavar="FILE", help="append every request to FILE as JSON lines (for an origin under test)")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")

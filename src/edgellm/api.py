@@ -31,6 +31,9 @@ def generation_headers(generation: Generation) -> dict[str, str]:
         headers["age"] = str(generation.age)
     if generation.cache_key:
         headers["x-edgellm-cache-key"] = generation.cache_key
+    route = generation.route or ("edge; reason=cache" if generation.cache_status == "HIT" else None)
+    if route:
+        headers["x-edgellm-route"] = route
     return headers
 
 
@@ -57,11 +60,12 @@ async def serve_generation(
     enforce_capabilities(deps, gen_request)
     generation = await cached_generation(deps, request, gen_request)
     generation.system_fingerprint = system_fingerprint(deps, generation.model)
-    headers = generation_headers(generation)
     if gen_request.stream:
+        headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
         return Response(200, headers, as_stream(generation))
-    return json_response(await as_json(generation), headers=headers)
+    body = await as_json(generation)  # first: a failover while collecting changes the route header
+    return json_response(body, headers=generation_headers(generation))
 
 
 async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Response:

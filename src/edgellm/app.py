@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import api, artifacts, model_catalog
 from .artifacts import hf
 from .cache import admin as cache_admin
+from .routing import admin as routing_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
 from .ports import Deps
@@ -32,11 +33,12 @@ ROUTES = Router((
     route("POST", "/admin/cache/preload", cache_admin.preload_cache),
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
     route("GET", "/admin/cache/stats", cache_admin.cache_stats),
+    route("GET", "/admin/routing/stats", routing_admin.routing_stats),
 ))
 
 CORS_HEADERS = {
     "access-control-allow-origin": "*",
-    "access-control-expose-headers": "cf-aig-cache-status, age, x-edgellm-model, etag, content-length, content-range, accept-ranges, retry-after, x-repo-commit, x-linked-etag, x-linked-size, x-error-code",
+    "access-control-expose-headers": "cf-aig-cache-status, age, x-edgellm-model, x-edgellm-route, etag, content-length, content-range, accept-ranges, retry-after, x-repo-commit, x-linked-etag, x-linked-size, x-error-code",
 }
 
 

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .routing.config import RoutingConfig
+
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
 MAX_BODY_BYTES = 1024 * 1024
@@ -76,6 +78,7 @@ class Config:
         """Aliases resolved to served ids (a target the gateway does not serve is dropped)."""
         resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
         return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -103,4 +106,5 @@ class Config:
             # present but empty turns aliases off; absent keeps the default ones
             model_aliases=({str(k): str(v) for k, v in _json_object(get("MODEL_ALIASES")).items()}
                            if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
+            routing=RoutingConfig.from_env(env),
         )

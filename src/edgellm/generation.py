@@ -57,6 +57,8 @@ class ToolCallDelta:
 class Finish:
     finish_reason: str  # "stop" | "length" | "tool_calls"
     usage: Usage
+    route: str | None = None  # where it ran, when routing says so ("edge", "origin", "edge,origin")
+    cacheable: bool = True  # False for an answer stitched from two routes (a mid-stream failover)
 
 
 Event = Token | ToolCallDelta | Finish
@@ -122,6 +124,7 @@ class Generation:
     age: int | None = None
     cache_key: str | None = None
     system_fingerprint: str | None = None
+    route: str | None = None  # the `x-edgellm-route` value: "edge|origin|edge,origin; reason=..."
 
     async def collect(self) -> tuple[str, Finish]:
         answer = await self.collect_answer()
@@ -141,4 +144,6 @@ class Generation:
                 deltas.append(event)
             else:
                 finish = event
+        if finish.route and "," in finish.route:  # a failover after the start: the answer used both routes
+            self.route = finish.route
         return Answer("".join(parts), finish, merge_tool_calls(deltas), tuple(logprobs) if logprobs is not None else None)

@@ -27,6 +27,7 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
     path_params: dict[str, str] = field(default_factory=dict)
+    cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
 
     @property
     def path(self) -> str:

@@ -147,7 +147,10 @@ async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
                 yield sse.encode_event({"response": "", "tool_calls": [{"index": event.index, "id": event.id, "name": event.name,
                                                                           "arguments": event.arguments}]})
             elif isinstance(event, Finish):
-                yield sse.encode_event({"response": "", "usage": event.usage.to_json()})
+                final: dict[str, Any] = {"response": "", "usage": event.usage.to_json()}
+                if event.route:
+                    final["edgellm_route"] = event.route
+                yield sse.encode_event(final)
     except GatewayError as exc:
         yield sse.encode_event(exc.to_json())
         return

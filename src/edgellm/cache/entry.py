@@ -80,6 +80,8 @@ def record(model: str, events: list[Event], created: float) -> CachedAnswer | No
     (no Finish: aborted or failed; or a finish reason that is not a complete answer)."""
     if not events or not isinstance(events[-1], Finish) or events[-1].finish_reason not in CACHEABLE_FINISH:
         return None
+    if not events[-1].cacheable:  # stitched from two routes (failover mid-stream): never cached
+        return None
     finish = events[-1]
     texts = [e for e in events if isinstance(e, Token)]
     calls = merge_tool_calls([e for e in events if isinstance(e, ToolCallDelta)])

@@ -172,7 +172,16 @@ async def to_core_request(request: Any, max_body: int) -> Request:
     declared = headers.get("content-length", "")
     too_big = declared.isdigit() and int(declared) > max_body
     body = b"" if too_big or request.method in ("GET", "HEAD") else await request.bytes()
-    return Request(request.method, str(request.url), headers, bytes(body))
+    return Request(request.method, str(request.url), headers, bytes(body), cf=_cf(request))
+
+
+def _cf(request: Any) -> dict[str, str]:
+    """Where the request came from (`request.cf`, set by Cloudflare: the client cannot forge it)."""
+    cf = getattr(request, "cf", None)
+    if is_missing(cf):
+        return {}
+    values = {name: getattr(cf, name, None) for name in ("country", "continent")}
+    return {name: str(value) for name, value in values.items() if not is_missing(value)}
 
 
 async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
@@ -220,7 +229,14 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         r2=_r2(r2, ctx.waitUntil),
         wait_until=ctx.waitUntil,
         state=state,
+        fetch=_fetch() if state.config.routing.origins else None,
     )
+
+
+def _fetch() -> Any:
+    from .pyodide_fetch import WorkersFetch
+
+    return WorkersFetch()
 
 
 def _r2(binding: Any, wait_until: Any) -> Any:

@@ -115,12 +115,14 @@ class DelayProxy:
         connection = self.ledger.open()
         upstream_writer: asyncio.StreamWriter | None = None
         try:
+            if self.rtt > 0:
+                await asyncio.sleep(self.rtt)  # a new connection's handshake: one RTT before any data
             upstream_reader, upstream_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
-            async with asyncio.TaskGroup() as pumps:  # one failing cancels the other
-                pumps.create_task(self._pump(connection, Direction.UP, client_reader, upstream_writer))
-                pumps.create_task(self._pump(connection, Direction.DOWN, upstream_reader, client_writer))
-        except* (ConnectionError, OSError):
-            pass  # one side went away: close both, as a real link would
+            await self._relay(connection, client_reader, client_writer, upstream_reader, upstream_writer)
+        except (ConnectionError, OSError):
+            pass  # the upstream refused: close the client, as a real link would
+        except asyncio.CancelledError:
+            pass  # close() cancelled us; ending quietly keeps asyncio from logging the cancellation
         finally:
             self.ledger.close(connection)
             for writer in (client_writer, upstream_writer):
@@ -129,6 +131,15 @@ class DelayProxy:
                     with contextlib.suppress(Exception):
                         await writer.wait_closed()
             self._tasks.discard(task)
+
+    async def _relay(self, connection: int, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter,
+                     upstream_reader: asyncio.StreamReader, upstream_writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.TaskGroup() as pumps:  # one failing cancels the other
+                pumps.create_task(self._pump(connection, Direction.UP, client_reader, upstream_writer))
+                pumps.create_task(self._pump(connection, Direction.DOWN, upstream_reader, client_writer))
+        except* (ConnectionError, OSError):
+            pass  # one side went away: close both, as a real link would
 
     async def _pump(self, connection: int, direction: Direction,
                     reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -57,6 +57,12 @@ def model_layers(model: Path) -> int:
     return int(gguf_value(reader, f"{arch}.block_count"))
 
 
+def edge_block_count(blocks: int, layers_at_centre: int) -> int:
+    """Blocks left at the edge by `-ngl layers_at_centre`: llama.cpp counts the output head as
+    layer `blocks` and offloads the last `-ngl` of the `blocks + 1`."""
+    return max(0, min(blocks, blocks + 1 - layers_at_centre))
+
+
 def default_model() -> Path:
     from edgellm_local.ai import default_model_path
 
@@ -79,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     layers = model_layers(model)
     rtts = [float(x) for x in args.rtts.split(",")]
     log_dir = Path(tempfile.mkdtemp(prefix="edgellm-split-"))
-    print(f"llama.cpp {binaries.version} ({binaries.bench.parent}); {model.name}, {layers} blocks, "
-          f"-ngl {args.layers_at_centre} at the centre; logs in {log_dir}", flush=True)
+    edge_blocks = edge_block_count(layers, args.layers_at_centre)
+    print(f"llama.cpp {binaries.version} ({binaries.bench.parent}); {model.name}: embedding + blocks 0-{edge_blocks - 1} "
+          f"at the edge, blocks {edge_blocks}-{layers - 1} + output head at the centre (-ngl {args.layers_at_centre}); "
+          f"logs in {log_dir}", flush=True)
 
     try:
         with namespace_pair(args.rate_mbit) as pair:
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if args.json:
         print(json.dumps(results, indent=1))
-    print(render(results, edge_share=(layers - args.layers_at_centre) / layers, rate_mbit=args.rate_mbit))
+    print(render(results, edge_share=edge_blocks / layers, rate_mbit=args.rate_mbit))
     return 0
 
 

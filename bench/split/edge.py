@@ -53,6 +53,7 @@ class EdgeConfig:
     long_tokens: int = 48
     repetitions: int = 2
     stream_tokens: int = 32
+    with_server: bool = True  # False: llama-bench only (no streaming, no all-at-the-centre baseline)
     log_dir: str = ""
 
 
@@ -80,11 +81,11 @@ class RttResult:
     rtt_ms: float
     bench_tokens_per_s: float
     bench_per_token: Traffic
-    split_stream: Stream
-    split_prompt_round_trips: int
-    split_stream_per_token: Traffic
-    centre_stream: Stream
-    centre_round_trips_per_request: int
+    split_stream: Stream | None = None
+    split_prompt_round_trips: int | None = None
+    split_stream_per_token: Traffic | None = None
+    centre_stream: Stream | None = None
+    centre_round_trips_per_request: int | None = None
 
 
 @dataclass
@@ -186,37 +187,39 @@ async def run(config: EdgeConfig) -> EdgeResults:
         addresses = {name: await link.start() for name, link in links.items()}
         rpc_bench = "%s:%d" % addresses["bench"]
         client = await stack.enter_async_context(httpx.AsyncClient())
-        for port in (config.rpc_bench_port, config.rpc_server_port):
+        for port in (config.rpc_bench_port, config.rpc_server_port) if config.with_server else (config.rpc_bench_port,):
             await wait_for_port(centre, port)
         centre_url = "http://%s:%d" % addresses["http"]
-        await wait_for_health(client, f"http://{centre}:{config.http_port}")
+        if config.with_server:
+            await wait_for_health(client, f"http://{centre}:{config.http_port}")
 
         log("all at the edge: llama-bench, no RPC")
         edge_record = await run_llama_bench(config, config.long_tokens, None, "bench-edge")
         results = EdgeResults(edge_tokens_per_s=float(edge_record["avg_ts"]))
 
-        log(f"starting the split llama-server (-ngl {config.layers_at_centre} --rpc)")
-        split_port = free_port()
-        server_log = open(Path(config.log_dir) / "llama-server-split.log", "wb")
-        stack.callback(server_log.close)
-        split = await asyncio.create_subprocess_exec(
-            config.server, "-m", config.model, "-ngl", str(config.layers_at_centre), "--rpc", "%s:%d" % addresses["server"],
-            "--host", "127.0.0.1", "--port", str(split_port), "-t", str(config.threads), "-c", "1024", "-np", "1",
-            stdout=server_log, stderr=asyncio.subprocess.STDOUT)
+        if config.with_server:
+            log(f"starting the split llama-server (-ngl {config.layers_at_centre} --rpc)")
+            split_port = free_port()
+            server_log = open(Path(config.log_dir) / "llama-server-split.log", "wb")
+            stack.callback(server_log.close)
+            split = await asyncio.create_subprocess_exec(
+                config.server, "-m", config.model, "-ngl", str(config.layers_at_centre), "--rpc", "%s:%d" % addresses["server"],
+                "--host", "127.0.0.1", "--port", str(split_port), "-t", str(config.threads), "-c", "1024", "-np", "1",
+                stdout=server_log, stderr=asyncio.subprocess.STDOUT)
 
-        async def stop_split() -> None:
-            if split.returncode is None:
-                split.terminate()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(split.wait(), 10)
+            async def stop_split() -> None:
                 if split.returncode is None:
-                    split.kill()
-                    await split.wait()
-        stack.push_async_callback(stop_split)
-        split_url = f"http://127.0.0.1:{split_port}"
-        await wait_for_health(client, split_url, split)
-        await stream_completion(client, split_url, 4)  # warm-up: first-request allocations
-        await stream_completion(client, centre_url, 4)
+                    split.terminate()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(split.wait(), 10)
+                    if split.returncode is None:
+                        split.kill()
+                        await split.wait()
+            stack.push_async_callback(stop_split)
+            split_url = f"http://127.0.0.1:{split_port}"
+            await wait_for_health(client, split_url, split)
+            await stream_completion(client, split_url, 4)  # warm-up: first-request allocations
+            await stream_completion(client, centre_url, 4)
 
         for rtt_ms in config.rtts_ms:
             for link in links.values():
@@ -227,22 +230,20 @@ async def run(config: EdgeConfig) -> EdgeResults:
             extra_tokens = config.repetitions * (config.long_tokens - config.short_tokens)
             bench_traffic = Traffic.per(long_counts - short_counts, extra_tokens)
 
-            log(f"RTT {rtt_ms:g} ms: llama-server split and all at the centre, streaming {config.stream_tokens} tokens")
-            _, prompt_counts = await measured(links["server"], stream_completion(client, split_url, 1))
-            split_stream, split_counts = await measured(links["server"], stream_completion(client, split_url, config.stream_tokens))
-            split_stream.traffic = split_counts
-            centre_stream, centre_counts = await measured(links["http"], stream_completion(client, centre_url, config.stream_tokens))
-            centre_stream.traffic = centre_counts
-            results.rtts.append(RttResult(
-                rtt_ms=rtt_ms,
-                bench_tokens_per_s=float(long["avg_ts"]),
-                bench_per_token=bench_traffic,
-                split_stream=split_stream,
-                split_prompt_round_trips=prompt_counts.round_trips,
-                split_stream_per_token=Traffic.per(split_counts - prompt_counts, max(1, config.stream_tokens - 1)),
-                centre_stream=centre_stream,
-                centre_round_trips_per_request=centre_counts.round_trips,
-            ))
+            result = RttResult(rtt_ms=rtt_ms, bench_tokens_per_s=float(long["avg_ts"]), bench_per_token=bench_traffic)
+            if config.with_server:
+                log(f"RTT {rtt_ms:g} ms: llama-server split and all at the centre, streaming {config.stream_tokens} tokens")
+                _, prompt_counts = await measured(links["server"], stream_completion(client, split_url, 1))
+                split_stream, split_counts = await measured(links["server"], stream_completion(client, split_url, config.stream_tokens))
+                split_stream.traffic = split_counts
+                centre_stream, centre_counts = await measured(links["http"], stream_completion(client, centre_url, config.stream_tokens))
+                centre_stream.traffic = centre_counts
+                result.split_stream = split_stream
+                result.split_prompt_round_trips = prompt_counts.round_trips
+                result.split_stream_per_token = Traffic.per(split_counts - prompt_counts, max(1, config.stream_tokens - 1))
+                result.centre_stream = centre_stream
+                result.centre_round_trips_per_request = centre_counts.round_trips
+            results.rtts.append(result)
     return results
 
 

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
 
-.PHONY: setup setup-test vendor vendor-python dev test bench deploy-check clean
+.PHONY: setup setup-test vendor vendor-python dev test bench bench-split deploy-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -93,6 +93,12 @@ bench: setup-test
 	  apt-get install -y -qq aria2 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq aria2 >/dev/null; } || \
 	  echo "aria2 could not be installed: bench.bench_artifacts skips its row"; }
 	$(BIN)/python -m bench
+
+# Optional, never in `make test` or `make bench`: split inference (layers at the edge and the centre
+# over llama.cpp's RPC) against the two whole placements. Root only (two network namespaces); the
+# first run builds llama.cpp with RPC into ~/.cache/edgellm/llama-rpc (several minutes on 2 cores).
+bench-split: setup
+	$(BIN)/python -m bench.split $(ARGS)
 
 deploy-check:
 	npx wrangler deploy --dry-run --outdir dist

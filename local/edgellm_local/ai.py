@@ -176,7 +176,10 @@ class LlamaCppAI:
         runner = self.models.get(model)
         if runner is None:
             return None
-        return {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name}
+        info: dict[str, Any] = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name}
+        if self.slots is not None:
+            info["slots"] = self.slots.describe()
+        return info
 
     def _prepare(self, model: str, inputs: Mapping[str, Any]) -> tuple[LlamaCppRunner, str, dict[str, Any]]:
         runner = self.models.get(model)

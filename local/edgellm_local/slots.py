@@ -85,10 +85,10 @@ class SlotPool:
     All bookkeeping runs on the event loop; llama.cpp's slot actions run in threads.
     """
 
-    runner: "LlamaCppRunner"
-    directory: Path
+    runner: "LlamaCppRunner"  # with `slot_dir` set: llama.cpp writes the states there
     disk_budget: int = DEFAULT_DISK_BUDGET
     stats: SlotStats = field(default_factory=SlotStats)
+    directory: Path = field(init=False)
     _owners: list[str | None] = field(default_factory=list, init=False, repr=False)
     _busy: set[int] = field(default_factory=set, init=False, repr=False)
     _used: dict[int, int] = field(default_factory=dict, init=False, repr=False)
@@ -97,6 +97,9 @@ class SlotPool:
     _changed: asyncio.Condition | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.runner.slot_dir is None:
+            raise ValueError("a SlotPool needs a runner with slot_dir set")
+        self.directory = self.runner.slot_dir
         shutil.rmtree(self.directory, ignore_errors=True)  # never trust a previous process's files
         self.directory.mkdir(parents=True, exist_ok=True)
         self._owners = [None] * self.runner.n_parallel

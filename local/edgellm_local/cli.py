@@ -25,7 +25,9 @@ def _dev(args: argparse.Namespace) -> int:
             "MODEL": args.model_id,
             "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
         })
-        settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
+        settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config,
+                                n_ctx=args.ctx_size, n_parallel=args.slots,
+                                slot_disk_budget=args.slot_disk_mib * 1024 * 1024)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
     except (ModelFileError, PortInUse) as exc:
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
+    dev.add_argument("--ctx-size", type=int, default=4096, help="llama.cpp context, shared by the slots (default 4096)")
+    dev.add_argument("--slots", type=int, default=2, help="llama.cpp slots: conversations computed at once (default 2)")
+    dev.add_argument("--slot-disk-mib", type=int, default=2048, help="disk budget for saved conversation slot states (default 2048)")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")

@@ -6,7 +6,8 @@ llama.cpp reuses the longest common token prefix between a slot's cache and a ne
 A slot changing hands is saved first (llama.cpp's `POST /slots/{id}?action=save`, answered by
 the in-process server's loopback HTTP API; its Python `handle_*` methods have no slot
 actions) and erased or overwritten by the next owner's saved state, so one conversation's
-cache never serves another's prompt. A saved file is restored only into the conversation
+cache never serves another's prompt; a request without a session is nobody's continuation
+and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved file is restored only into the conversation
 that wrote it, from this process and this model, and only if its SHA-256 is the one recorded
 when it was written: a stale, corrupted or foreign file is refused (and deleted), and the
 turn is computed in full instead. llama.cpp's own RAM prompt cache is turned off for a pooled
@@ -165,8 +166,9 @@ class SlotPool:
                 return SlotLease(slot, session, restored=True)
             await self._action(slot, "erase")
             return SlotLease(slot, session, refused=True)
-        if previous is not None or session is not None:
-            await self._action(slot, "erase")  # nothing of another conversation stays in the slot
+        # Nothing of another conversation stays in the slot, and a request without a session
+        # is nobody's continuation: it starts from an empty cache too.
+        await self._action(slot, "erase")
         return SlotLease(slot, session)
 
     async def release(self, slot: int) -> None:

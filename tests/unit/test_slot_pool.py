@@ -138,3 +138,10 @@ async def test_a_pooled_stream_holds_its_slot_until_it_ends(pooled: LlamaCppAI, 
     chunks = [e async for e in events]
     assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert pool.stats.warm == 1
+
+
+async def test_a_request_without_a_session_never_starts_from_another_ones_cache(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    body = {"messages": [{"role": "user", "content": "the same long question, asked twice"}], **SAMPLING}
+    for _ in range(3):
+        result = await pooled.run(MODEL, body)
+        assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

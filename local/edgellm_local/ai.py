@@ -20,6 +20,8 @@ from edgellm.errors import GatewayError
 from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
 from edgellm.workers_ai import validate_inputs
 
+from .isolation import OwnedStream
+
 GGUF_MAGIC = b"GGUF"
 
 
@@ -180,7 +182,7 @@ class LlamaCppAI:
             first = await anext(events)
         except StopAsyncIteration:
             first = None
-        return _prepend(first, events)
+        return OwnedStream(_prepend(first, events))  # the request that opened it owns it
 
 
 async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

@@ -22,6 +22,7 @@ from edgellm.errors import GatewayError
 from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
 from edgellm.workers_ai import validate_inputs
 
+from .isolation import OwnedStream
 from .slots import SlotLease, SlotPool
 
 GGUF_MAGIC = b"GGUF"
@@ -236,7 +237,7 @@ class LlamaCppAI:
             first = await anext(events)
         except StopAsyncIteration:
             first = None
-        return _prepend(first, events)
+        return OwnedStream(_prepend(first, events))  # the request that opened it owns it
 
 
 async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

@@ -13,6 +13,8 @@ from edgellm.state import IsolateState
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
 from .slots import DEFAULT_DISK_BUDGET, SlotPool
 from .assets import StaticAssets
+from .conversations import conversation_factory
+from .durable import LocalDurableObjectNamespace
 from .kv import SqliteKV
 from .r2 import FileR2
 from .server import EdgeApp
@@ -44,6 +46,8 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         kv=SqliteKV(settings.state_dir / "kv.sqlite3", clock=clock),
         r2=FileR2(settings.state_dir / "r2", clock=clock),
         clock=clock,
+        conversations=LocalDurableObjectNamespace(
+            conversation_factory(settings.state_dir / "conversations", settings.config, clock), class_name="Conversation"),
         log=logging.getLogger("edgellm"),
         state=IsolateState(),
     )

@@ -21,6 +21,7 @@ first). The index is this process's memory: files a previous process left are de
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import itertools
 import shutil
@@ -79,6 +80,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+
+
 @dataclass
 class SlotPool:
     """Which conversation owns which slot, and the states saved for the others.
@@ -95,7 +102,7 @@ class SlotPool:
     _used: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _saved: "OrderedDict[str, SavedState]" = field(default_factory=OrderedDict, init=False, repr=False)
     _clock: Any = field(default_factory=itertools.count, init=False, repr=False)
-    _changed: asyncio.Condition | None = field(default=None, init=False, repr=False)
+    _waiters: list[asyncio.Future[None]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.runner.slot_dir is None:
@@ -119,23 +126,25 @@ class SlotPool:
     def file_for(self, session: str) -> Path:
         return self.directory / f"{hashlib.sha256(session.encode()).hexdigest()[:40]}.slot"
 
-    def _condition(self) -> asyncio.Condition:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
-
     async def acquire(self, session: str | None) -> SlotLease:
-        """A slot for this session (or for an anonymous request), restored if it was saved."""
-        changed = self._condition()
-        async with changed:
-            while True:
-                slot = self._choose(session)
-                if slot is not None:
-                    break
-                await changed.wait()
-            self._busy.add(slot)
-            self._used[slot] = next(self._clock)
-            previous = self._owners[slot]
+        """A slot for this session (or for an anonymous request), restored if it was saved.
+
+        Choosing is synchronous on the event loop (no lock needed); a request that finds no slot
+        waits on a future of its own, which `release` resolves from outside any request, as a
+        runtime's queue would (the local edge's loop refuses one request resolving another's).
+        """
+        loop = asyncio.get_running_loop()
+        while (slot := self._choose(session)) is None:
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self._busy.add(slot)
+        self._used[slot] = next(self._clock)
+        previous = self._owners[slot]
         try:
             return await self._prepare(slot, previous, session)
         except BaseException:
@@ -172,10 +181,10 @@ class SlotPool:
         return SlotLease(slot, session)
 
     async def release(self, slot: int) -> None:
-        changed = self._condition()
-        async with changed:
-            self._busy.discard(slot)
-            changed.notify_all()
+        self._busy.discard(slot)
+        waiters, self._waiters = self._waiters, []
+        if waiters:
+            asyncio.get_running_loop().call_soon(_wake, waiters, context=contextvars.Context())
 
     async def _action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
         return await asyncio.to_thread(self.runner.slot_action, slot, action, filename)

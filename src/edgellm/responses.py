@@ -181,6 +181,11 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
+def message_id_of(response_id: str) -> str:
+    """The output message's id, derived from the response's so a retrieve shows the same one."""
+    return "msg_" + response_id.removeprefix("resp_")
+
+
 @dataclass(frozen=True)
 class ResponseMeta:
     """What a Response object echoes of its request, fixed before generation starts."""
@@ -251,7 +256,7 @@ def render_stored(record: StoredResponse) -> dict[str, Any]:
         sampling={k: params[k] for k in ("temperature", "top_p") if params.get(k) is not None},
         max_output_tokens=params.get("max_output_tokens"), metadata=params.get("metadata") or {},
     )
-    meta = ResponseMeta(record.id, record.created_at, request, message_id="msg_" + record.id[5:])
+    meta = ResponseMeta(record.id, record.created_at, request, message_id=message_id_of(record.id))
     return response_object(meta, record.model, status=record.status, text=record.output_text, usage=Usage.from_json(record.usage))
 
 

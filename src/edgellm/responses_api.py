@@ -41,7 +41,8 @@ async def create_response(request: Request, deps: Deps) -> Response:
     if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
         parsed = responses.ResponsesRequest(**{**parsed.__dict__, "store": False})
     gen_request = parsed.generation_request(history, session or conversation)
-    meta = responses.ResponseMeta(new_response_id(conversation), int(deps.clock.now()), parsed)
+    response_id = new_response_id(conversation)
+    meta = responses.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=responses.message_id_of(response_id))
     generation = await cached_generation(deps, request, gen_request)
 
     async def on_complete(text: str, finish: Finish) -> None:

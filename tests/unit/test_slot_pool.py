@@ -145,3 +145,23 @@ async def test_a_request_without_a_session_never_starts_from_another_ones_cache(
     for _ in range(3):
         result = await pooled.run(MODEL, body)
         assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_requests_waiting_for_a_slot_share_no_io_under_request_isolation(pooled_runner: LlamaCppRunner) -> None:
+    """Five requests from five sessions on 2 slots, each in its own request context on the local
+    edge's isolating loop: three must wait, and are woken without one request resolving another's future."""
+    import asyncio
+
+    from edgellm_local.isolation import request_context, run
+
+    async def main() -> list[int]:
+        ai = LlamaCppAI({MODEL: pooled_runner}, CONFIG, slots=SlotPool(pooled_runner))
+
+        async def one(name: str) -> int:
+            with request_context(name):
+                body = {"messages": [{"role": "user", "content": f"hello from {name}"}], **SAMPLING}
+                return (await ai.run(MODEL, body, session=name))["usage"]["completion_tokens"]
+
+        return await asyncio.gather(*[asyncio.ensure_future(one(f"s{i}")) for i in range(5)])
+
+    assert run(main()) == [SAMPLING["max_tokens"]] * 5

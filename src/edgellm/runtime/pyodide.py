@@ -217,7 +217,14 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         r2=_r2(r2, ctx.waitUntil),
         wait_until=ctx.waitUntil,
         state=state,
+        conversations=_conversations(env),
     )
+
+
+def _conversations(env: Any) -> Any:
+    from .pyodide_conversations import conversation_namespace
+
+    return conversation_namespace(env)
 
 
 def _r2(binding: Any, wait_until: Any) -> Any:

@@ -24,6 +24,7 @@ import asyncio
 import contextvars
 import hashlib
 import itertools
+import logging
 import shutil
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .ai import LlamaCppRunner
 
 DEFAULT_DISK_BUDGET = 2 * 1024**3
+log = logging.getLogger("edgellm.slots")
 
 
 @dataclass(frozen=True)
@@ -190,8 +192,15 @@ class SlotPool:
         return await asyncio.to_thread(self.runner.slot_action, slot, action, filename)
 
     async def _save(self, slot: int, session: str) -> None:
+        """Save the leaving conversation's state. A failed save costs that conversation a full
+        recompute on its next turn; it never fails the request that needs the slot."""
         path = self.file_for(session)
-        result = await self._action(slot, "save", path.name)
+        try:
+            result = await self._action(slot, "save", path.name)
+        except Exception as exc:
+            log.warning("could not save the slot state of a conversation: %s", exc)
+            path.unlink(missing_ok=True)
+            return
         if not path.is_file():
             return
         size = path.stat().st_size
@@ -226,12 +235,6 @@ class SlotPool:
         else:
             self.stats.refused += 1
         return ok
-
-    def forget(self, session: str) -> None:
-        """Drop a conversation's saved state (it was deleted)."""
-        saved = self._saved.pop(session, None)
-        if saved is not None:
-            saved.path.unlink(missing_ok=True)
 
     def describe(self) -> dict[str, Any]:
         return {

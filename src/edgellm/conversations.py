@@ -19,14 +19,12 @@ import json
 import re
 import secrets
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from .durable import DurableObjectNamespace
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response, json_bytes, json_response
 from .ports import Clock
-
-if TYPE_CHECKING:
-    from .durable import DurableObjectNamespace
 
 DEFAULT_TTL_SECONDS = 30 * 86400
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -180,7 +178,7 @@ def not_found(response_id: str) -> GatewayError:
 class ConversationStore:
     """The stored responses, reached through one Durable Object per conversation."""
 
-    namespace: "DurableObjectNamespace"
+    namespace: DurableObjectNamespace
 
     async def _call(self, conversation: str, method: str, path: str, body: Any = None) -> Response:
         request = Request(method, _ORIGIN + path, {"content-type": "application/json"},

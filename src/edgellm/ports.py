@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from .config import Config
+from .durable import DurableObjectNamespace
 from .state import IsolateState
 
 
@@ -190,7 +191,7 @@ class Deps:
     wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
     log: logging.Logger = logging.getLogger("edgellm")
     state: IsolateState = field(default_factory=IsolateState)  # per isolate (coalescing, counters), never module-global
-    conversations: Any = None  # a DurableObjectNamespace: one object per conversation (Responses API state)
+    conversations: DurableObjectNamespace | None = None  # one object per conversation (Responses API state)
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

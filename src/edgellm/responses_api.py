@@ -9,6 +9,8 @@ its prompt prefix warm. The answer is stored before the client is told it is com
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from . import responses
 from .api import generation_headers
 from .cache.service import cached_generation
@@ -39,7 +41,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
     else:
         conversation = new_conversation_id()
     if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
-        parsed = responses.ResponsesRequest(**{**parsed.__dict__, "store": False})
+        parsed = replace(parsed, store=False)
     gen_request = parsed.generation_request(history, session or conversation)
     response_id = new_response_id(conversation)
     meta = responses.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=responses.message_id_of(response_id))

@@ -16,6 +16,7 @@ from .assets import StaticAssets
 from .conversations import conversation_factory
 from .durable import LocalDurableObjectNamespace
 from .kv import SqliteKV
+from .origin_fetch import HttpxFetch
 from .r2 import FileR2
 from .server import EdgeApp
 
@@ -50,6 +51,7 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
             conversation_factory(settings.state_dir / "conversations", settings.config, clock), class_name="Conversation"),
         log=logging.getLogger("edgellm"),
         state=IsolateState(),
+        fetch=HttpxFetch(),
     )
 
 

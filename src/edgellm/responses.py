@@ -22,6 +22,7 @@ from .validation import as_bool, as_int, as_str
 from .workers_ai import validate_messages, validate_sampling
 
 _ROLE_ALIASES = {"developer": "system"}
+_INPUT_ROLES = ("user", "assistant", "system", "developer")  # a message item's roles (no tool messages here)
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _HONOURED = ("model", "input", "instructions", "previous_response_id", "store", "stream", "max_output_tokens",
              "temperature", "top_p", "metadata", "prompt_cache_key")
@@ -123,7 +124,9 @@ def parse_input(value: Any) -> tuple[dict[str, str], ...]:
         kind = item.get("type", "message")
         if kind != "message":
             raise invalid(f"'{where}' is a {kind!r} item; only message items are supported (no tools).", f"{where}.type", "unsupported_item")
-        role = _ROLE_ALIASES.get(item.get("role"), item.get("role"))
+        if item.get("role") not in _INPUT_ROLES:
+            raise invalid(f"'{where}.role' must be one of {', '.join(_INPUT_ROLES)}; got {item.get('role')!r}.", f"{where}.role", "invalid_role")
+        role = _ROLE_ALIASES.get(item["role"], item["role"])
         messages.append({"role": role, "content": _content(item.get("content"), f"{where}.content")})
     return tuple(validate_messages(messages, "input"))
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .routing.state import RoutingState
+
 
 @dataclass
 class CacheCounters:
@@ -28,3 +30,4 @@ class IsolateState:
     inflight: dict[str, Any] = field(default_factory=dict)  # cache key -> cache.flight.Flight
     generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # namespace purge generations
     cache: CacheCounters = field(default_factory=CacheCounters)
+    routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers

@@ -1,10 +1,22 @@
 """The Worker entrypoint: hands each request to the core through the Pyodide adapter."""
 
-from workers import WorkerEntrypoint
+from workers import DurableObject, WorkerEntrypoint
 
 from edgellm.runtime.pyodide import fetch, isolate_state
+from edgellm.runtime.pyodide_conversations import ConversationHost
 
 
 class Default(WorkerEntrypoint):
     async def fetch(self, request):
         return await fetch(request, self.env, self.ctx, isolate_state())
+
+
+class Conversation(DurableObject):
+    """One conversation's stored responses (the Responses API), in this object's SQLite storage."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.host = ConversationHost(ctx, env)
+
+    async def fetch(self, request):
+        return await self.host.fetch(request)

@@ -12,6 +12,8 @@ import asyncio
 import json
 import os
 import threading
+import urllib.request
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
@@ -24,6 +26,8 @@ from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
 
 from . import structured
 from .structured import ToolPlan
+from .isolation import OwnedStream
+from .slots import SlotLease, SlotPool
 
 GGUF_MAGIC = b"GGUF"
 # The binding's published input schema, as data: inputs are checked the way Workers AI checks them,
@@ -66,6 +70,8 @@ class LlamaCppRunner:
     n_ctx: int = 4096
     n_parallel: int = 2
     threads: int = max(1, os.cpu_count() or 1)
+    slot_dir: Path | None = None  # where llama.cpp saves slot states (a SlotPool manages them)
+    cache_ram_mib: int | None = None  # llama.cpp's own RAM prompt cache; 0 turns it off
     _server: Any = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -81,6 +87,11 @@ class LlamaCppRunner:
                 params.cpuparams.n_threads = self.threads
                 params.cpuparams_batch.n_threads = self.threads
                 params.verbosity = -1
+                if self.slot_dir is not None:
+                    self.slot_dir.mkdir(parents=True, exist_ok=True)
+                    params.slot_save_path = f"{self.slot_dir}/"  # llama.cpp appends the file name as is
+                if self.cache_ram_mib is not None:
+                    params.cache_ram_mib = self.cache_ram_mib
                 try:
                     self._server = xllamacpp.Server(params)
                 except RuntimeError as exc:  # a GGUF header on a truncated or corrupt file
@@ -94,6 +105,19 @@ class LlamaCppRunner:
     def complete(self, body: dict[str, Any], callback: Any = None) -> Any:
         server = self.load()._server
         return server.handle_completions(body, callback) if callback else server.handle_completions(body)
+
+    def slot_action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
+        """llama.cpp's `POST /slots/{id}?action=save|restore|erase`, on the in-process server's
+        loopback port (the Python API has no slot actions). Files are names under `slot_dir`."""
+        base = self.load()._server.listening_address.rstrip("/")
+        data = json.dumps({"filename": filename} if filename else {}).encode()
+        request = urllib.request.Request(f"{base}/slots/{slot}?action={action}", data=data, method="POST",
+                                         headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raise BindingError(f"llama.cpp slot {action} failed: {exc.code} {exc.read()[:200]!r}") from exc
 
 
 _PARAMS = {
@@ -114,6 +138,18 @@ def to_llama_request(inputs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if inputs.get("raw"):
         return "complete", {"prompt": inputs["prompt"], **body}
     return "chat", {"messages": [{"role": "user", "content": inputs["prompt"]}], **body}
+
+
+def llama_usage(result: dict[str, Any]) -> dict[str, Any]:
+    """Workers AI usage, plus the prompt tokens llama.cpp reused from the slot's cache
+    (`timings.cache_n`: what it actually skipped computing)."""
+    usage = result.get("usage") or {}
+    out: dict[str, Any] = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    timings = result.get("timings") or {}
+    cached = timings.get("cache_n", (usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": int(cached)}
+    return out
 
 
 def _llama_exception(exc: BaseException) -> BindingError:
@@ -161,6 +197,7 @@ class LlamaCppAI:
 
     models: dict[str, LlamaCppRunner]
     config: Config = field(default_factory=Config)
+    slots: SlotPool | None = None  # pins every request to a slot; sessions keep theirs warm or saved
     inputs: InputSchema = field(default_factory=InputSchema.load)
 
     @classmethod
@@ -171,9 +208,12 @@ class LlamaCppAI:
         runner = self.models.get(model)
         if runner is None:
             return None
-        return {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
-                # constrained generation makes any GGUF honour every one of these (structured.py)
-                "capabilities": list(CAPABILITY_NAMES), "build": _build()}
+        info: dict[str, Any] = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
+                                # constrained generation makes any GGUF honour every one of these (structured.py)
+                                "capabilities": list(CAPABILITY_NAMES), "build": _build()}
+        if self.slots is not None:
+            info["slots"] = self.slots.describe()
+        return info
 
     def _structure(self, inputs: Mapping[str, Any], kind: str, body: dict[str, Any]) -> tuple[ToolPlan | None, int | None]:
         """JSON mode, tools and logprobs onto the llama.cpp body: (tool plan, top_logprobs or None)."""
@@ -198,18 +238,34 @@ class LlamaCppAI:
             raise InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)") from exc
         return runner, kind, body
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def _lease(self, session: str | None, body: dict[str, Any]) -> SlotLease | None:
+        if self.slots is None:
+            return None
+        lease = await self.slots.acquire(session)
+        body.update(id_slot=lease.slot, cache_prompt=True)
+        return lease
+
+    @asynccontextmanager
+    async def _held(self, session: str | None, body: dict[str, Any]) -> AsyncIterator[SlotLease | None]:
+        lease = await self._lease(session, body)
+        try:
+            yield lease
+        finally:
+            if lease is not None and self.slots is not None:
+                await self.slots.release(lease.slot)
+
+    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
-        try:
-            result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
-        except Exception as exc:  # a binding fails with a binding error, never a bare exception
-            raise _llama_exception(exc) from exc
+        async with self._held(session, body):
+            try:
+                result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
+            except Exception as exc:  # a binding fails with a binding error, never a bare exception
+                raise _llama_exception(exc) from exc
         _raise_llama_error(result)
         choice = result["choices"][0]
         text = choice["message"]["content"] if kind == "chat" else choice["text"]
-        usage = result.get("usage") or {}
-        out: dict[str, Any] = {"response": text or "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+        out: dict[str, Any] = {"response": text or "", "usage": llama_usage(result)}
         if plan is not None:
             answer, calls = plan.parse(text or "")
             out["response"] = answer or ""
@@ -219,20 +275,21 @@ class LlamaCppAI:
             out["logprobs"] = structured.logprobs_of(choice, top) or []
         return out
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
         body.update(stream=True, stream_options={"include_usage": True})
         events = _stream_events(runner, kind, body)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)
+        events = _leased(self, await self._lease(session, body), events)
         # Like the real binding, refuse at the call (before any byte is sent) rather than
         # mid-stream: wait for the first event, so a rejected input (context too long) raises here.
         try:
             first = await anext(events)
         except StopAsyncIteration:
             first = None
-        return _prepend(first, events)
+        return OwnedStream(_prepend(first, events))  # the request that opened it owns it
 
 
 def _build() -> str:
@@ -282,6 +339,17 @@ async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, A
         await rest.aclose()  # type: ignore[attr-defined]
 
 
+async def _leased(ai: LlamaCppAI, lease: SlotLease | None, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    """The stream's events; its slot is released when the stream ends or is closed."""
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+        if lease is not None and ai.slots is not None:
+            await ai.slots.release(lease.slot)
+
+
 async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """Bridge llama.cpp's callback thread to async events; closing this stops the generation."""
     loop = asyncio.get_running_loop()
@@ -310,8 +378,7 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
                 raise _llama_exception(item) from item
             _raise_llama_error(item)
             if item.get("usage"):
-                usage = item["usage"]
-                yield {"response": "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+                yield {"response": "", "usage": llama_usage(item)}
             for choice in item.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
                 if choice.get("logprobs"):  # asked for: llama.cpp's entries ride along (trimmed by _structured_stream)

@@ -33,7 +33,9 @@ def _dev(args: argparse.Namespace) -> int:
                                          for i, url in enumerate(args.origin)])
         config = Config.from_env(env)
         plan = FaultPlan.parse(args.fault)
-        settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
+        settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config,
+                                n_ctx=args.ctx_size, n_parallel=args.slots,
+                                slot_disk_budget=args.slot_disk_mib * 1024 * 1024)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
         app.api_first = args.server == "fast"
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files) (default: %(default)s)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
+    dev.add_argument("--ctx-size", type=int, default=4096, help="llama.cpp context, shared by the slots (default: %(default)s)")
+    dev.add_argument("--slots", type=int, default=2, help="llama.cpp slots: conversations computed at once (default: %(default)s)")
+    dev.add_argument("--slot-disk-mib", type=int, default=2048, help="disk budget for saved conversation slot states (default: %(default)s)")
     dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
                      help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
                           "static files first (for benchmarks) (default: %(default)s)")

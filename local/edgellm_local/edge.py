@@ -11,7 +11,10 @@ from edgellm.ports import Clock, Deps, SystemClock
 from edgellm.state import IsolateState
 
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
+from .slots import DEFAULT_DISK_BUDGET, SlotPool
 from .assets import StaticAssets
+from .conversations import conversation_factory
+from .durable import LocalDurableObjectNamespace
 from .kv import SqliteKV
 from .origin_fetch import HttpxFetch
 from .r2 import FileR2
@@ -29,17 +32,23 @@ class EdgeSettings:
     config: Config = Config()
     n_ctx: int = 4096
     n_parallel: int = 2
+    slot_disk_budget: int = DEFAULT_DISK_BUDGET  # saved llama.cpp slot states under state_dir/slots
 
 
 def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
-    runner = LlamaCppRunner(check_gguf(settings.model_path), n_ctx=settings.n_ctx, n_parallel=settings.n_parallel)
+    runner = LlamaCppRunner(check_gguf(settings.model_path), n_ctx=settings.n_ctx, n_parallel=settings.n_parallel,
+                            slot_dir=settings.state_dir / "slots", cache_ram_mib=0)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    ai = LlamaCppAI.for_config(settings.config, runner)
+    ai.slots = SlotPool(runner, disk_budget=settings.slot_disk_budget)
     return Deps(
         config=settings.config,
-        ai=LlamaCppAI.for_config(settings.config, runner),
+        ai=ai,
         kv=SqliteKV(settings.state_dir / "kv.sqlite3", clock=clock),
         r2=FileR2(settings.state_dir / "r2", clock=clock),
         clock=clock,
+        conversations=LocalDurableObjectNamespace(
+            conversation_factory(settings.state_dir / "conversations", settings.config, clock), class_name="Conversation"),
         log=logging.getLogger("edgellm"),
         state=IsolateState(),
         fetch=HttpxFetch(),

@@ -94,19 +94,21 @@ class FaultyAI:
         if self._roll("fail", model):
             raise BindingError("3043: internal server error (injected)")
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """`options` (a session) pass through untouched: the injector sits in front of every
+        `edgellm dev` binding, so conversations must keep their slots behind it."""
         self._at_call(model)
         if self._roll("delay_first", model):
             await asyncio.sleep(self.plan.delay_s)
-        return await self.inner.run(model, inputs)
+        return await self.inner.run(model, inputs, **options)
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
         self._at_call(model)
         delay = self._roll("delay_first", model)
         stall = self._roll("stall", model)
         fail_mid = not stall and self._roll("fail_mid", model)
         try:
-            inner = await self.inner.stream(model, inputs)
+            inner = await self.inner.stream(model, inputs, **options)
         except asyncio.CancelledError:  # abandoned while the binding was opening it: it stopped the stream
             self.closed += 1
             raise

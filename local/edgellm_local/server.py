@@ -22,6 +22,7 @@ from edgellm.http import Request, Response
 from edgellm.ports import Deps
 
 from .assets import StaticAssets
+from .isolation import request_context
 
 
 class PortInUse(Exception):
@@ -68,6 +69,10 @@ class EdgeApp:
                     return
         if scope["type"] != "http":
             return
+        with request_context(f"{scope['method']} {scope['path']}"):  # I/O made here is this request's
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         request = await self._read_request(scope, receive)
         if request is None:
             return  # the client left while sending its body: nothing to answer, nothing to start

@@ -4,6 +4,10 @@
  *
  * `document.body.dataset.state` says where the page is (idle, streaming, done, stopped, error),
  * for people using dev tools and for the browser tests.
+ *
+ * A conversation is a session (`x-session-affinity`, a new one per "New chat"): the edge keeps
+ * its prompt cached between turns, and each answer notes its time to first token and how many
+ * prompt tokens the model reused (`usage.prompt_tokens_details.cached_tokens`).
  */
 import { streamChat } from "./chat-stream.mjs";
 
@@ -14,11 +18,30 @@ const ui = {
   send: $("send"), stop: $("stop"), newChat: $("new-chat"), askAgain: $("ask-again"), transcript: $("transcript"),
   status: $("status"), error: $("error"),
   ttft: $("stat-ttft"), tps: $("stat-tps"), tokens: $("stat-tokens"), statModel: $("stat-model"),
-  cache: $("stat-cache"), finish: $("stat-finish"),
+  cache: $("stat-cache"), finish: $("stat-finish"), cached: $("stat-cached"),
 };
 
 /** The conversation so far and the stream in flight (one at a time). */
-const state = { messages: [], controller: null, lastQuestion: null, savedTemperature: null };
+const state = { messages: [], controller: null, lastQuestion: null, savedTemperature: null, session: newSession() };
+
+function newSession() {
+  return `chat-${crypto.randomUUID ? crypto.randomUUID() : Math.random().toString(36).slice(2)}`;
+}
+
+/** The turn's figures under its answer: time to first token and prompt tokens reused. */
+function turnNote(article, m) {
+  const ttft = m.first === null ? null : Math.round(m.first - m.started);
+  const details = m.usage?.prompt_tokens_details;
+  const cached = details ? details.cached_tokens : null;
+  const span = document.createElement("span");
+  span.className = "note turn-stats";
+  if (ttft !== null) span.dataset.ttft = String(ttft);
+  if (cached !== null) span.dataset.cached = String(cached);
+  const parts = [ttft === null ? null : `first token ${ttft} ms`,
+    cached === null ? null : `${cached} of ${m.usage.prompt_tokens} prompt tokens cached`];
+  span.textContent = parts.filter(Boolean).join(" · ");
+  article.append(span);
+}
 
 function setState(name) {
   document.body.dataset.state = name;
@@ -46,7 +69,7 @@ function note(article, text) {
 }
 
 function resetStats() {
-  for (const dd of [ui.ttft, ui.tps, ui.tokens, ui.statModel, ui.cache, ui.finish]) dd.textContent = "—";
+  for (const dd of [ui.ttft, ui.tps, ui.tokens, ui.statModel, ui.cache, ui.finish, ui.cached].filter(Boolean)) dd.textContent = "—";
   delete ui.cache.dataset.status;
 }
 
@@ -84,7 +107,7 @@ function request() {
 /** Live figures for the answer in flight; `tokens` prefers the API's usage over counted chunks. */
 function meter() {
   const started = performance.now();
-  const m = { first: null, last: null, chunks: 0, usage: null, cached: false };
+  const m = { first: null, last: null, chunks: 0, usage: null, cached: false, started };
   m.delta = () => {
     const now = performance.now();
     if (m.first === null) {
@@ -139,8 +162,14 @@ async function ask(text) {
         m.delta();
       },
       onFinish(reason) { ui.finish.textContent = reason; },
-      onUsage(usage) { m.usage = usage; m.show(); },
-    });
+      onUsage(usage) {
+        m.usage = usage;
+        m.show();
+        const details = usage.prompt_tokens_details;
+        if (ui.cached && details) ui.cached.textContent = `${details.cached_tokens} of ${usage.prompt_tokens}`;
+      },
+    }, { "x-session-affinity": state.session });
+    turnNote(answer, m);
     state.messages.push({ role: "assistant", content: reply });
     ui.status.textContent = m.cached
       ? `Answer complete: ${ui.tokens.textContent} tokens, from the edge's cache (HIT).`
@@ -181,6 +210,7 @@ async function loadModels() {
 function newChat() {
   state.controller?.abort();
   state.messages = [];
+  state.session = newSession();
   ui.transcript.replaceChildren();
   ui.error.textContent = "";
   ui.status.textContent = "New chat.";

@@ -24,11 +24,12 @@ import { SSEDecoder } from "./sse.mjs";
  * @param {object} body an OpenAI chat request
  * @param {AbortSignal} signal
  * @param {StreamCallbacks} on
+ * @param {Record<string, string>} [headers] extra request headers (a session: `x-session-affinity`)
  */
-export async function streamChat(body, signal, on = {}) {
+export async function streamChat(body, signal, on = {}, headers = {}) {
   const response = await fetch("/v1/chat/completions", {
     method: "POST",
-    headers: { "content-type": "application/json", accept: "text/event-stream" },
+    headers: { "content-type": "application/json", accept: "text/event-stream", ...headers },
     body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
     signal,
   });

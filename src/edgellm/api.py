@@ -6,6 +6,7 @@ Every generation route is the same three steps: parse the wire format into a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import hashlib
@@ -17,6 +18,7 @@ from .generation import Generation, GenerationRequest
 from .http import Request, Response, json_response
 from .cache.service import cached_generation
 from .ports import Deps
+from .sessions import request_session
 from .validation import read_json
 
 JSONRenderer = Callable[[Generation], Awaitable[dict[str, Any]]]
@@ -71,7 +73,9 @@ async def serve_generation(
 async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Response:
     parse = openai.parse_chat_request if chat else openai.parse_completion_request
     render_json = openai.render_chat_json if chat else openai.render_completion_json
-    gen_request = parse(read_json(request, deps.config.max_body_bytes), deps.config)
+    body = read_json(request, deps.config.max_body_bytes)
+    gen_request = parse(body, deps.config)
+    gen_request = replace(gen_request, session=request_session(request, body))
     created = int(deps.clock.now())
     return await serve_generation(
         request, deps, gen_request,
@@ -110,6 +114,17 @@ async def list_models(request: Request, deps: Deps) -> Response:
         data.append({"id": alias, "object": "model", "created": 0, "owned_by": "edgellm",
                      "edgellm": {"role": "alias", "alias_of": target}})
     return json_response({"object": "list", "data": data})
+
+
+async def retrieve_model(request: Request, deps: Deps) -> Response:
+    """`GET /v1/models/{id}` (the SDK's `models.retrieve`); model ids contain slashes."""
+    model = request.path_params["model"]
+    if model not in deps.config.models:
+        raise GatewayError(ErrorKind.NOT_FOUND, f"The model '{model}' does not exist on this gateway; GET /v1/models lists the models served.",
+                           param="model", code="model_not_found")
+    entry: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "cloudflare"}
+    entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **(deps.ai.describe(model) or {})}
+    return json_response(entry)
 
 
 async def health(request: Request, deps: Deps) -> Response:

@@ -5,7 +5,7 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
-from . import api, artifacts, model_catalog
+from . import api, artifacts, model_catalog, responses_api
 from .artifacts import hf
 from .cache import admin as cache_admin
 from .routing import admin as routing_admin
@@ -19,6 +19,9 @@ ROUTES = Router((
     route("POST", "/v1/chat/completions", api.create_chat_completion),
     route("POST", "/v1/completions", api.create_completion),
     route("GET", "/v1/models", api.list_models),
+    route("GET", "/v1/models/{model:path}", api.retrieve_model),
+    route("POST", "/v1/responses", responses_api.create_response),
+    route(("GET", "DELETE"), "/v1/responses/{response_id}", responses_api.response_by_id),
     route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model, render_error=workers_ai.error_response),
     route("GET", "/client/v4/accounts/{account_id}/ai/models/search", model_catalog.search_models, render_error=workers_ai.error_response),
     route("GET", "/healthz", api.health),
@@ -46,7 +49,7 @@ def _preflight(request: Request, router: Router) -> Response:
     router.match("GET" if request.header("access-control-request-method") in (None, "HEAD") else request.header("access-control-request-method", "GET"), request.path)
     return Response(204, {
         **CORS_HEADERS,
-        "access-control-allow-methods": "GET, HEAD, POST, OPTIONS",
+        "access-control-allow-methods": "GET, HEAD, POST, DELETE, OPTIONS",
         "access-control-allow-headers": request.header("access-control-request-headers") or "*",
         "access-control-max-age": "86400",
     })

@@ -13,25 +13,35 @@ from typing import Any, AsyncIterator
 
 @dataclass(frozen=True)
 class Usage:
+    """Token counts. `cached_tokens` is how many prompt tokens the model reused from its KV
+    cache (a warm session); None when the binding does not say, and then it is not reported."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def to_json(self) -> dict[str, int]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
         }
+        if self.cached_tokens is not None:
+            data["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> "Usage":
         if not isinstance(data, dict):
             return cls()
-        return cls(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
+        details = data.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0),
+                   None if cached is None else int(cached))
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    session: str | None = None  # keeps the model's KV cache warm across turns (x-session-affinity); never part of the cache key
 
     @property
     def max_tokens(self) -> int:

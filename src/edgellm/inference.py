@@ -39,13 +39,15 @@ def binding_error(exc: BindingError, model: str) -> GatewayError:
 async def start_generation(deps: Deps, request: GenerationRequest) -> Generation:
     """Start generating on the first model that accepts the request."""
     last: BindingError | None = None
+    # A session goes to the binding only when there is one: bindings without sessions need not know the option.
+    options = {"session": request.session} if request.session else {}
     for model in capable_models(deps, request):
         try:
             if request.stream:
-                events = await deps.ai.stream(model, {**request.inputs, "stream": True})
+                events = await deps.ai.stream(model, {**request.inputs, "stream": True}, **options)
                 source = _from_stream(events, request.max_tokens)
             else:
-                result = await deps.ai.run(model, request.inputs)
+                result = await deps.ai.run(model, request.inputs, **options)
                 source = _from_result(result, request.max_tokens)
         except ModelNotFound as exc:
             deps.log.warning("model %s unavailable (%s); trying the next fallback", model, exc)

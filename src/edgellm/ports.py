@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from .config import Config
+from .durable import DurableObjectNamespace
 from .state import IsolateState
 
 
@@ -60,11 +61,15 @@ class AIBinding(Protocol):
     accepted the request, so unknown-model errors surface at the `await`) an async iterator of
     Workers AI stream events `{"response": "<token text>"}`, the last one possibly carrying
     `usage`. Closing the iterator early must stop the generation.
+
+    `session` (passed only when the request has one) names a conversation whose prompt prefix
+    the model should keep cached between turns: Workers AI's `x-session-affinity`, a llama.cpp
+    slot locally. `usage.prompt_tokens_details.cached_tokens` says how much was reused.
     """
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]: ...
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
 
     def describe(self, model: str) -> dict[str, Any] | None:
         """Extra facts about a model for `/v1/models` (the local edge names its GGUF)."""
@@ -211,6 +216,7 @@ class Deps:
     wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
     log: logging.Logger = logging.getLogger("edgellm")
     state: IsolateState = field(default_factory=IsolateState)  # per isolate (coalescing, counters), never module-global
+    conversations: DurableObjectNamespace | None = None  # one object per conversation (Responses API state)
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":

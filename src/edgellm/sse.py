@@ -75,3 +75,8 @@ async def decode_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str,
             return
         yield json.loads(data)
     raise StreamCutError("the AI stream ended before [DONE]")
+
+
+def encode_named_event(name: str, data: Any) -> bytes:
+    """An `event:` + `data:` pair, as the OpenAI Responses stream frames each event."""
+    return b"event: " + name.encode() + b"\n" + encode_event(data)

@@ -22,14 +22,14 @@ class PacedAI:
     events_sent: int = 0
     closed_early: bool = False
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.inner.run(model, inputs)
+    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        return await self.inner.run(model, inputs, **options)
 
     def describe(self, model: str) -> dict[str, Any] | None:
         return self.inner.describe(model)
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self._paced(await self.inner.stream(model, inputs))
+    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
+        return self._paced(await self.inner.stream(model, inputs, **options))
 
     async def _paced(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         finished = False
@@ -53,15 +53,15 @@ class BreakingAI:
     message: str = "upstream connection reset"
     calls: list[str] = field(default_factory=list)
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.inner.run(model, inputs)
+    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        return await self.inner.run(model, inputs, **options)
 
     def describe(self, model: str) -> dict[str, Any] | None:
         return self.inner.describe(model)
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
         self.calls.append(model)
-        return self._breaking(await self.inner.stream(model, inputs))
+        return self._breaking(await self.inner.stream(model, inputs, **options))
 
     async def _breaking(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         try:

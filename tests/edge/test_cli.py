@@ -80,6 +80,23 @@ def test_dev_serves_the_model_and_stops_on_ctrl_c(running: tuple[subprocess.Pope
     assert "serving on the uvloop.Loop event loop" in err  # `dev` lets uvicorn set up its loop
 
 
+def test_dev_keeps_a_conversation_warm_behind_its_fault_injector(running: tuple[subprocess.Popen[str], str, Path]) -> None:
+    """`dev` puts every binding behind FaultyAI: a conversation's session must pass through it
+    to the slot pool, so the second turn reuses the first one's prompt tokens."""
+    process, url, _ = running
+    wait_for_health(url, process)
+    first = httpx.post(f"{url}/v1/responses", timeout=30, json={
+        "input": "Tell me about rivers, lakes, seas and the oceans of the world.", "max_output_tokens": 4, "temperature": 0,
+    })
+    assert first.status_code == 200, first.text
+    second = httpx.post(f"{url}/v1/responses", timeout=30, json={
+        "input": "And lakes?", "previous_response_id": first.json()["id"], "max_output_tokens": 4, "temperature": 0,
+    })
+    assert second.status_code == 200, second.text
+    reused = second.json()["usage"]["input_tokens_details"]["cached_tokens"]
+    assert reused >= first.json()["usage"]["input_tokens"] // 2 > 0  # at least the first turn's question
+
+
 def test_dev_help_shows_the_defaults() -> None:
     done = run_to_exit([sys.executable, "-m", "edgellm_local.cli", "dev", "--help"])
     text = " ".join(done.stdout.split())

@@ -305,3 +305,27 @@ def test_the_workers_ai_stream_says_both_routes_in_its_last_event(routed: Callab
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     assert events[-1]["edgellm_route"] == "edge,origin; reason=edge-failed-mid-stream" and "usage" in events[-1]
     assert "".join(e["response"] for e in events).startswith("".join(faulty.sent))
+
+
+def test_a_session_keeps_to_one_origin_replica_and_its_warm_slot(routed: Callable[..., Any], origin: OriginProcess) -> None:
+    """Three origin names (one real server behind them, so the route header tells which was
+    picked): a session's turns always go to the same one, sessions spread over them, and the
+    origin (an EdgeLLM edge, slots pooled) gets the session and reuses the conversation's prompt."""
+    replicas = [{"name": name, "url": origin.url, "region": "US", "context_window": 2048} for name in ("r1", "r2", "r3")]
+    client, _, _ = routed(FaultPlan(fail=1.0), ORIGINS=replicas)  # the edge always fails: every turn is an origin's
+    picked: dict[str, set[str]] = {}
+    for session in [f"conv-{i}" for i in range(6)]:
+        messages: list[dict[str, str]] = []
+        for turn, text in enumerate(["Tell me about rivers and the sea.", "And lakes?"]):
+            messages.append({"role": "user", "content": text})
+            before = len(origin.generation_requests())
+            response = client.post("/v1/chat/completions", headers={"x-session-affinity": session},
+                                   json={"messages": messages, "max_tokens": 4, "temperature": 0})
+            assert response.status_code == 200, response.text
+            picked.setdefault(session, set()).add(response.headers["x-edgellm-route"].rsplit("origin=", 1)[1])
+            assert [r["session"] for r in origin.generation_requests()[before:]] == [session]
+            if turn:
+                assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
+    assert all(len(names) == 1 for names in picked.values()), picked  # pinned
+    assert len(set().union(*picked.values())) > 1, picked  # and spread

@@ -32,28 +32,30 @@ class ScriptedAI:
     mid_stream: BaseException = field(default_factory=lambda: BindingError("connection reset"))
     response: Any = None  # overrides the `response` value of `run` (e.g. a non-string)
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    sessions: list[str | None] = field(default_factory=list)
     closed: int = 0
     sent: int = 0
 
     def describe(self, model: str) -> dict[str, Any] | None:
         return {"backend": "scripted"}
 
-    def _call(self, model: str, inputs: Mapping[str, Any]) -> None:
+    def _call(self, model: str, inputs: Mapping[str, Any], session: str | None = None) -> None:
         self.calls.append((model, dict(inputs)))
+        self.sessions.append(session)
         if model in self.unknown:
             raise ModelNotFound(f"5007: No such model {model} or task")
         if self.fail is not None:
             raise self.fail
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        self._call(model, inputs)
+    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
+        self._call(model, inputs, session)
         result: dict[str, Any] = {"response": "".join(self.tokens) if self.response is None else self.response}
         if self.usage is not None:
             result["usage"] = dict(self.usage)
         return result
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        self._call(model, inputs)
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        self._call(model, inputs, session)
         return self._events()
 
     async def _events(self) -> AsyncIterator[dict[str, Any]]:
@@ -85,13 +87,13 @@ class RetiringAI:
         if model in self.retired:
             raise ModelNotFound(f"5007: model {model} has been deprecated")
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
         self._check(model)
-        return await self.inner.run(model, inputs)
+        return await self.inner.run(model, inputs, **options)
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
         self._check(model)
-        return await self.inner.stream(model, inputs)
+        return await self.inner.stream(model, inputs, **options)
 
 
 @dataclass
@@ -103,8 +105,8 @@ class FailingAI:
     def describe(self, model: str) -> dict[str, Any] | None:
         return None
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
         raise self.error
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
         raise self.error

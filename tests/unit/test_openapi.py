@@ -112,7 +112,8 @@ def test_every_error_response_is_the_error_shape_and_5xx_says_retry_after(doc: d
 def test_generation_routes_document_cache_headers_and_sse(doc: dict[str, Any], path: str, body_schema: str) -> None:
     op = doc["paths"][path]["post"]
     headers = {resolve(doc, p)["name"].lower() for p in op["parameters"] if resolve(doc, p)["in"] == "header"}
-    assert headers == {"cf-aig-skip-cache", "cf-aig-cache-ttl", "cf-aig-cache-key", "cache-control", CLASS_HEADER}
+    session = {"x-session-affinity"} if path == "/v1/chat/completions" else set()  # a session keeps the prompt cached
+    assert headers == {"cf-aig-skip-cache", "cf-aig-cache-ttl", "cf-aig-cache-key", "cache-control", CLASS_HEADER} | session
     assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/" + body_schema)
     ok = op["responses"]["200"]
     assert set(ok["content"]) == {"application/json", "text/event-stream"}

@@ -4,7 +4,7 @@ Everything arrives as `[vars]` strings (JSON where a structure is needed) and se
 origin names the secret that holds its bearer token, so the token never sits in `[vars]`.
 
     ORIGINS = '[{"name": "central", "url": "https://llm.example.com", "token_secret": "ORIGIN_TOKEN",
-                 "timeout_ms": 30000, "context_window": 32768, "region": "EU",
+                 "timeout_ms": 30000, "context_window": 32768, "region": "EU", "slots": 4,
                  "models": {"@cf/meta/llama-2-7b-chat-int8": "meta-llama/Llama-2-7b-chat-hf"}}]'
     EDGE_FIRST_TOKEN_MS = "3000"   EDGE_STALL_MS = "2000"
     EDGE_MAX_PROMPT_TOKENS = "3000"   EDGE_MAX_OUTPUT_TOKENS = "1024"   EDGE_TOKENIZER = "smollm2-135m"
@@ -36,6 +36,9 @@ class OriginConfig:
     context_window: int = 32768
     models: dict[str, str] = field(default_factory=dict)
     region: str | None = None
+    # a llama.cpp server's slot count (its --parallel): a session is pinned to one slot (id_slot,
+    # cache_prompt). None: any other OpenAI-compatible server, sent only the x-session-affinity header.
+    slots: int | None = None
 
     def serves(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -141,6 +144,7 @@ def _origin(item: Any, env: Mapping[str, Any], index: int) -> OriginConfig:
         context_window=int(item.get("context_window") or 32768),
         models={str(k): str(v) for k, v in (item.get("models") or {}).items()},
         region=str(item["region"]).upper() if item.get("region") else None,
+        slots=int(item["slots"]) if item.get("slots") else None,
     )
 
 

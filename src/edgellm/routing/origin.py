@@ -23,6 +23,7 @@ from ..generation import Event, Finish, GenerationRequest, Token, Usage
 from ..http import json_bytes
 from ..ports import FetchError, HTTPFetch
 from ..sse import DONE, SSEDecoder
+from .affinity import slot_for
 from .config import OriginConfig
 
 RETRY_AFTER_SECONDS = 5
@@ -39,6 +40,9 @@ def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: st
         body["repetition_penalty"] = inputs["repetition_penalty"]
     if request.stop:
         body["stop"] = list(request.stop)
+    slot = slot_for(request.session, origin) if request.session else None
+    if slot is not None:  # a llama.cpp origin: the session's own slot, its prompt kept cached there
+        body.update(id_slot=slot, cache_prompt=True)
     if "prompt" in inputs and inputs.get("raw"):
         body["prompt"] = inputs["prompt"] + prefill
         return "/completions", body
@@ -84,6 +88,8 @@ class OriginClient:
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
         if self.origin.token:
             headers["authorization"] = f"Bearer {self.origin.token}"
+        if request.session:  # Workers AI's spelling; an EdgeLLM origin keeps the session's slot warm with it
+            headers["x-session-affinity"] = request.session
         try:
             response = await self.fetch.post(self.origin.base_url + path, json_bytes(body), headers, self.timeout)
         except FetchError as exc:

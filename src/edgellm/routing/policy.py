@@ -26,6 +26,7 @@ from ..generation import Event, Finish, Generation, GenerationRequest, Token, Us
 from ..http import Request
 from ..inference import apply_stop, start_generation
 from ..ports import Deps
+from .affinity import by_affinity
 from .breaker import CircuitBreaker
 from .config import OriginConfig, RegionConfig, RoutingConfig
 from .counting import count_prompt_tokens
@@ -100,6 +101,8 @@ async def plan_route(deps: Deps, request: Request, gen_request: GenerationReques
     serving = [o for o in routing.origins if o.serves(gen_request.model)] if deps.fetch is not None else []
     allowed = [o for o in serving if region is None or region.admits(o)]
     blocked = [o for o in serving if o not in allowed]
+    if gen_request.session:  # a conversation keeps to one replica (its KV cache is there)
+        allowed = by_affinity(allowed, gen_request.session)
     if region is not None and region.origin:
         allowed.sort(key=lambda o: o.name != region.origin)  # the region's own origin first
     tokens = await count_prompt_tokens(deps, gen_request)

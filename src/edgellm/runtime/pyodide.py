@@ -75,6 +75,14 @@ async def read_stream(stream: Any) -> AsyncIterator[bytes]:
             pass
 
 
+def ai_run_options(session: str | None) -> tuple[Any, ...]:
+    """`env.AI.run`'s third argument: a session goes as the `x-session-affinity` header, which
+    routes the conversation's turns to the replica holding its prefix cache."""
+    if not session:
+        return ()
+    return (js_options({"extraHeaders": {"x-session-affinity": session}}),)
+
+
 @dataclass
 class WorkersAI:
     binding: Any
@@ -82,22 +90,22 @@ class WorkersAI:
     def describe(self, model: str) -> dict[str, Any] | None:
         return None
 
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
         inputs = for_workers_ai_binding(inputs)
         try:
-            result = await self.binding.run(model, js_options(inputs))
+            result = await self.binding.run(model, js_options(inputs), *ai_run_options(session))
         except JsException as exc:
             raise ai_error(exc) from exc
         return result.to_py()
 
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
         if inputs.get("response_format") is not None:
             # Workers AI's JSON mode does not stream (Cloudflare's JSON mode docs): run it whole
             # and hand the answer on as a one-event stream
-            return _one_event(await self.run(model, inputs))
+            return _one_event(await self.run(model, inputs, session=session))
         inputs = for_workers_ai_binding(inputs)
         try:
-            stream = await self.binding.run(model, js_options({**inputs, "stream": True}))
+            stream = await self.binding.run(model, js_options({**inputs, "stream": True}), *ai_run_options(session))
         except JsException as exc:
             raise ai_error(exc) from exc
         return decode_events(read_stream(stream))
@@ -229,8 +237,15 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         r2=_r2(r2, ctx.waitUntil),
         wait_until=ctx.waitUntil,
         state=state,
+        conversations=_conversations(env),
         fetch=_fetch() if state.config.routing.origins else None,
     )
+
+
+def _conversations(env: Any) -> Any:
+    from .pyodide_conversations import conversation_namespace
+
+    return conversation_namespace(env)
 
 
 def _fetch() -> Any:

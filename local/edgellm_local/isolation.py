@@ -1,0 +1,211 @@
+"""Request isolation, enforced the way workerd enforces it.
+
+On Cloudflare an I/O object (a promise, a task, a stream, a queue fed by one) belongs to the
+request that created it: when another request awaits it, workerd cancels that request ("A
+promise was resolved or rejected from a different request context than the one it was created
+in", "Cannot perform I/O on behalf of a different request"). Work shared between requests
+lives in a Durable Object, whose requests may share what the object owns.
+
+The local edge runs its event loop as an `IsolatingEventLoop`: every future and task it makes
+is tagged with the `RequestContext` current when it was created (a contextvar the server sets
+per request, and the Durable Object emulation per object), and awaiting it, adding a callback
+to it or resolving it from another request's context fails with `CrossRequestIOError`. Code
+running outside any request (the server itself, sockets, threads, the test driving it) is the
+runtime and may resolve anything. So a regression that shares I/O across requests fails in
+every local test, as it would on Cloudflare, instead of passing here and breaking there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Coroutine, Generator, Iterator, TypeVar
+
+T = TypeVar("T")
+
+_serial = itertools.count(1)
+
+
+@dataclass(eq=False)
+class RequestContext:
+    """One request being served (or one Durable Object instance, which owns what its requests share)."""
+
+    label: str
+    serial: int = field(default_factory=lambda: next(_serial))
+
+    def __repr__(self) -> str:
+        return f"<request {self.serial}: {self.label}>"
+
+
+CURRENT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("edgellm_request_context", default=None)
+
+
+class CrossRequestIOError(RuntimeError):
+    """I/O created while serving one request was used while serving another."""
+
+
+def current_request() -> RequestContext | None:
+    return CURRENT.get()
+
+
+def check_owner(owner: RequestContext | None, what: str) -> None:
+    """Raise unless the current request may use an object `owner` created (the runtime may use anything)."""
+    here = CURRENT.get()
+    if owner is not None and here is not None and here is not owner:
+        raise CrossRequestIOError(
+            f"Cannot perform I/O on behalf of a different request: {what} was created while serving "
+            f"{owner!r} and used while serving {here!r}. Share work between requests through a Durable Object."
+        )
+
+
+@contextlib.contextmanager
+def request_context(label: str) -> Iterator[RequestContext]:
+    """Serve one request: futures and tasks made inside belong to it."""
+    context = RequestContext(label)
+    token = CURRENT.set(context)
+    try:
+        yield context
+    finally:
+        CURRENT.reset(token)
+
+
+class IsolatedFuture(asyncio.Future):  # type: ignore[type-arg]
+    """A future that belongs to the request that created it."""
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(loop=loop)
+        self._owner = CURRENT.get()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        check_owner(self._owner, "a future")
+        return (yield from super().__await__())
+
+    __iter__ = __await__
+
+    def add_done_callback(self, fn: Callable[..., Any], *, context: contextvars.Context | None = None) -> None:
+        check_owner(self._owner, "a future")
+        super().add_done_callback(fn, context=context)
+
+    def set_result(self, result: Any) -> None:
+        try:
+            check_owner(self._owner, "a future")
+        except CrossRequestIOError as error:  # the waiter fails, as workerd fails the awaiting request
+            super().set_exception(error)
+            return
+        super().set_result(result)
+
+    def set_exception(self, exception: Any) -> None:
+        try:
+            check_owner(self._owner, "a future")
+        except CrossRequestIOError as error:
+            exception = error
+        super().set_exception(exception)
+
+
+class IsolatedTask(asyncio.Task):  # type: ignore[type-arg]
+    """A task that belongs to the request whose context it runs in."""
+
+    def __init__(self, coro: Any, *, loop: asyncio.AbstractEventLoop, name: str | None = None,
+                 context: contextvars.Context | None = None) -> None:
+        super().__init__(coro, loop=loop, name=name, context=context)
+        self._owner = context.get(CURRENT) if context is not None else CURRENT.get()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        check_owner(self._owner, "a task")
+        return (yield from super().__await__())
+
+    __iter__ = __await__
+
+    def add_done_callback(self, fn: Callable[..., Any], *, context: contextvars.Context | None = None) -> None:
+        check_owner(self._owner, "a task")
+        super().add_done_callback(fn, context=context)
+
+
+class IsolatingEventLoop(asyncio.SelectorEventLoop):
+    """The local edge's event loop: futures and tasks carry their request (see the module doc)."""
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return IsolatedFuture(loop=self)
+
+    def create_task(self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None) -> asyncio.Task[Any]:  # type: ignore[override]
+        self._check_closed()  # type: ignore[attr-defined]
+        return IsolatedTask(coro, loop=self, name=name, context=context)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    return IsolatingEventLoop()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` on an isolating loop (tests, the CLI)."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main)
+
+
+def _runtime_context() -> contextvars.Context:
+    return contextvars.Context()  # no request: the runtime itself
+
+
+def context_of(owner: RequestContext) -> contextvars.Context:
+    """A context in which code runs while serving `owner`."""
+    context = contextvars.copy_context()
+    context.run(CURRENT.set, owner)
+    return context
+
+
+async def call_in(owner: RequestContext, make: Callable[[], Awaitable[T]]) -> T:
+    """Run `make()` while serving `owner` and hand its outcome to the calling request.
+
+    This is what the runtime does between a Worker and a Durable Object: the two never share an
+    awaitable; the runtime relays the result (here through callbacks run outside any request).
+    Cancelling the caller cancels the call.
+    """
+    loop = asyncio.get_running_loop()
+
+    async def body() -> T:
+        return await make()
+
+    task = loop.create_task(body(), context=context_of(owner))
+    relayed = loop.create_future()
+
+    def relay(done: asyncio.Future[T]) -> None:
+        if relayed.done():
+            return
+        if done.cancelled():
+            relayed.cancel()
+        elif done.exception() is not None:
+            relayed.set_exception(done.exception())  # type: ignore[arg-type]
+        else:
+            relayed.set_result(done.result())
+
+    _runtime_context().run(task.add_done_callback, relay, context=_runtime_context())
+    try:
+        return await relayed
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+
+
+class OwnedStream:
+    """A binding's stream, owned by the request that opened it (like a JS ReadableStream): reading
+    or closing it while serving another request fails, whatever it awaits underneath."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        self._owner = CURRENT.get()
+
+    def __aiter__(self) -> "OwnedStream":
+        return self
+
+    async def __anext__(self) -> Any:
+        check_owner(self._owner, "a binding stream")
+        return await anext(self._source)
+
+    async def aclose(self) -> None:
+        check_owner(self._owner, "a binding stream")
+        close = getattr(self._source, "aclose", None)
+        if close is not None:
+            await close()

@@ -1,0 +1,246 @@
+"""Conversations keep their llama.cpp slot warm; with more conversations than slots, the KV
+state of the least recently used one is saved to disk and restored on its next turn.
+
+llama.cpp reuses the longest common token prefix between a slot's cache and a new prompt
+(`cache_prompt`), so a conversation pinned to one slot (`id_slot`) computes only its new tokens.
+A slot changing hands is saved first (llama.cpp's `POST /slots/{id}?action=save`, answered by
+the in-process server's loopback HTTP API; its Python `handle_*` methods have no slot
+actions) and erased or overwritten by the next owner's saved state, so one conversation's
+cache never serves another's prompt; a request without a session is nobody's continuation
+and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved file is restored only into the conversation
+that wrote it, from this process and this model, and only if its SHA-256 is the one recorded
+when it was written: a stale, corrupted or foreign file is refused (and deleted), and the
+turn is computed in full instead. llama.cpp's own RAM prompt cache is turned off for a pooled
+runner (`cache_ram_mib = 0`): it restores by prompt similarity across conversations, the kind
+of reuse this pool exists to rule out.
+
+Saved states live under `--state`/slots, within a disk budget (least recently used dropped
+first). The index is this process's memory: files a previous process left are deleted at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import itertools
+import logging
+import shutil
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .ai import LlamaCppRunner
+
+DEFAULT_DISK_BUDGET = 2 * 1024**3
+log = logging.getLogger("edgellm.slots")
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """One conversation's slot state on disk, as recorded when llama.cpp wrote it."""
+
+    session: str
+    path: Path
+    sha256: str
+    size: int
+    model: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class SlotLease:
+    """A slot held for one generation. `restored` says a saved state was loaded for it;
+    `refused` that one existed but failed its checks (and was not used)."""
+
+    slot: int
+    session: str | None
+    warm: bool = False
+    restored: bool = False
+    refused: bool = False
+
+
+@dataclass
+class SlotStats:
+    warm: int = 0
+    saves: int = 0
+    restores: int = 0
+    refused: int = 0
+    dropped: int = 0  # saved states deleted to stay within the disk budget
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+
+
+@dataclass
+class SlotPool:
+    """Which conversation owns which slot, and the states saved for the others.
+
+    All bookkeeping runs on the event loop; llama.cpp's slot actions run in threads.
+    """
+
+    runner: "LlamaCppRunner"  # with `slot_dir` set: llama.cpp writes the states there
+    disk_budget: int = DEFAULT_DISK_BUDGET
+    stats: SlotStats = field(default_factory=SlotStats)
+    directory: Path = field(init=False)
+    _owners: list[str | None] = field(default_factory=list, init=False, repr=False)
+    _busy: set[int] = field(default_factory=set, init=False, repr=False)
+    _used: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _saved: "OrderedDict[str, SavedState]" = field(default_factory=OrderedDict, init=False, repr=False)
+    _clock: Any = field(default_factory=itertools.count, init=False, repr=False)
+    _waiters: list[asyncio.Future[None]] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.runner.slot_dir is None:
+            raise ValueError("a SlotPool needs a runner with slot_dir set")
+        self.directory = self.runner.slot_dir
+        shutil.rmtree(self.directory, ignore_errors=True)  # never trust a previous process's files
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._owners = [None] * self.runner.n_parallel
+
+    @property
+    def model_id(self) -> str:
+        stat = self.runner.path.stat()
+        return f"{self.runner.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+    def saved(self, session: str) -> SavedState | None:
+        return self._saved.get(session)
+
+    def owner(self, slot: int) -> str | None:
+        return self._owners[slot]
+
+    def file_for(self, session: str) -> Path:
+        return self.directory / f"{hashlib.sha256(session.encode()).hexdigest()[:40]}.slot"
+
+    async def acquire(self, session: str | None) -> SlotLease:
+        """A slot for this session (or for an anonymous request), restored if it was saved.
+
+        Choosing is synchronous on the event loop (no lock needed); a request that finds no slot
+        waits on a future of its own, which `release` resolves from outside any request, as a
+        runtime's queue would (the local edge's loop refuses one request resolving another's).
+        """
+        loop = asyncio.get_running_loop()
+        while (slot := self._choose(session)) is None:
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self._busy.add(slot)
+        self._used[slot] = next(self._clock)
+        previous = self._owners[slot]
+        try:
+            return await self._prepare(slot, previous, session)
+        except BaseException:
+            self._owners[slot] = None
+            await self.release(slot)
+            raise
+
+    def _choose(self, session: str | None) -> int | None:
+        if session is not None and session in self._owners:
+            slot = self._owners.index(session)
+            return None if slot in self._busy else slot  # the same conversation waits for its own slot
+        idle = [s for s in range(len(self._owners)) if s not in self._busy]
+        if not idle:
+            return None
+        free = [s for s in idle if self._owners[s] is None]
+        return min(free or idle, key=lambda s: self._used.get(s, -1))
+
+    async def _prepare(self, slot: int, previous: str | None, session: str | None) -> SlotLease:
+        if previous is not None and previous == session:
+            self.stats.warm += 1
+            return SlotLease(slot, session, warm=True)
+        if previous is not None:
+            await self._save(slot, previous)
+        self._owners[slot] = session
+        saved = self._saved.pop(session, None) if session is not None else None
+        if saved is not None:
+            if await self._restore(slot, saved):
+                return SlotLease(slot, session, restored=True)
+            await self._action(slot, "erase")
+            return SlotLease(slot, session, refused=True)
+        # Nothing of another conversation stays in the slot, and a request without a session
+        # is nobody's continuation: it starts from an empty cache too.
+        await self._action(slot, "erase")
+        return SlotLease(slot, session)
+
+    async def release(self, slot: int) -> None:
+        self._busy.discard(slot)
+        waiters, self._waiters = self._waiters, []
+        if waiters:
+            asyncio.get_running_loop().call_soon(_wake, waiters, context=contextvars.Context())
+
+    async def _action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(self.runner.slot_action, slot, action, filename)
+
+    async def _save(self, slot: int, session: str) -> None:
+        """Save the leaving conversation's state. A failed save costs that conversation a full
+        recompute on its next turn; it never fails the request that needs the slot."""
+        path = self.file_for(session)
+        try:
+            result = await self._action(slot, "save", path.name)
+        except Exception as exc:
+            log.warning("could not save the slot state of a conversation: %s", exc)
+            path.unlink(missing_ok=True)
+            return
+        if not path.is_file():
+            return
+        size = path.stat().st_size
+        state = SavedState(session, path, await asyncio.to_thread(_sha256, path), size, self.model_id,
+                           int(result.get("n_saved") or 0))
+        self._saved.pop(session, None)
+        self._saved[session] = state
+        self.stats.saves += 1
+        self._enforce_budget()
+
+    def _enforce_budget(self) -> None:
+        while self._saved and sum(s.size for s in self._saved.values()) > self.disk_budget:
+            _, oldest = self._saved.popitem(last=False)
+            oldest.path.unlink(missing_ok=True)
+            self.stats.dropped += 1
+
+    async def _restore(self, slot: int, saved: SavedState) -> bool:
+        path = self.file_for(saved.session)
+        ok = (
+            saved.path == path and path.is_file() and saved.model == self.model_id
+            and path.stat().st_size == saved.size and await asyncio.to_thread(_sha256, path) == saved.sha256
+        )
+        if ok:
+            try:
+                result = await self._action(slot, "restore", path.name)
+                ok = int(result.get("n_restored") or 0) == saved.tokens
+            except Exception:
+                ok = False
+        path.unlink(missing_ok=True)  # used once: the slot holds it now, and saves again on eviction
+        if ok:
+            self.stats.restores += 1
+        else:
+            self.stats.refused += 1
+        return ok
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "slots": len(self._owners),
+            "saved_states": len(self._saved),
+            "saved_bytes": sum(s.size for s in self._saved.values()),
+            "disk_budget": self.disk_budget,
+            **self.stats.to_json(),
+        }

@@ -1,0 +1,80 @@
+"""Handlers of the Responses API: create (continuing a stored conversation), retrieve, delete.
+
+A turn resolves `previous_response_id` to the whole history (one read of the conversation's
+Durable Object), then runs as an ordinary chat generation: the answer cache keys on the
+resolved messages (so a deterministic turn is cached like chat, and a continuation keys on
+its conversation, not on an id), and the conversation is the session, so the model keeps
+its prompt prefix warm. The answer is stored before the client is told it is complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import responses
+from .api import generation_headers
+from .cache.service import cached_generation
+from .conversations import ConversationStore, conversation_of, new_conversation_id, new_response_id, not_found
+from .generation import Finish
+from .http import Request, Response, json_response
+from .ports import Deps
+from .sessions import request_session
+from .validation import read_json
+
+
+def conversation_store(deps: Deps) -> ConversationStore | None:
+    return ConversationStore(deps.conversations) if deps.conversations is not None else None
+
+
+async def create_response(request: Request, deps: Deps) -> Response:
+    body = read_json(request, deps.config.max_body_bytes)
+    parsed = responses.parse_request(body, deps.config)
+    session = request_session(request, body)
+    store = conversation_store(deps)
+    history: list[dict[str, str]] = []
+    if parsed.previous_response_id is not None:
+        if store is None:
+            raise not_found(parsed.previous_response_id)
+        chain = await store.chain(parsed.previous_response_id)
+        history = [message for record in chain for message in record.messages()]
+        conversation = conversation_of(parsed.previous_response_id) or new_conversation_id()
+    else:
+        conversation = new_conversation_id()
+    if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
+        parsed = replace(parsed, store=False)
+    gen_request = parsed.generation_request(history, session or conversation)
+    response_id = new_response_id(conversation)
+    meta = responses.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=responses.message_id_of(response_id))
+    generation = await cached_generation(deps, request, gen_request)
+
+    async def on_complete(text: str, finish: Finish) -> None:
+        if parsed.store and store is not None:
+            await store.append(responses.stored_record(meta, generation.model, text, finish))
+
+    headers = generation_headers(generation)
+    if parsed.stream:
+        headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
+        return Response(200, headers, responses.render_stream(generation, meta, on_complete))
+    return json_response(await responses.render_json(generation, meta, on_complete), headers=headers)
+
+
+async def get_response(request: Request, deps: Deps) -> Response:
+    response_id = request.path_params["response_id"]
+    store = conversation_store(deps)
+    if store is None:
+        raise not_found(response_id)
+    return json_response(responses.render_stored(await store.get(response_id)))
+
+
+async def delete_response(request: Request, deps: Deps) -> Response:
+    response_id = request.path_params["response_id"]
+    store = conversation_store(deps)
+    if store is None:
+        raise not_found(response_id)
+    await store.delete(response_id)
+    return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def response_by_id(request: Request, deps: Deps) -> Response:
+    """`GET` or `DELETE /v1/responses/{id}` (one route: the router's table has one entry per path)."""
+    return await (delete_response if request.method == "DELETE" else get_response)(request, deps)

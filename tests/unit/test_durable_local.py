@@ -1,0 +1,164 @@
+"""The local Durable Object emulation: one instance per name, requests interleaving at await
+points inside it, streamed bodies relayed chunk by chunk, a caller that leaves closing the
+object's body, and nothing shared between the object and the Worker request that called it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import pytest
+
+from edgellm.durable import DurableObjectNamespace
+from edgellm.http import Request, Response
+from edgellm_local import isolation
+from edgellm_local.durable import LocalDurableObjectNamespace
+from edgellm_local.isolation import CrossRequestIOError, current_request, request_context
+
+
+@dataclass
+class Room:
+    """A tiny object: `/wait` blocks until `/open` is called, `/stream` streams what it owns."""
+
+    name: str
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    closed_bodies: int = 0
+    context: Any = None
+
+    async def fetch(self, request: Request) -> Response:
+        self.context = current_request()
+        if request.path == "/wait":
+            await self.opened.wait()  # another request to this object sets it: they interleave
+            return Response(200, {"x-name": self.name}, b"opened")
+        if request.path == "/open":
+            self.opened.set()
+            return Response(204)
+        if request.path == "/fail":
+            raise ValueError("the object broke")
+        return Response(200, {"content-type": "text/plain"}, self._stream())
+
+    async def _stream(self) -> AsyncIterator[bytes]:
+        try:
+            for i in range(5):
+                await asyncio.sleep(0)
+                yield f"chunk{i} ".encode()
+        finally:
+            self.closed_bodies += 1
+
+
+def namespace() -> LocalDurableObjectNamespace:
+    return LocalDurableObjectNamespace(Room, class_name="Room")
+
+
+def call(ns: DurableObjectNamespace, name: str, path: str, label: str) -> asyncio.Task[Response]:
+    with request_context(label):
+        return asyncio.ensure_future(ns.get(name).fetch(Request("POST", f"https://room{path}")))
+
+
+def test_one_instance_per_name_and_requests_interleave_inside_it() -> None:
+    async def main() -> None:
+        ns = namespace()
+        waiting = call(ns, "a", "/wait", "worker 1")
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        assert (await call(ns, "a", "/open", "worker 2")).status == 204
+        response = await waiting
+        assert response.body == b"opened" and response.headers["x-name"] == "a"
+        assert ns.get("a") is ns.get("a") and ns.get("a") is not ns.get("b")
+        assert ns.names == ["a", "b"]
+
+    isolation.run(main())
+
+
+def test_the_object_runs_in_its_own_context_not_the_callers() -> None:
+    async def main() -> None:
+        ns = namespace()
+        with request_context("worker") as worker:
+            await ns.get("a").fetch(Request("POST", "https://room/open"))
+        room = ns.get("a").object
+        assert room.context is not None and room.context is not worker
+        assert room.context is ns.get("a").owner
+
+    isolation.run(main())
+
+
+def test_a_streamed_body_is_relayed_chunk_by_chunk() -> None:
+    async def main() -> None:
+        ns = namespace()
+
+        async def read() -> list[bytes]:
+            response = await ns.get("a").fetch(Request("POST", "https://room/stream"))
+            assert response.is_streaming and response.headers["content-type"] == "text/plain"
+            return [chunk async for chunk in response.body]  # type: ignore[union-attr]
+
+        with request_context("worker"):
+            chunks = await asyncio.ensure_future(read())
+        assert chunks == [f"chunk{i} ".encode() for i in range(5)]
+        assert ns.get("a").object.closed_bodies == 1
+
+    isolation.run(main())
+
+
+def test_a_caller_that_leaves_closes_the_objects_body() -> None:
+    async def main() -> None:
+        ns = namespace()
+
+        async def read_one() -> bytes:
+            response = await ns.get("a").fetch(Request("POST", "https://room/stream"))
+            first = await anext(response.body)  # type: ignore[arg-type]
+            await response.body.aclose()  # type: ignore[union-attr]
+            return first
+
+        with request_context("worker"):
+            assert await asyncio.ensure_future(read_one()) == b"chunk0 "
+        assert ns.get("a").object.closed_bodies == 1
+
+    isolation.run(main())
+
+
+def test_a_cancelled_caller_cancels_the_call() -> None:
+    async def main() -> None:
+        ns = namespace()
+        waiting = call(ns, "a", "/wait", "worker")
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.sleep(0)
+        assert not ns.get("a").object.opened.is_set()
+
+    isolation.run(main())
+
+
+def test_errors_in_the_object_fail_the_fetch() -> None:
+    async def main() -> None:
+        with pytest.raises(ValueError, match="the object broke"):
+            await call(namespace(), "a", "/fail", "worker")
+
+    isolation.run(main())
+
+
+def test_what_the_object_owns_is_not_the_callers() -> None:
+    """A Worker request awaiting the object's own I/O directly (not through a stub) fails."""
+
+    async def main() -> None:
+        ns = namespace()
+        waiting = call(ns, "a", "/wait", "worker 1")
+        await asyncio.sleep(0.01)
+        room = ns.get("a").object
+
+        async def peek() -> None:
+            await room.opened.wait()
+
+        peeker = call_peek = None
+        with request_context("worker 2"):
+            call_peek = asyncio.ensure_future(peek())
+        await asyncio.sleep(0)
+        await call(ns, "a", "/open", "worker 3")
+        with pytest.raises(CrossRequestIOError):
+            await call_peek
+        assert (await waiting).status == 200
+        del peeker
+
+    isolation.run(main())

@@ -1,0 +1,127 @@
+"""Request isolation on the local edge: I/O one request created fails when another awaits it,
+as workerd fails it ("Cannot perform I/O on behalf of a different request")."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from edgellm_local import isolation
+from edgellm_local.ai import LlamaCppAI
+from edgellm_local.isolation import CrossRequestIOError, RequestContext, context_of, request_context
+
+
+def in_request(label: str, coro: Any) -> asyncio.Task[Any]:
+    """Start `coro` as a task serving its own request, as the server does for each one."""
+    with request_context(label):
+        return asyncio.ensure_future(coro)
+
+
+def serving(context: RequestContext, coro: Any) -> asyncio.Task[Any]:
+    return asyncio.get_running_loop().create_task(coro, context=context_of(context))
+
+
+def test_a_future_awaited_by_another_request_fails() -> None:
+    async def main() -> None:
+        shared: dict[str, asyncio.Future[str]] = {}
+
+        async def first() -> str:
+            shared["answer"] = asyncio.get_running_loop().create_future()
+            return await shared["answer"]
+
+        async def second() -> str:
+            return await shared["answer"]
+
+        a = in_request("A", first())
+        await asyncio.sleep(0)
+        b = in_request("B", second())
+        with pytest.raises(CrossRequestIOError, match="different request"):
+            await b
+        shared["answer"].set_result("x")  # the runtime (no request) may resolve anything
+        assert await a == "x"
+
+    isolation.run(main())
+
+
+def test_an_event_broadcast_from_one_request_to_another_fails_the_waiter() -> None:
+    """The pure-Python broadcaster (an asyncio.Event set by the producer) fails on workerd too."""
+
+    async def main() -> None:
+        changed = asyncio.Event()
+
+        async def follower() -> None:
+            await changed.wait()
+
+        async def producer() -> None:
+            changed.set()
+
+        b = in_request("B", follower())
+        await asyncio.sleep(0)
+        await in_request("A", producer())
+        with pytest.raises(CrossRequestIOError):
+            await b
+
+    isolation.run(main())
+
+
+def test_a_task_started_by_one_request_cannot_be_awaited_or_shielded_by_another() -> None:
+    async def main() -> None:
+        tasks: dict[str, asyncio.Task[int]] = {}
+
+        async def start() -> None:
+            tasks["work"] = asyncio.ensure_future(asyncio.sleep(0, 7))
+
+        async def join_by_await() -> int:
+            return await tasks["work"]
+
+        async def join_by_shield() -> int:
+            return await asyncio.shield(tasks["work"])
+
+        await in_request("A", start())
+        for join in (join_by_await, join_by_shield):
+            with pytest.raises(CrossRequestIOError):
+                await in_request("B", join())
+        assert await tasks["work"] == 7
+
+    isolation.run(main())
+
+
+def test_within_one_request_everything_works() -> None:
+    async def main() -> int:
+        async def serve() -> int:
+            queue: asyncio.Queue[int] = asyncio.Queue()
+            worker = asyncio.ensure_future(queue.put(3))
+            await worker
+            return await asyncio.shield(asyncio.ensure_future(queue.get()))
+
+        return await in_request("A", serve())
+
+    assert isolation.run(main()) == 3
+
+
+def test_a_binding_stream_read_by_another_request_fails(tiny_runner) -> None:
+    """A real llama.cpp stream started by request A, read by request B."""
+    ai = LlamaCppAI({"@cf/m": tiny_runner})
+
+    async def main() -> None:
+        streams: dict[str, Any] = {}
+
+        async def start() -> None:
+            streams["s"] = await ai.stream("@cf/m", {"prompt": "hi", "max_tokens": 50, "temperature": 0})
+
+        async def read() -> list[Any]:
+            return [event async for event in streams["s"]]
+
+        a = RequestContext("A")
+        await serving(a, start())
+        with pytest.raises(CrossRequestIOError):
+            await in_request("B", read())
+
+        async def close() -> None:
+            await streams["s"].aclose()
+
+        await serving(a, close())  # its own request may close it
+
+    isolation.run(main())

@@ -1,0 +1,167 @@
+"""The local edge's llama.cpp slot pool, with a real llama.cpp runner of 2 slots: conversations
+keep their slot warm, an evicted one's state is saved and restored on its next turn, and a
+stale, corrupted or foreign state file is never restored into a conversation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from edgellm.config import Config
+from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
+from edgellm_local.slots import SlotPool
+
+CONFIG = Config()
+MODEL = CONFIG.model
+SAMPLING = {"temperature": 0, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def pooled_runner(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppRunner]:
+    runner = LlamaCppRunner(tiny_model, n_ctx=1024, n_parallel=2, threads=1,
+                            slot_dir=tmp_path_factory.mktemp("slots"), cache_ram_mib=0)
+    yield runner.load()
+
+
+@pytest.fixture
+def pool(pooled_runner: LlamaCppRunner) -> SlotPool:
+    return SlotPool(pooled_runner)
+
+
+@pytest.fixture
+def pooled(pooled_runner: LlamaCppRunner, pool: SlotPool) -> LlamaCppAI:
+    return LlamaCppAI({model: pooled_runner for model in CONFIG.models}, CONFIG, slots=pool)
+
+
+@pytest.fixture
+def reference(tiny_runner: LlamaCppRunner) -> LlamaCppAI:
+    """The same model with no sessions: every turn computes the whole history."""
+    return LlamaCppAI.for_config(CONFIG, tiny_runner)
+
+
+class Conversation:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": f"You are helper {name}."}]
+        self.last_prompt_tokens = 0
+
+    async def turn(self, ai: LlamaCppAI, reference: LlamaCppAI, i: int) -> dict[str, Any]:
+        self.messages.append({"role": "user", "content": f"Question {i} from {self.name}: tell me about {self.name * (i + 1)}"})
+        result = await ai.run(MODEL, {"messages": self.messages, **SAMPLING}, session=self.name)
+        expected = await reference.run(MODEL, {"messages": self.messages, **SAMPLING})
+        assert result["response"] == expected["response"], (self.name, i)
+        self.messages.append({"role": "assistant", "content": result["response"]})
+        usage = result["usage"]
+        previous, self.last_prompt_tokens = self.last_prompt_tokens, usage["prompt_tokens"]
+        return {"cached": usage["prompt_tokens_details"]["cached_tokens"], "previous_prompt": previous}
+
+
+async def test_six_interleaved_conversations_on_two_slots_each_restore_their_own_state(
+    pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool,
+) -> None:
+    conversations = [Conversation(name) for name in "abcdef"]
+    for i in range(4):
+        for conversation in conversations:
+            seen = await conversation.turn(pooled, reference, i)
+            if i == 0:
+                assert seen["cached"] == 0  # a new conversation never starts from another's cache
+            else:  # its whole previous prompt was reused: its own state came back
+                assert seen["cached"] >= seen["previous_prompt"] - 1, (conversation.name, i, seen)
+    assert pool.stats.restores == 6 * 3 and pool.stats.refused == 0
+    assert pool.stats.saves == 6 * 4 - 2  # every turn but the last two left its slot to another conversation
+
+
+async def test_two_conversations_on_two_slots_stay_warm(pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool) -> None:
+    conversations = [Conversation("x"), Conversation("y")]
+    for i in range(3):
+        for conversation in conversations:
+            seen = await conversation.turn(pooled, reference, i)
+            assert i == 0 or seen["cached"] >= seen["previous_prompt"] - 1
+    assert (pool.stats.warm, pool.stats.saves, pool.stats.restores) == (4, 0, 0)
+
+
+async def evict(pooled: LlamaCppAI, reference: LlamaCppAI, *names: str) -> None:
+    for name in names:
+        await Conversation(name).turn(pooled, reference, 0)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "foreign", "truncated", "missing"])
+async def test_a_damaged_or_foreign_state_file_is_refused(
+    pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool, damage: str,
+) -> None:
+    a, b = Conversation("a"), Conversation("b")
+    await a.turn(pooled, reference, 0)
+    await b.turn(pooled, reference, 0)
+    await evict(pooled, reference, "c", "d")  # both a and b are saved to disk now
+    target, other = pool.saved("a"), pool.saved("b")
+    assert target is not None and other is not None
+    data = target.path.read_bytes()
+    if damage == "corrupt":
+        middle = len(data) // 2
+        target.path.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    elif damage == "foreign":
+        target.path.write_bytes(other.path.read_bytes())
+    elif damage == "truncated":
+        target.path.write_bytes(data[: len(data) - 100])
+    else:
+        target.path.unlink()
+    seen = await a.turn(pooled, reference, 1)  # the text is still right: computed in full
+    assert seen["cached"] == 0
+    assert pool.stats.refused == 1 and pool.stats.restores == 0
+    assert not target.path.exists()  # a refused file is not kept
+    seen = await b.turn(pooled, reference, 1)  # b's own, intact state still restores
+    assert seen["cached"] >= seen["previous_prompt"] - 1 and pool.stats.restores == 1
+
+
+async def test_saved_states_stay_within_the_disk_budget(pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool) -> None:
+    conversations = [Conversation(name) for name in "pqrs"]
+    for conversation in conversations:
+        await conversation.turn(pooled, reference, 0)
+    first = pool.saved("p")
+    assert first is not None
+    pool.disk_budget = first.size + 10  # room for one saved state
+    for conversation in conversations[:2]:
+        await conversation.turn(pooled, reference, 1)
+    assert pool.stats.dropped >= 1
+    assert sum(1 for _ in pool.directory.glob("*.slot")) <= 1
+    assert pool.describe()["saved_bytes"] <= pool.disk_budget
+
+
+async def test_a_pooled_stream_holds_its_slot_until_it_ends(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    events = await pooled.stream(MODEL, {"messages": [{"role": "user", "content": "hi"}], **SAMPLING}, session="s")
+    assert pool.owner(0) == "s" or pool.owner(1) == "s"
+    chunks = [e async for e in events]
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    events = await pooled.stream(MODEL, {"messages": [{"role": "user", "content": "hi"}], **SAMPLING}, session="s")
+    chunks = [e async for e in events]
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert pool.stats.warm == 1
+
+
+async def test_a_request_without_a_session_never_starts_from_another_ones_cache(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    body = {"messages": [{"role": "user", "content": "the same long question, asked twice"}], **SAMPLING}
+    for _ in range(3):
+        result = await pooled.run(MODEL, body)
+        assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_requests_waiting_for_a_slot_share_no_io_under_request_isolation(pooled_runner: LlamaCppRunner) -> None:
+    """Five requests from five sessions on 2 slots, each in its own request context on the local
+    edge's isolating loop: three must wait, and are woken without one request resolving another's future."""
+    import asyncio
+
+    from edgellm_local.isolation import request_context, run
+
+    async def main() -> list[int]:
+        ai = LlamaCppAI({MODEL: pooled_runner}, CONFIG, slots=SlotPool(pooled_runner))
+
+        async def one(name: str) -> int:
+            with request_context(name):
+                body = {"messages": [{"role": "user", "content": f"hello from {name}"}], **SAMPLING}
+                return (await ai.run(MODEL, body, session=name))["usage"]["completion_tokens"]
+
+        return await asyncio.gather(*[asyncio.ensure_future(one(f"s{i}")) for i in range(5)])
+
+    assert run(main()) == [SAMPLING["max_tokens"]] * 5

@@ -161,16 +161,20 @@ class LlamaCppAI:
         return runner, kind, body
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The whole answer, generated through llama.cpp's streaming callback so that cancelling
+        this (a client that left before its JSON answer) stops the generation at its next token."""
         runner, kind, body = self._prepare(model, inputs)
+        body.update(stream=True, stream_options={"include_usage": True})
+        parts: list[str] = []
+        usage: dict[str, Any] = {}
+        events = _stream_events(runner, kind, body)
         try:
-            result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
-        except Exception as exc:  # a binding fails with a binding error, never a bare exception
-            raise _llama_exception(exc) from exc
-        _raise_llama_error(result)
-        choice = result["choices"][0]
-        text = choice["message"]["content"] if kind == "chat" else choice["text"]
-        usage = result.get("usage") or {}
-        return {"response": text or "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+            async for event in events:
+                parts.append(event.get("response") or "")
+                usage = event.get("usage") or usage
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+        return {"response": "".join(parts), "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)

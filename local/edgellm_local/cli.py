@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -15,6 +14,7 @@ from .ai import ModelFileError, default_model_path
 from .edge import EdgeSettings, build_app
 from .publish import add_parser as add_publish_parser
 from .pull import run as run_pull
+from .isolation import run as run_isolated
 from .server import PortInUse, bind_socket, make_server
 
 
@@ -24,6 +24,7 @@ def _dev(args: argparse.Namespace) -> int:
         config = Config.from_env({
             "MODEL": args.model_id,
             "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
+            "MAX_WAITING_GENERATIONS": args.max_waiting_generations,
         })
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
         sock = bind_socket(args.host, args.port)
@@ -36,7 +37,7 @@ def _dev(args: argparse.Namespace) -> int:
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
     try:
-        asyncio.run(make_server(app).serve(sockets=[sock]))
+        run_isolated(make_server(app).serve(sockets=[sock]))  # requests isolated, as on workerd
     except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
         print("EdgeLLM local edge stopped", flush=True)
         return 130
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
+    dev.add_argument("--max-waiting-generations", type=int, metavar="N",
+                     help="admission control: generations in progress before a miss gets 503 + Retry-After (default 32)")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")

@@ -209,3 +209,10 @@ class OwnedStream:
         close = getattr(self._source, "aclose", None)
         if close is not None:
             await close()
+
+
+async def as_runtime(function: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run runtime I/O (the HTTP server's own `receive`/`send`) outside any request, as workerd's
+    own I/O is: what it creates or resolves belongs to no request (a keep-alive connection's next
+    request is started from inside the previous one's `send`)."""
+    return await asyncio.get_running_loop().create_task(function(*args), context=_runtime_context())  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import contextlib
 import errno
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable
 
 import uvicorn
@@ -22,7 +22,9 @@ from edgellm.http import Request, Response
 from edgellm.ports import Deps
 
 from .assets import StaticAssets
-from .isolation import request_context
+from .durable import local_flights
+from .isolation import as_runtime, new_event_loop, request_context
+from .platform import encoded
 
 
 class PortInUse(Exception):
@@ -35,7 +37,13 @@ class EdgeApp:
 
     deps: Deps
     assets: StaticAssets | None = None
+    coalesce: bool = True  # the local FLIGHTS Durable Object binding; False: the Worker without it
+    compress: bool = False  # gzip text for clients that accept it, as Cloudflare does (`edgellm dev` turns it on)
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.coalesce and self.deps.flights is None:
+            self.deps = replace(self.deps, flights=local_flights(self.deps, self.wait_until))
 
     def wait_until(self, awaitable: Awaitable[Any]) -> None:
         future = asyncio.ensure_future(awaitable)
@@ -64,17 +72,40 @@ class EdgeApp:
                     return
         if scope["type"] != "http":
             return
+        async def runtime_receive() -> Any:
+            return await as_runtime(receive)
+
+        async def runtime_send(message: Any) -> None:
+            await as_runtime(send, message)
+
         with request_context(f"{scope['method']} {scope['path']}"):  # I/O made here is this request's
-            await self._serve(scope, receive, send)
+            await self._serve(scope, runtime_receive, runtime_send)
 
     async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         request = await self._read_request(scope, receive)
         if request is None:
             return  # the client left while sending its body: nothing to answer, nothing to start
+        # From here the client may leave at any moment, before its JSON answer as well as
+        # mid-stream: then the work is cancelled, which closes the body and stops the generation.
+        work = asyncio.ensure_future(self._answer(request, send))
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            work.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        finally:
+            watcher.cancel()
+
+    async def _answer(self, request: Request, send: Any) -> None:
         response = self.assets.serve(request) if self.assets else None
         if response is None:
             response = await handle(request, self.deps.for_request(self.wait_until))
-        await self._send(response, receive, send)
+        await self._send(encoded(response, request, compress=self.compress), send)
 
     async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | None:
         limit = self.deps.config.max_body_bytes
@@ -95,32 +126,20 @@ class EdgeApp:
         url = f"http://{host}{path}" + (f"?{query}" if query else "")
         return Request(scope["method"], url, headers, b"".join(chunks))
 
-    async def _send(self, response: Response, receive: Any, send: Any) -> None:
+    async def _send(self, response: Response, send: Any) -> None:
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         if not response.is_streaming:
             await send({"type": "http.response.body", "body": bytes(response.body)})
             return
         body = response.body
-        disconnected = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            disconnected.set()
-
-        watcher = asyncio.ensure_future(watch())
         try:
             async for chunk in body:  # type: ignore[union-attr]
-                if disconnected.is_set():
-                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            else:
-                await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": b""})
         except OSError:
             pass  # the client went away mid-stream
         finally:
-            watcher.cancel()
             with contextlib.suppress(Exception):
                 await body.aclose()  # type: ignore[union-attr]
 
@@ -165,7 +184,7 @@ class EdgeServer:
         return f"http://{self.host}:{self.port}"
 
     def _run(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()  # enforces request isolation, as workerd does
         try:
             self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
         finally:

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from . import openai, workers_ai
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
-from .http import Request, Response, json_response
+from .http import ClosingBody, Request, Response, json_response
 from .cache.service import cached_generation
 from .ports import Deps
 from .validation import read_json
@@ -38,7 +38,7 @@ async def serve_generation(
     headers = generation_headers(generation)
     if gen_request.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, as_stream(generation))
+        return Response(200, headers, ClosingBody(as_stream(generation), generation.events))
     return json_response(await as_json(generation), headers=headers)
 
 

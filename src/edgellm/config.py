@@ -45,6 +45,7 @@ class Config:
     )
     admin_token: str | None = None
     tenant: str = "default"
+    max_waiting_generations: int = 32  # admission control: generations in progress per isolate
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -68,4 +69,5 @@ class Config:
             cache_classes=_dict(get("CACHE_CLASSES"), base.cache_classes),
             admin_token=get("ADMIN_TOKEN"),
             tenant=str(get("TENANT") or base.tenant),
+            max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
         )

@@ -79,11 +79,18 @@ class Generation:
     cache_key: str | None = None
 
     async def collect(self) -> tuple[str, Finish]:
+        """Read the whole answer; the events are closed whatever happens (a client that left
+        cancels this, and closing is what stops the generation)."""
         parts: list[str] = []
         finish = Finish("stop", Usage())
-        async for event in self.events:
-            if isinstance(event, Token):
-                parts.append(event.text)
-            else:
-                finish = event
+        try:
+            async for event in self.events:
+                if isinstance(event, Token):
+                    parts.append(event.text)
+                else:
+                    finish = event
+        finally:
+            close = getattr(self.events, "aclose", None)
+            if close is not None:
+                await close()
         return "".join(parts), finish

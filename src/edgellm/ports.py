@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from .config import Config
+from .durable import DurableObjectNamespace
 from .state import IsolateState
 
 
@@ -38,6 +39,10 @@ class CapacityExceeded(BindingError):
     """The AI binding is overloaded or rate limited; try again later."""
 
     retryable = True
+
+
+class StreamCutError(BindingError):
+    """The AI binding's stream ended without `[DONE]`: an incomplete answer, never a finished one."""
 
 
 class KVLimitError(BindingError):
@@ -185,7 +190,8 @@ class Deps:
     clock: Clock = SystemClock()
     wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
     log: logging.Logger = logging.getLogger("edgellm")
-    state: IsolateState = field(default_factory=IsolateState)  # per isolate (coalescing, counters), never module-global
+    state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission), never module-global
+    flights: DurableObjectNamespace | None = None  # the coalescing Durable Object (cache.coalescing); None: no coalescing
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
@@ -22,8 +23,9 @@ from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response
 from ..ports import (
     BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
+    StreamCutError,
 )
-from ..sse import decode_events
+from ..sse import IncompleteStream, decode_events
 from ..state import IsolateState
 
 
@@ -60,16 +62,25 @@ def ai_error(exc: BaseException) -> BindingError:
 
 
 async def read_stream(stream: Any) -> AsyncIterator[bytes]:
+    """A JS ReadableStream's chunks. Close it explicitly (`aclosing`): its `finally` awaits the
+    reader's cancel, which the garbage collector cannot do ("async generator ignored GeneratorExit")."""
     reader = stream.getReader()
+    finished = False
     try:
         while True:
             result = await reader.read()
             if result.done:
+                finished = True
                 return
             yield result.value.to_bytes()
     finally:
         try:
-            await reader.cancel()
+            if not finished:
+                await reader.cancel()  # tells the producer (the AI binding, R2) to stop
+        except JsException:
+            pass
+        try:
+            reader.releaseLock()
         except JsException:
             pass
 
@@ -93,7 +104,16 @@ class WorkersAI:
             stream = await self.binding.run(model, js_options({**inputs, "stream": True}))
         except JsException as exc:
             raise ai_error(exc) from exc
-        return decode_events(read_stream(stream))
+        return _ai_events(decode_events(read_stream(stream)))
+
+
+async def _ai_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    async with aclosing(events):  # type: ignore[type-var]
+        try:
+            async for event in events:
+                yield event
+        except IncompleteStream as exc:
+            raise StreamCutError(f"the AI stream was cut: {exc}") from exc
 
 
 # --- KV -----------------------------------------------------------------------------------
@@ -165,8 +185,15 @@ async def to_core_request(request: Any, max_body: int) -> Request:
 
 
 async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
-    async for chunk in body:
-        yield to_js(chunk)
+    """The core's body as JS chunks. When the client leaves, this receives GeneratorExit: closing
+    the core's body then is what stops the generation behind it."""
+    try:
+        async for chunk in body:
+            yield to_js(chunk)
+    finally:
+        close = getattr(body, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def to_native_response(response: Response) -> Any:
@@ -209,7 +236,17 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         r2=_r2(r2, ctx.waitUntil),
         wait_until=ctx.waitUntil,
         state=state,
+        flights=_flights(getattr(env, "FLIGHTS", None)),
     )
+
+
+def _flights(binding: Any) -> Any:
+    """The coalescing Durable Object binding; without it the Worker does not coalesce."""
+    if binding is None or is_missing(binding):
+        return None
+    from .pyodide_durable import WorkersDurableObjectNamespace
+
+    return WorkersDurableObjectNamespace(binding)
 
 
 def _r2(binding: Any, wait_until: Any) -> Any:

@@ -96,9 +96,14 @@ class LocalDurableObjectNamespace:
         return list(self._instances)
 
 
-def local_flights(deps: Deps, wait_until: Callable[[Any], None]) -> LocalDurableObjectNamespace:
+def local_flights(deps: Deps | Callable[[], Deps], wait_until: Callable[[Any], None]) -> LocalDurableObjectNamespace:
     """The `FLIGHTS` binding of the local edge: one `FlightObject` per flight name. The objects
-    use the edge's bindings and its `waitUntil` (so a drain waits for their KV writes), and count
-    into the same stats: on the local edge, as under Miniflare, Worker and objects share a process."""
-    object_deps = replace(deps, wait_until=wait_until, flights=None)
-    return LocalDurableObjectNamespace(lambda name: FlightObject(object_deps), class_name="Flight")
+    use the edge's bindings (`deps`, or a callable giving them as they are when an object is
+    created) and its `waitUntil` (so a drain waits for their KV writes), and count into the same
+    stats: on the local edge, as under Miniflare, Worker and objects share a process."""
+
+    def build(name: str) -> DurableObject:
+        current = deps() if callable(deps) else deps
+        return FlightObject(replace(current, wait_until=wait_until, flights=None))
+
+    return LocalDurableObjectNamespace(build, class_name="Flight")

@@ -25,14 +25,15 @@ MAX_LIST_LIMIT = 1000
 MIN_SECONDS_BETWEEN_WRITES = 1.0  # KV allows one write per second to the same key
 
 
-def check_key(key: str) -> None:
+def check_key(key: str, operation: str = "PUT") -> None:
+    """KV's key rules; the message names the refused `operation` as KV's own errors do."""
     size = len(key.encode())
     if size == 0:
-        raise KVLimitError("KV PUT failed: 400 Key names must not be empty.")
+        raise KVLimitError(f"KV {operation} failed: 400 Key names must not be empty.")
     if key in (".", ".."):
-        raise KVLimitError(f"KV PUT failed: 400 Illegal key name {key!r}.")
+        raise KVLimitError(f"KV {operation} failed: 400 Illegal key name {key!r}.")
     if size > MAX_KEY_BYTES:
-        raise KVLimitError(f"KV PUT failed: 414 UTF-8 encoded length of {size} exceeds key length limit of {MAX_KEY_BYTES}.")
+        raise KVLimitError(f"KV {operation} failed: 414 UTF-8 encoded length of {size} exceeds key length limit of {MAX_KEY_BYTES}.")
 
 
 @dataclass
@@ -58,7 +59,7 @@ class SqliteKV:
         self._db.close()
 
     async def get(self, key: str) -> KVEntry | None:
-        check_key(key)
+        check_key(key, "GET")
         with self._lock:
             row = self._db.execute("SELECT value, metadata, expiration FROM kv WHERE key = ?", (key,)).fetchone()
             if row is None:
@@ -108,7 +109,7 @@ class SqliteKV:
             self._last_write[key] = now
 
     async def delete(self, key: str) -> None:
-        check_key(key)
+        check_key(key, "DELETE")
         with self._lock:
             self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
 

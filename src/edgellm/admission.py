@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from .errors import ErrorKind, GatewayError
 from .generation import Event
 
 RETRY_AFTER_SECONDS = 2
@@ -25,6 +24,9 @@ class Admission:
     refused: int = 0
 
     def admit(self, limit: int) -> "Ticket":
+        # imported here: errors -> ports -> state -> admission would be a cycle at import time
+        from .errors import ErrorKind, GatewayError
+
         if self.active >= limit:
             self.refused += 1
             raise GatewayError(

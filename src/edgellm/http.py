@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 Body = bytes | AsyncIterator[bytes]
 
@@ -27,6 +27,7 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
     path_params: dict[str, str] = field(default_factory=dict)
+    cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
 
     @property
     def path(self) -> str:
@@ -65,10 +66,6 @@ def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | Non
     merged = {"content-type": "application/json"}
     merged.update({k.lower(): v for k, v in (headers or {}).items()})
     return Response(status=status, headers=merged, body=body)
-
-
-def decode_path_segment(segment: str) -> str:
-    return unquote(segment)
 
 
 class ClosingBody:

@@ -162,6 +162,31 @@ class BlobStore(Protocol):
     ) -> dict[str, Any]: ...
 
 
+@dataclass
+class FetchResponse:
+    """An HTTP response whose body is still streaming; close `body` (aclose) to release it."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: AsyncIterator[bytes]
+
+
+class FetchError(BindingError):
+    """The request could not be sent or its response did not come (refused, reset, timed out)."""
+
+    retryable = True
+
+
+class HTTPFetch(Protocol):
+    """Outbound HTTP for origins: global `fetch` on the Worker, httpx on the local edge.
+
+    `timeout` (seconds) bounds the wait for the response headers; reading the body is bounded
+    by the caller. Failures to connect or to answer raise `FetchError`.
+    """
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> FetchResponse: ...
+
+
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
@@ -190,8 +215,9 @@ class Deps:
     clock: Clock = SystemClock()
     wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
     log: logging.Logger = logging.getLogger("edgellm")
-    state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission), never module-global
+    state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission, routing), never module-global
     flights: DurableObjectNamespace | None = None  # the coalescing Durable Object (cache.coalescing); None: no coalescing
+    fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .admission import Admission
 from .config import Config
+from .routing.state import RoutingState
 
 
 @dataclass
@@ -31,3 +32,4 @@ class IsolateState:
     generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # (tenant, namespace) -> (purge generation, read at)
     cache: CacheCounters = field(default_factory=CacheCounters)
     admission: Admission = field(default_factory=Admission)  # generations in progress in this isolate
+    routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers

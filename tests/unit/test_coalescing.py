@@ -131,3 +131,34 @@ def test_the_object_ignores_a_bad_order() -> None:
         assert response.status == 400
 
     isolation.run(main())
+
+
+def test_every_event_crosses_the_wire_whole() -> None:
+    """Logprobs, tool-call fragments and a finish's route and cacheability reach the Worker
+    intact: a stitched answer (edge,origin) must still say so, and still not be cacheable."""
+    from edgellm.cache.coalescing import decode_event, encode_event
+    from edgellm.generation import ToolCallDelta, Usage
+    import json
+
+    events = [
+        Token("Pa", ({"token": "Pa", "logprob": -0.5, "bytes": [80, 97], "top_logprobs": []},)),
+        Token("ris"),
+        ToolCallDelta(0, "call_1", "lookup", ""),
+        ToolCallDelta(0, arguments='{"q": 1}'),
+        Finish("stop", Usage(3, 4), "edge,origin; reason=stall", cacheable=False),
+    ]
+    assert [decode_event(json.loads(encode_event(e))) for e in events] == events
+
+
+def test_the_route_context_routes_the_objects_generation_like_the_request() -> None:
+    from edgellm.cache.coalescing import RouteContext
+    from edgellm.http import Request
+
+    request = Request("POST", "https://x/v1/chat/completions", {"cf-aig-request-timeout": "300", "cf-ipcountry": "DE",
+                                                                "authorization": "Bearer secret"}, b"{}", cf={"country": "DE"})
+    order = replace(ORDER, route=RouteContext.of(request))
+    decoded = FlightOrder.decode(order.encode())
+    assert decoded == order
+    rebuilt = decoded.route.request()
+    assert rebuilt.header("cf-aig-request-timeout") == "300" and rebuilt.cf == {"country": "DE"}
+    assert rebuilt.header("authorization") is None  # only what routing reads goes to the object

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..errors import ErrorKind, GatewayError
-from ..generation import Event, Finish, Generation, GenerationRequest, Token, Usage
+from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request, Response, json_bytes
-from ..inference import start_generation
 from ..ports import Deps
+from ..routing.policy import TIMEOUT_HEADER, start_routed
 from .entry import record
 from .store import store
 from .flight import Flight, Subscription
@@ -31,25 +31,55 @@ FLIGHT_URL = "https://flight.edgellm.internal/generate"
 FLIGHT_CONTENT_TYPE = "application/x-ndjson"
 
 
+ROUTE_HEADERS = (TIMEOUT_HEADER, "cf-ipcountry", "cf-ipcontinent")
+
+
+@dataclass(frozen=True)
+class RouteContext:
+    """What routing reads from the request that starts a flight (its region, its first-token
+    budget): the object routes the shared generation as the Worker would have routed it. Joiners
+    share the starter's route; their region is the same wherever it matters, since a resident
+    region's answers live under a key (hence a flight) of their own."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    cf: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, request: Request) -> "RouteContext":
+        headers = {name: value for name in ROUTE_HEADERS if (value := request.header(name)) is not None}
+        cf = {k: str(v) for k, v in request.cf.items() if k in ("country", "continent")}
+        return cls(headers, cf)
+
+    def request(self) -> Request:
+        return Request("POST", FLIGHT_URL, dict(self.headers), b"", cf=dict(self.cf))
+
+
 @dataclass(frozen=True)
 class FlightOrder:
-    """What the Worker asks the object for: the generation, and where and how to store it."""
+    """What the Worker asks the object for: the generation, where and how to store it, and
+    what routing needs of the request that asked."""
 
     request: GenerationRequest
     kv_key: str
     write: bool
     ttl: int
+    route: RouteContext = field(default_factory=RouteContext)
 
     def encode(self) -> bytes:
         r = self.request
         return json_bytes({"model": r.model, "inputs": r.inputs, "stop": list(r.stop), "stream": r.stream,
-                           "kv_key": self.kv_key, "write": self.write, "ttl": self.ttl})
+                           "include_usage": r.include_usage, "kv_key": self.kv_key, "write": self.write, "ttl": self.ttl,
+                           "route": {"headers": self.route.headers, "cf": self.route.cf}})
 
     @classmethod
     def decode(cls, data: bytes) -> "FlightOrder":
         obj = json.loads(data)
-        request = GenerationRequest(obj["model"], obj["inputs"], tuple(obj["stop"]), stream=bool(obj["stream"]))
-        return cls(request, str(obj["kv_key"]), bool(obj["write"]), int(obj["ttl"]))
+        request = GenerationRequest(obj["model"], obj["inputs"], tuple(obj["stop"]), stream=bool(obj["stream"]),
+                                    include_usage=bool(obj.get("include_usage")))
+        route = obj.get("route") or {}
+        context = RouteContext({str(k): str(v) for k, v in (route.get("headers") or {}).items()},
+                               {str(k): str(v) for k, v in (route.get("cf") or {}).items()})
+        return cls(request, str(obj["kv_key"]), bool(obj["write"]), int(obj["ttl"]), context)
 
 
 def flight_name(kv_key: str, write: bool, ttl: int) -> str:
@@ -62,9 +92,32 @@ def flight_name(kv_key: str, write: bool, ttl: int) -> str:
 
 
 def encode_event(event: Event) -> bytes:
+    """One event as a JSON line, whole: logprobs, tool-call fragments, and the finish's route and
+    whether it may be cached (an answer stitched from two routes may not) all cross intact."""
     if isinstance(event, Token):
-        return json_bytes({"token": event.text}) + b"\n"
-    return json_bytes({"finish": event.finish_reason, "usage": event.usage.to_json()}) + b"\n"
+        data: dict[str, Any] = {"token": event.text}
+        if event.logprobs is not None:
+            data["logprobs"] = list(event.logprobs)
+    elif isinstance(event, ToolCallDelta):
+        data = {"tool_call": {"index": event.index, "id": event.id, "name": event.name, "arguments": event.arguments}}
+    else:
+        data = {"finish": event.finish_reason, "usage": event.usage.to_json(), "route": event.route, "cacheable": event.cacheable}
+    return json_bytes(data) + b"\n"
+
+
+def decode_event(data: dict[str, Any]) -> Event | None:
+    """The event a JSON line carries (None for an error line)."""
+    if "token" in data:
+        logprobs = data.get("logprobs")
+        return Token(str(data["token"]), tuple(logprobs) if isinstance(logprobs, list) else None)
+    if "tool_call" in data:
+        call = data["tool_call"]
+        return ToolCallDelta(int(call["index"]), call.get("id"), call.get("name"), str(call.get("arguments") or ""))
+    if "finish" in data:
+        route = data.get("route")
+        return Finish(str(data["finish"]), Usage.from_json(data.get("usage")), str(route) if route else None,
+                      bool(data.get("cacheable", True)))
+    return None
 
 
 def encode_error(exc: BaseException) -> bytes:
@@ -140,6 +193,8 @@ class FlightObject:
                 ErrorKind.UPSTREAM, f"The generation failed to start: {type(exc).__name__}.", code="upstream_error", retry_after=5)
             return error.to_response()
         headers = {"content-type": FLIGHT_CONTENT_TYPE, "x-edgellm-model": model, "x-edgellm-flight": role}
+        if flight.route:
+            headers["x-edgellm-route"] = flight.route
         return Response(200, headers, FlightBody(subscription))
 
     def _start(self, order: FlightOrder) -> Flight:
@@ -153,7 +208,9 @@ class FlightObject:
             if answer is not None and order.write:
                 deps.wait_until(store(deps, order.kv_key, answer, order.ttl))
 
-        self.current = Flight().start(lambda: start_generation(deps, order.request), on_done)
+        # routed as the Worker routes (edge, origin, failover); a stitched answer's Finish is not
+        # cacheable, so `record` refuses it and the flight writes nothing
+        self.current = Flight().start(lambda: start_routed(deps, order.route.request(), order.request), on_done)
         deps.wait_until(self.current.producer)  # keeps the object alive until the answer is complete
         return self.current
 
@@ -189,12 +246,12 @@ class FlightEvents:
             self._buffer = lines.pop()
             self._pending.extend(line for line in lines if line.strip())
         data = json.loads(self._pending.pop(0))
-        if "token" in data:
-            return Token(str(data["token"]))
-        if "finish" in data:
+        event = decode_event(data)
+        if isinstance(event, Finish):
             self._ended, self._pending = True, []
             await self.aclose()
-            return Finish(str(data["finish"]), Usage.from_json(data.get("usage")))
+        if event is not None:
+            return event
         self._ended, self._pending = True, []
         await self.aclose()
         raise error_from(data, int(data.get("status") or 502), data.get("retry_after"))
@@ -227,5 +284,5 @@ async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation,
         retry = response.headers.get("retry-after")
         raise error_from(data if isinstance(data, dict) else {}, response.status, int(retry) if retry and retry.isdigit() else None)
     model = response.headers.get("x-edgellm-model", order.request.model)
-    generation = Generation(model, FlightEvents(response.body))  # type: ignore[arg-type]
+    generation = Generation(model, FlightEvents(response.body), route=response.headers.get("x-edgellm-route"))  # type: ignore[arg-type]
     return generation, response.headers.get("x-edgellm-flight") == "joined"

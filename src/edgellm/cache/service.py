@@ -13,9 +13,10 @@ from typing import AsyncIterator, Awaitable, Callable
 from ..admission import Admitted
 from ..generation import Event, Finish, Generation, GenerationRequest
 from ..http import Request
-from ..inference import start_generation
+from ..routing.policy import start_routed
+from ..routing.regions import regional_cache
 from ..ports import Deps
-from .coalescing import FlightOrder, shared_generation
+from .coalescing import FlightOrder, RouteContext, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import CachePolicy, cache_policy
@@ -80,6 +81,9 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
     scope = await current_scope(deps)
+    policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
+    if scope is None:
+        return CacheDecision(policy, None)
     key = build_custom_key(policy.custom_key, scope) if policy.custom_key else build_cache_key(gen_request, scope)
     return CacheDecision(policy, key)
 
@@ -90,7 +94,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters = counters_of(deps)
     if decision.key is None:
         counters.bypasses += 1
-        generation = await admitted(deps, lambda: start_generation(deps, gen_request))
+        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request))
         generation.cache_status = "BYPASS"
         return generation
     key, policy = decision.key, decision.policy
@@ -103,7 +107,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest)
     counters.misses += 1
     if deps.flights is not None:
-        order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl)
+        order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, RouteContext.of(request))
         joined = False
 
         async def start() -> Generation:
@@ -114,7 +118,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
         generation = await admitted(deps, start)
         counters.coalesced += joined
     else:
-        generation = await admitted(deps, lambda: start_generation(deps, gen_request))
+        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request))
         if policy.write:
             generation.events = StoredAfterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
     generation.cache_status, generation.cache_key = "MISS", key.digest

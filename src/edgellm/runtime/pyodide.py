@@ -26,6 +26,7 @@ from ..ports import (
     StreamCutError,
 )
 from ..sse import IncompleteStream, decode_events
+from ..structured import for_workers_ai_binding
 from ..state import IsolateState
 
 
@@ -93,6 +94,7 @@ class WorkersAI:
         return None
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = for_workers_ai_binding(inputs)
         try:
             result = await self.binding.run(model, js_options(inputs))
         except JsException as exc:
@@ -100,6 +102,11 @@ class WorkersAI:
         return result.to_py()
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        if inputs.get("response_format") is not None:
+            # Workers AI's JSON mode does not stream (Cloudflare's JSON mode docs): run it whole
+            # and hand the answer on as a one-event stream
+            return _one_event(await self.run(model, inputs))
+        inputs = for_workers_ai_binding(inputs)
         try:
             stream = await self.binding.run(model, js_options({**inputs, "stream": True}))
         except JsException as exc:
@@ -114,6 +121,10 @@ async def _ai_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dic
                 yield event
         except IncompleteStream as exc:
             raise StreamCutError(f"the AI stream was cut: {exc}") from exc
+
+
+async def _one_event(result: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield result
 
 
 # --- KV -----------------------------------------------------------------------------------
@@ -181,7 +192,16 @@ async def to_core_request(request: Any, max_body: int) -> Request:
     declared = headers.get("content-length", "")
     too_big = declared.isdigit() and int(declared) > max_body
     body = b"" if too_big or request.method in ("GET", "HEAD") else await request.bytes()
-    return Request(request.method, str(request.url), headers, bytes(body))
+    return Request(request.method, str(request.url), headers, bytes(body), cf=_cf(request))
+
+
+def _cf(request: Any) -> dict[str, str]:
+    """Where the request came from (`request.cf`, set by Cloudflare: the client cannot forge it)."""
+    cf = getattr(request, "cf", None)
+    if is_missing(cf):
+        return {}
+    values = {name: getattr(cf, name, None) for name in ("country", "continent")}
+    return {name: str(value) for name, value in values.items() if not is_missing(value)}
 
 
 async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
@@ -237,6 +257,7 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         wait_until=ctx.waitUntil,
         state=state,
         flights=_flights(getattr(env, "FLIGHTS", None)),
+        fetch=_fetch() if state.config.routing.origins else None,
     )
 
 
@@ -247,6 +268,12 @@ def _flights(binding: Any) -> Any:
     from .pyodide_durable import WorkersDurableObjectNamespace
 
     return WorkersDurableObjectNamespace(binding)
+
+
+def _fetch() -> Any:
+    from .pyodide_fetch import WorkersFetch
+
+    return WorkersFetch()
 
 
 def _r2(binding: Any, wait_until: Any) -> Any:
@@ -263,7 +290,8 @@ _isolate: IsolateState | None = None
 def isolate_state() -> IsolateState:
     """The isolate's shared state, created on first use (not at import: the deploy snapshot
     must hold no per-isolate data). This is the one module-level variable in the project: an
-    isolate is exactly the scope that request coalescing needs."""
+    isolate is exactly the scope of its counters, admission and routing breaker (shared I/O lives
+    in Durable Objects, never here)."""
     global _isolate
     if _isolate is None:
         _isolate = IsolateState()

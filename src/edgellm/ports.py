@@ -163,6 +163,26 @@ class BlobStore(Protocol):
 
 
 @dataclass
+class CachedResponse:
+    """An answer of the edge cache: a stored 200, or the 206 it cut from one for a Range."""
+
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: AsyncIterator[bytes]
+
+
+class EdgeCache(Protocol):
+    """The data centre's HTTP cache in front of a slower store (Workers' Cache API,
+    `caches.open(name)`): whole 200 responses stored by URL; `match` with a `range` header
+    answers a 206 cut from the stored 200 itself. Best effort: it may forget anything, and a
+    failure is a miss, never an error."""
+
+    async def match(self, url: str, headers: Mapping[str, str]) -> CachedResponse | None: ...
+
+    async def put(self, url: str, status: int, headers: Mapping[str, str], body: AsyncIterator[bytes]) -> None: ...
+
+
+@dataclass
 class FetchResponse:
     """An HTTP response whose body is still streaming; close `body` (aclose) to release it."""
 

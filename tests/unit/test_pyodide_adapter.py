@@ -166,7 +166,7 @@ class FakeR2Binding:
 
 async def test_r2_options_are_js_objects_and_a_miss_is_none(adapter) -> None:
     binding = FakeR2Binding()
-    r2 = adapter.r2.WorkersR2(binding, cache_name=None)
+    r2 = adapter.r2.WorkersR2(binding)
     assert await r2.get("models/x/blobs/sha256-" + "0" * 64, range=R2Range(offset=2, length=3)) is None
     assert binding.calls[0]["range"] == {"offset": 2, "length": 3}
 

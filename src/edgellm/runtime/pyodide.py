@@ -216,14 +216,19 @@ async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
             await close()
 
 
+def to_native_body(body: AsyncIterator[bytes]) -> Any:
+    """A core body as a JS ReadableStream: an R2 or AI stream passes straight through."""
+    native = getattr(body, "js_stream", None)
+    if native is None:
+        native = js.ReadableStream.from_(create_proxy(_js_chunks(body)))
+    return native
+
+
 def to_native_response(response: Response) -> Any:
     headers = dict(response.headers)
     if not response.is_streaming:
         return WorkersResponse(bytes(response.body), status=response.status, headers=headers)
-    body = getattr(response.body, "js_stream", None)  # an R2 or AI stream passes straight through
-    if body is None:
-        body = js.ReadableStream.from_(create_proxy(_js_chunks(response.body)))  # type: ignore[arg-type]
-    return WorkersResponse(body, status=response.status, headers=headers)
+    return WorkersResponse(to_native_body(response.body), status=response.status, headers=headers)  # type: ignore[arg-type]
 
 
 class EnvMapping(Mapping[str, Any]):
@@ -279,9 +284,10 @@ def _fetch() -> Any:
 def _r2(binding: Any, wait_until: Any) -> Any:
     if binding is None or is_missing(binding):
         return None
-    from .pyodide_r2 import WorkersR2
+    from ..artifacts.cached_store import CachedBlobStore
+    from .pyodide_r2 import WorkersEdgeCache, WorkersR2
 
-    return WorkersR2(binding, wait_until=wait_until)
+    return CachedBlobStore(WorkersR2(binding), WorkersEdgeCache(), wait_until=wait_until)
 
 
 _isolate: IsolateState | None = None

@@ -9,8 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_artifacts", "bench.bench_browser", "bench.bench_routing",
-              "bench.bench_conversations")
+BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_coalescing", "bench.bench_artifacts", "bench.bench_browser",
+              "bench.bench_routing", "bench.bench_conversations")
 
 
 def main() -> int:

@@ -1,8 +1,11 @@
-"""The Worker entrypoint: hands each request to the core through the Pyodide adapter."""
+"""The Worker entrypoint: hands each request to the core through the Pyodide adapter, and
+exports the Durable Objects: `Flight` (coalescing of identical misses, `edgellm.cache.coalescing`) and
+`Conversation` (the Responses API's stored conversations)."""
 
 from workers import DurableObject, WorkerEntrypoint
 
 from edgellm.runtime.pyodide import fetch, isolate_state
+from edgellm.runtime.pyodide_durable import flight_object, serve_object
 from edgellm.runtime.pyodide_conversations import ConversationHost
 
 
@@ -20,3 +23,14 @@ class Conversation(DurableObject):
 
     async def fetch(self, request):
         return await self.host.fetch(request)
+
+
+class Flight(DurableObject):
+    """One generation shared by every identical cacheable miss (one object per cache key)."""
+
+    def __init__(self, ctx, env):
+        super().__init__(ctx, env)
+        self.flight = flight_object(env, ctx)
+
+    async def fetch(self, request):
+        return await serve_object(self.flight, request)

@@ -25,9 +25,9 @@ from edgellm.config import Config
 from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
 
 from . import structured
-from .structured import ToolPlan
 from .isolation import OwnedStream
 from .slots import SlotLease, SlotPool
+from .structured import ToolPlan
 
 GGUF_MAGIC = b"GGUF"
 # The binding's published input schema, as data: inputs are checked the way Workers AI checks them,
@@ -255,24 +255,33 @@ class LlamaCppAI:
                 await self.slots.release(lease.slot)
 
     async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
+        """The whole answer, generated through llama.cpp's streaming callback so that cancelling
+        this (a client that left before its JSON answer) stops the generation at its next token."""
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
+        body.update(stream=True, stream_options={"include_usage": True})
+        parts: list[str] = []
+        usage: dict[str, Any] = {}
+        logprobs: list[dict[str, Any]] = []
         async with self._held(session, body):
+            events = _stream_events(runner, kind, body)
             try:
-                result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
-            except Exception as exc:  # a binding fails with a binding error, never a bare exception
-                raise _llama_exception(exc) from exc
-        _raise_llama_error(result)
-        choice = result["choices"][0]
-        text = choice["message"]["content"] if kind == "chat" else choice["text"]
-        out: dict[str, Any] = {"response": text or "", "usage": llama_usage(result)}
+                async for event in events:
+                    parts.append(event.get("response") or "")
+                    usage = event.get("usage") or usage
+                    if top is not None and "logprobs" in event:
+                        logprobs.extend(structured.logprobs_of(event, top) or [])
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+        text = "".join(parts)
+        out: dict[str, Any] = {"response": text, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, **usage}}
         if plan is not None:
-            answer, calls = plan.parse(text or "")
+            answer, calls = plan.parse(text)
             out["response"] = answer or ""
             if calls:
                 out["tool_calls"] = calls
         if top is not None:
-            out["logprobs"] = structured.logprobs_of(choice, top) or []
+            out["logprobs"] = logprobs
         return out
 
     async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
@@ -369,16 +378,22 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
             loop.call_soon_threadsafe(queue.put_nowait, exc)
 
     task = loop.run_in_executor(None, work)
+    # llama.cpp streams `timings` (with `cache_n`, the prompt tokens it reused) and `usage` on
+    # chunks of their own: the usage event goes out at the end, with both.
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
     try:
         while True:
             item = await queue.get()
             if item is DONE:
+                if usage is not None:
+                    yield {"response": "", "usage": llama_usage({"usage": usage, "timings": timings or {}})}
                 return
             if isinstance(item, BaseException):
                 raise _llama_exception(item) from item
             _raise_llama_error(item)
-            if item.get("usage"):
-                yield {"response": "", "usage": llama_usage(item)}
+            timings = item.get("timings") or timings
+            usage = item.get("usage") or usage
             for choice in item.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
                 if choice.get("logprobs"):  # asked for: llama.cpp's entries ride along (trimmed by _structured_stream)

@@ -51,6 +51,10 @@ class StaticAssets:
         file = self.find(request.path)
         if file is None:
             return None
+        if request.path.endswith(".html"):  # html_handling "auto-trailing-slash": the clean URL is the name
+            clean = request.path[: -len("index.html")] if request.path.endswith("/index.html") else request.path[: -len(".html")]
+            query = request.url.partition("?")[2]
+            return Response(307, {"location": clean + (f"?{query}" if query else ""), "content-length": "0"})
         etag = self._etag(file)
         headers = {
             "etag": etag,

@@ -27,6 +27,8 @@ def _dev(args: argparse.Namespace) -> int:
         model = Path(args.model) if args.model else default_model_path()
         env = dict(var.split("=", 1) for var in args.var)  # any [vars] value, as wrangler.toml would set it
         env.update({"MODEL": args.model_id, "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN")})
+        if args.max_waiting_generations is not None:
+            env["MAX_WAITING_GENERATIONS"] = str(args.max_waiting_generations)
         if args.origin:
             env["ORIGIN_TOKEN"] = args.origin_token or os.environ.get("EDGELLM_ORIGIN_TOKEN")
             env["ORIGINS"] = json.dumps([{"name": f"origin{i + 1}", "url": url, "token_secret": "ORIGIN_TOKEN"}
@@ -54,7 +56,7 @@ def _dev(args: argparse.Namespace) -> int:
         print(f"  origin {origin.name}: {origin.url}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
     try:
-        make_server(served, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (uvloop) event loop
+        make_server(served, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (isolating uvloop) event loop
     except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
         print("EdgeLLM local edge stopped", flush=True)
         return 130
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--ctx-size", type=int, default=4096, help="llama.cpp context, shared by the slots (default: %(default)s)")
     dev.add_argument("--slots", type=int, default=2, help="llama.cpp slots: conversations computed at once (default: %(default)s)")
     dev.add_argument("--slot-disk-mib", type=int, default=2048, help="disk budget for saved conversation slot states (default: %(default)s)")
+    dev.add_argument("--max-waiting-generations", type=int, metavar="N",
+                     help="admission control: generations in progress before a miss gets 503 + Retry-After (default 32)")
     dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
                      help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
                           "static files first (for benchmarks) (default: %(default)s)")

@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
+from edgellm.cache.coalescing import FlightObject
 from edgellm.durable import DurableObject
 from edgellm.http import Request, Response
+from edgellm.ports import Deps
 
 from .isolation import RequestContext, call_in, context_of
 
@@ -92,3 +94,16 @@ class LocalDurableObjectNamespace:
     def names(self) -> list[str]:
         """The objects created so far (tests look at what a run created)."""
         return list(self._instances)
+
+
+def local_flights(deps: Deps | Callable[[], Deps], wait_until: Callable[[Any], None]) -> LocalDurableObjectNamespace:
+    """The `FLIGHTS` binding of the local edge: one `FlightObject` per flight name. The objects
+    use the edge's bindings (`deps`, or a callable giving them as they are when an object is
+    created) and its `waitUntil` (so a drain waits for their KV writes), and count into the same
+    stats: on the local edge, as under Miniflare, Worker and objects share a process."""
+
+    def build(name: str) -> DurableObject:
+        current = deps() if callable(deps) else deps
+        return FlightObject(replace(current, wait_until=wait_until, flights=None))
+
+    return LocalDurableObjectNamespace(build, class_name="Flight")

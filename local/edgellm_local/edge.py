@@ -59,4 +59,4 @@ def build_app(settings: EdgeSettings, clock: Clock = SystemClock()) -> EdgeApp:
     deps = build_deps(settings, clock)
     deps.ai.models[settings.config.model].load()  # type: ignore[attr-defined]
     assets = StaticAssets(settings.public_dir) if settings.public_dir and settings.public_dir.is_dir() else None
-    return EdgeApp(deps, assets)
+    return EdgeApp(deps, assets, compress=True)  # `edgellm dev`: what the platform adds, gzip included

@@ -124,19 +124,37 @@ class IsolatedTask(asyncio.Task):  # type: ignore[type-arg]
         super().add_done_callback(fn, context=context)
 
 
-class IsolatingEventLoop(asyncio.SelectorEventLoop):
-    """The local edge's event loop: futures and tasks carry their request (see the module doc)."""
+class _Isolating:
+    """What makes a loop isolating: the futures and tasks it hands out carry their request."""
 
     def create_future(self) -> asyncio.Future[Any]:
-        return IsolatedFuture(loop=self)
+        return IsolatedFuture(loop=self)  # type: ignore[arg-type]
 
-    def create_task(self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None) -> asyncio.Task[Any]:  # type: ignore[override]
-        self._check_closed()  # type: ignore[attr-defined]
-        return IsolatedTask(coro, loop=self, name=name, context=context)
+    def create_task(self, coro: Any, *, name: str | None = None, context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        if self.is_closed():  # type: ignore[attr-defined]
+            coro.close()
+            raise RuntimeError("Event loop is closed")
+        return IsolatedTask(coro, loop=self, name=name, context=context)  # type: ignore[arg-type]
+
+
+class IsolatingEventLoop(_Isolating, asyncio.SelectorEventLoop):
+    """The local edge's asyncio event loop: futures and tasks carry their request (see the module doc)."""
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     return IsolatingEventLoop()
+
+
+def new_uvloop() -> asyncio.AbstractEventLoop:
+    """The isolating loop on libuv (`edgellm dev`'s fast server). uvloop's own internal futures
+    (socket reads and writes) bypass `create_future`: they are the runtime's I/O, no request's."""
+    import uvloop  # only the fast server needs it
+
+    class IsolatingUVLoop(_Isolating, uvloop.Loop):  # type: ignore[misc]
+        pass
+
+    IsolatingUVLoop.__qualname__ = "IsolatingUVLoop"
+    return IsolatingUVLoop()
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
@@ -209,3 +227,10 @@ class OwnedStream:
         close = getattr(self._source, "aclose", None)
         if close is not None:
             await close()
+
+
+async def as_runtime(function: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run runtime I/O (the HTTP server's own `receive`/`send`) outside any request, as workerd's
+    own I/O is: what it creates or resolves belongs to no request (a keep-alive connection's next
+    request is started from inside the previous one's `send`)."""
+    return await asyncio.get_running_loop().create_task(function(*args), context=_runtime_context())  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ class HttpxFetch:
 
 async def _body(client: httpx.AsyncClient, response: httpx.Response) -> AsyncIterator[bytes]:
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in response.aiter_bytes():  # decoded, as the Workers fetch decodes gzip
             yield chunk
     except httpx.HTTPError as exc:
         raise FetchError(f"{type(exc).__name__}: {exc}") from exc

@@ -12,7 +12,7 @@ import contextlib
 import errno
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable
 
 import uvicorn
@@ -22,7 +22,9 @@ from edgellm.http import Request, Response
 from edgellm.ports import Deps
 
 from .assets import StaticAssets
-from .isolation import request_context
+from .durable import local_flights
+from .isolation import as_runtime, request_context
+from .platform import encoded
 
 
 class PortInUse(Exception):
@@ -35,10 +37,18 @@ class EdgeApp:
 
     deps: Deps
     assets: StaticAssets | None = None
+    coalesce: bool = True  # the local FLIGHTS Durable Object binding; False: the Worker without it
+    compress: bool = False  # gzip text for clients that accept it, as Cloudflare does (`edgellm dev` turns it on)
     # API paths skip the static-file lookup (its filesystem probing cost ~80 us on every request);
     # False is the old order, kept for the benchmark's baseline
     api_first: bool = True
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.coalesce and self.deps.flights is None:
+            # objects get the edge's bindings as they are when first used: `edgellm dev` wraps the
+            # AI binding in FaultyAI after building the app, and a flight must run that one too
+            self.deps = replace(self.deps, flights=local_flights(lambda: self.deps, self.wait_until))
 
     def wait_until(self, awaitable: Awaitable[Any]) -> None:
         future = asyncio.ensure_future(awaitable)
@@ -61,7 +71,10 @@ class EdgeApp:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
                     loop = type(asyncio.get_running_loop())
-                    self.deps.log.info("serving on the %s.%s event loop", loop.__module__, loop.__qualname__)
+                    # the isolating loop (isolation.py) and the engine under it: uvloop's or asyncio's
+                    engine = next(c for c in loop.__mro__ if c.__module__.split(".")[0] in ("uvloop", "asyncio"))
+                    self.deps.log.info("serving on the %s.%s event loop, on %s.%s", loop.__module__, loop.__qualname__,
+                                       engine.__module__, engine.__qualname__)
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     await self.drain()
@@ -69,19 +82,42 @@ class EdgeApp:
                     return
         if scope["type"] != "http":
             return
+        async def runtime_receive() -> Any:
+            return await as_runtime(receive)
+
+        async def runtime_send(message: Any) -> None:
+            await as_runtime(send, message)
+
         with request_context(f"{scope['method']} {scope['path']}"):  # I/O made here is this request's
-            await self._serve(scope, receive, send)
+            await self._serve(scope, runtime_receive, runtime_send)
 
     async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         request = await self._read_request(scope, receive)
         if request is None:
             return  # the client left while sending its body: nothing to answer, nothing to start
+        # From here the client may leave at any moment, before its JSON answer as well as
+        # mid-stream: then the work is cancelled, which closes the body and stops the generation.
+        work = asyncio.ensure_future(self._answer(request, send))
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            work.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        finally:
+            watcher.cancel()
+
+    async def _answer(self, request: Request, send: Any) -> None:
         response = None
         if self.assets is not None and not (self.api_first and ROUTES.has_path(request.path)):
             response = self.assets.serve(request)
         if response is None:
             response = await handle(request, self.deps.for_request(self.wait_until))
-        await self._send(response, receive, send)
+        await self._send(encoded(response, request, compress=self.compress), send)
 
     async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | None:
         limit = self.deps.config.max_body_bytes
@@ -102,32 +138,20 @@ class EdgeApp:
         url = f"http://{host}{path}" + (f"?{query}" if query else "")
         return Request(scope["method"], url, headers, b"".join(chunks))
 
-    async def _send(self, response: Response, receive: Any, send: Any) -> None:
+    async def _send(self, response: Response, send: Any) -> None:
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         if not response.is_streaming:
             await send({"type": "http.response.body", "body": bytes(response.body)})
             return
         body = response.body
-        disconnected = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            disconnected.set()
-
-        watcher = asyncio.ensure_future(watch())
         try:
             async for chunk in body:  # type: ignore[union-attr]
-                if disconnected.is_set():
-                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            else:
-                await send({"type": "http.response.body", "body": b""})
+            await send({"type": "http.response.body", "body": b""})
         except OSError:
             pass  # the client went away mid-stream
         finally:
-            watcher.cancel()
             with contextlib.suppress(Exception):
                 await body.aclose()  # type: ignore[union-attr]
 
@@ -152,8 +176,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 SERVER_KINDS = {
     # uvicorn's C parser and libuv loop: +21% cache-HIT throughput over the pure-Python pair
-    "fast": {"http": "httptools", "loop": "uvloop"},
-    "baseline": {"http": "h11", "loop": "asyncio"},  # for benchmarks: what the edge ran on before
+    # (both loops enforce request isolation, as workerd does: see `isolation`)
+    "fast": {"http": "httptools", "loop": "edgellm_local.isolation:new_uvloop"},
+    "baseline": {"http": "h11", "loop": "edgellm_local.isolation:new_event_loop"},  # for benchmarks: what the edge ran on before
 }
 
 

@@ -68,6 +68,7 @@ class Config:
     tenant: str = "default"
     conversation_ttl: int = 30 * 86400  # seconds a stored response lives (CONVERSATION_TTL)
     conversation_max_bytes: int = 1024 * 1024  # stored size cap per conversation (CONVERSATION_MAX_BYTES)
+    max_waiting_generations: int = 32  # admission control: generations in progress per isolate
     # model id -> what it can honour (see capabilities.py); unlisted ids use the backend's word
     # or Cloudflare's published lists. `MODEL_CAPABILITIES` var: {"id": ["json_mode", ...]}.
     model_capabilities: dict[str, Any] = field(default_factory=dict)
@@ -106,6 +107,7 @@ class Config:
             tenant=str(get("TENANT") or base.tenant),
             conversation_ttl=int(get("CONVERSATION_TTL") or base.conversation_ttl),
             conversation_max_bytes=int(get("CONVERSATION_MAX_BYTES") or base.conversation_max_bytes),
+            max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
             model_capabilities=_capabilities(get("MODEL_CAPABILITIES")),
             # present but empty turns aliases off; absent keeps the default ones
             model_aliases=({str(k): str(v) for k, v in _json_object(get("MODEL_ALIASES")).items()}

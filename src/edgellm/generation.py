@@ -142,19 +142,26 @@ class Generation:
         return answer.text, answer.finish
 
     async def collect_answer(self) -> Answer:
+        """Read the whole answer; the events are closed whatever happens (a client that left
+        cancels this, and closing is what stops the generation)."""
         parts: list[str] = []
         deltas: list[ToolCallDelta] = []
         logprobs: list[dict[str, Any]] | None = None
         finish = Finish("stop", Usage())
-        async for event in self.events:
-            if isinstance(event, Token):
-                parts.append(event.text)
-                if event.logprobs is not None:
-                    logprobs = (logprobs or []) + list(event.logprobs)
-            elif isinstance(event, ToolCallDelta):
-                deltas.append(event)
-            else:
-                finish = event
+        try:
+            async for event in self.events:
+                if isinstance(event, Token):
+                    parts.append(event.text)
+                    if event.logprobs is not None:
+                        logprobs = (logprobs or []) + list(event.logprobs)
+                elif isinstance(event, ToolCallDelta):
+                    deltas.append(event)
+                else:
+                    finish = event
+        finally:
+            close = getattr(self.events, "aclose", None)
+            if close is not None:
+                await close()
         if finish.route and "," in finish.route:  # a failover after the start: the answer used both routes
             self.route = finish.route
         return Answer("".join(parts), finish, merge_tool_calls(deltas), tuple(logprobs) if logprobs is not None else None)

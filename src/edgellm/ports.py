@@ -41,6 +41,10 @@ class CapacityExceeded(BindingError):
     retryable = True
 
 
+class StreamCutError(BindingError):
+    """The AI binding's stream ended without `[DONE]`: an incomplete answer, never a finished one."""
+
+
 class KVLimitError(BindingError):
     """A KV call broke one of KV's documented limits (key/value/metadata size, TTL floor)."""
 
@@ -163,6 +167,26 @@ class BlobStore(Protocol):
 
 
 @dataclass
+class CachedResponse:
+    """An answer of the edge cache: a stored 200, or the 206 it cut from one for a Range."""
+
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: AsyncIterator[bytes]
+
+
+class EdgeCache(Protocol):
+    """The data centre's HTTP cache in front of a slower store (Workers' Cache API,
+    `caches.open(name)`): whole 200 responses stored by URL; `match` with a `range` header
+    answers a 206 cut from the stored 200 itself. Best effort: it may forget anything, and a
+    failure is a miss, never an error."""
+
+    async def match(self, url: str, headers: Mapping[str, str]) -> CachedResponse | None: ...
+
+    async def put(self, url: str, status: int, headers: Mapping[str, str], body: AsyncIterator[bytes]) -> None: ...
+
+
+@dataclass
 class FetchResponse:
     """An HTTP response whose body is still streaming; close `body` (aclose) to release it."""
 
@@ -215,7 +239,8 @@ class Deps:
     clock: Clock = SystemClock()
     wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
     log: logging.Logger = logging.getLogger("edgellm")
-    state: IsolateState = field(default_factory=IsolateState)  # per isolate (coalescing, counters), never module-global
+    state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission, routing), never module-global
+    flights: DurableObjectNamespace | None = None  # the coalescing Durable Object (cache.coalescing); None: no coalescing
     conversations: DurableObjectNamespace | None = None  # one object per conversation (Responses API state)
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
 

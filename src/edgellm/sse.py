@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import codecs
 import json
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Iterator
-
-from .ports import BindingError
 
 from .http import json_bytes
 
@@ -57,24 +56,28 @@ class SSEDecoder:
             self._data = []
 
 
-class StreamCutError(BindingError):
-    """The upstream stream ended without `[DONE]`: the answer is incomplete and must not be
-    passed off (or cached) as a finished one."""
+class IncompleteStream(ValueError):
+    """The stream ended without `[DONE]`: the answer is incomplete and must not be passed off
+    (or cached) as a finished one. (Framing only: the adapter says which binding it was.)"""
 
 
 async def decode_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
-    """Workers AI stream bytes -> event dicts, up to `[DONE]`; a stream cut before it raises."""
+    """Stream bytes -> event dicts, up to `[DONE]`; a stream cut before it raises.
+
+    The source is closed explicitly whatever happens (at `[DONE]`, on an error, or when this is
+    closed): left to the garbage collector, a JS reader is never cancelled nor released."""
     decoder = SSEDecoder()
-    async for chunk in chunks:
-        for data in decoder.feed(chunk):
+    async with aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            for data in decoder.feed(chunk):
+                if data == DONE:
+                    return
+                yield json.loads(data)
+        for data in decoder.flush():
             if data == DONE:
                 return
             yield json.loads(data)
-    for data in decoder.flush():
-        if data == DONE:
-            return
-        yield json.loads(data)
-    raise StreamCutError("the AI stream ended before [DONE]")
+    raise IncompleteStream("the stream ended before [DONE]")
 
 
 def encode_named_event(name: str, data: Any) -> bytes:

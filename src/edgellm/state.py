@@ -1,12 +1,14 @@
 """Per-isolate state: what one Worker isolate (or one local edge process) shares between the
 requests it serves. It is created by the runtime adapter and passed in through `Deps.state`,
-never kept at module level in the core."""
+never kept at module level in the core. Plain data only: I/O shared between requests belongs in
+a Durable Object (`edgellm.durable`), never here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from .admission import Admission
+from .config import Config
 from .routing.state import RoutingState
 
 
@@ -26,8 +28,8 @@ class CacheCounters:
 
 @dataclass
 class IsolateState:
-    config: Any = None  # the Worker's parsed Config, set on the isolate's first request
-    inflight: dict[str, Any] = field(default_factory=dict)  # cache key -> cache.flight.Flight
-    generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # namespace purge generations
+    config: Config | None = None  # the Worker's parsed Config, set on the isolate's first request
+    generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # (tenant, namespace) -> (purge generation, read at)
     cache: CacheCounters = field(default_factory=CacheCounters)
+    admission: Admission = field(default_factory=Admission)  # generations in progress in this isolate
     routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers

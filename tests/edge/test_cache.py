@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import httpx
 import pytest
@@ -41,6 +43,86 @@ class CountingAI:
         self.calls += 1
         await asyncio.sleep(self.start_delay)
         return await self.inner.stream(model, inputs)
+
+
+@dataclass
+class GatedAI:
+    """Wraps the real local binding: every generation waits at a gate the test opens, so that
+    concurrent requests are known to overlap (the test waits for the flight's subscriber count
+    or `waiting`, never for time). Counts calls, and streams the consumer closed."""
+
+    inner: Any
+    gate: threading.Event = field(default_factory=threading.Event)
+    calls: int = 0
+    waiting: int = 0
+    closed: int = 0
+
+    def describe(self, model: str) -> Any:
+        return self.inner.describe(model)
+
+    async def _wait(self) -> None:
+        self.calls += 1
+        self.waiting += 1
+        await asyncio.to_thread(self.gate.wait)
+        self.waiting -= 1
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        await self._wait()
+        return await self.inner.run(model, inputs)
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        await self._wait()
+        upstream = await self.inner.stream(model, inputs)
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            try:
+                async for event in upstream:
+                    yield event
+            finally:
+                await upstream.aclose()
+                self.closed += 1
+
+        return events()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
+    """Block until the server's observable state satisfies `condition` (checked every 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition was never met")
+        threading.Event().wait(0.01)
+
+
+def flight_objects(server: EdgeServer) -> list[Any]:
+    flights = server.app.deps.flights
+    return [flights.get(name).object for name in flights.names]
+
+
+def subscribers(server: EdgeServer) -> int:
+    return sum(o.current.subscribers for o in flight_objects(server) if o.current is not None)
+
+
+def is_stream(response: httpx.Response) -> bool:
+    return response.headers["content-type"].startswith("text/event-stream")
+
+
+def run_clients(server: EdgeServer, bodies: list[dict], ready: Callable[[], bool], ai: GatedAI,
+                headers: list[dict[str, str]] | None = None, before_release: Any = None) -> list[httpx.Response]:
+    """Send the requests at once, wait until `ready()` (all are in), open the gate, collect them in order."""
+    results: list[Any] = [None] * len(bodies)
+
+    def call(i: int) -> None:
+        results[i] = httpx.post(server.url + "/v1/chat/completions", json=bodies[i], headers=(headers or [{}] * len(bodies))[i], timeout=60)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    wait_for(ready)
+    ai.gate.set()
+    for t in threads:
+        t.join()
+    return results
 
 
 class FailingKV:
@@ -205,7 +287,8 @@ def test_aborted_stream_leaves_no_entry(cache_edge) -> None:
             next(lines)
     server.drain()
     assert asyncio.run(deps.kv.list(prefix="cache/"))["keys"] == []
-    assert deps.state.inflight == {}
+    [flight_object] = flight_objects(server)
+    assert flight_object.current is None and deps.state.admission.active == 0
     assert post(server, long).headers["cf-aig-cache-status"] == "MISS"
 
 
@@ -233,26 +316,94 @@ def test_failing_generation_mid_stream_leaves_no_entry(start_edge, make_deps) ->
     assert asyncio.run(deps.kv.list(prefix="cache/"))["keys"] == []
 
 
-def test_concurrent_identical_misses_share_one_generation(start_edge, make_deps) -> None:
+@pytest.mark.parametrize("clients", [2, 20])
+def test_concurrent_identical_misses_share_one_generation(start_edge, make_deps, clients: int) -> None:
     deps = make_deps()
-    ai = CountingAI(deps.ai, start_delay=0.3)
-    server = start_edge(type(deps)(**{**deps.__dict__, "ai": ai}))
-    results: list[httpx.Response] = []
-
-    def call(stream: bool) -> None:
-        results.append(httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=60))
-
-    threads = [threading.Thread(target=call, args=(i % 2 == 0,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    results = run_clients(server, [{**CHAT, "stream": i % 2 == 0} for i in range(clients)], lambda: subscribers(server) == clients, ai)
     server.drain()
     assert ai.calls == 1
     assert {r.status_code for r in results} == {200}
-    texts = {stream_text(r) if r.headers["content-type"].startswith("text/event-stream") else chat_text(r) for r in results}
-    assert len(texts) == 1
-    assert deps.state.cache.coalesced == 5
+    assert all(sse_payloads(r)[-1] == "[DONE]" for r in results if is_stream(r))
+    texts = {stream_text(r) if is_stream(r) else chat_text(r) for r in results}
+    assert len(texts) == 1 and texts != {""}
+    assert deps.state.cache.coalesced == clients - 1
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
+
+
+def leave_after_one_line(server: EdgeServer, body: dict) -> threading.Thread:
+    """A streaming client that reads the first line of its answer, then goes away."""
+
+    def run() -> None:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+            assert response.headers["cf-aig-cache-status"] == "MISS"
+            next(response.iter_lines())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_one_client_leaving_early_does_not_stop_the_others(start_edge, make_deps) -> None:
+    deps = make_deps()
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    body = {**CHAT, "stream": True}
+    leaver = leave_after_one_line(server, body)
+    results = run_clients(server, [body, CHAT], lambda: subscribers(server) == 3, ai)
+    leaver.join()
+    server.drain()
+    assert ai.calls == 1 and {r.status_code for r in results} == {200}
+    assert sse_payloads(results[0])[-1] == "[DONE]" and stream_text(results[0]) == chat_text(results[1])
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
+
+
+def test_every_client_leaving_stops_the_generation_and_writes_nothing(start_edge, make_deps) -> None:
+    deps = make_deps()
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    long = {**CHAT, "max_tokens": 2000, "stream": True}
+    leavers = [leave_after_one_line(server, long) for _ in range(2)]
+    wait_for(lambda: subscribers(server) == 2)
+    ai.gate.set()
+    for leaver in leavers:
+        leaver.join()
+    wait_for(lambda: ai.closed == 1)  # the binding's stream was closed: llama.cpp stopped
+    server.drain()
+    [flight_object] = flight_objects(server)
+    assert flight_object.current is None and flight_object.generations == 1
+    assert ai.calls == 1 and deps.state.admission.active == 0
+    assert asyncio.run(deps.kv.list(prefix="cache/"))["keys"] == []
+
+
+def test_a_json_client_leaving_before_its_answer_stops_the_generation(start_edge, make_deps) -> None:
+    deps = make_deps()
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    body = json.dumps({**CHAT, "max_tokens": 2000}).encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(lambda: subscribers(server) == 1)
+    wait_for(lambda: subscribers(server) == 0)  # the server saw the disconnect and cancelled the request
+    ai.gate.set()
+    server.drain()
+    [flight_object] = flight_objects(server)
+    assert flight_object.current is None and deps.state.admission.active == 0
+    assert asyncio.run(deps.kv.list(prefix="cache/"))["keys"] == []
+
+
+def test_without_the_flights_object_identical_misses_do_not_share(start_edge, make_deps) -> None:
+    """No Durable Object binding: no coalescing at all (never sharing inside the isolate)."""
+    deps = make_deps()
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai), coalesce=False)
+    results = run_clients(server, [{**CHAT, "stream": True}, CHAT], lambda: ai.waiting == 2, ai)
+    server.drain()
+    assert ai.calls == 2 and {r.status_code for r in results} == {200}
+    assert sse_payloads(results[0])[-1] == "[DONE]" and stream_text(results[0]) == chat_text(results[1])
+    assert deps.state.cache.coalesced == 0
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
 
 
@@ -266,7 +417,8 @@ def test_kv_failure_fails_open(start_edge, make_deps) -> None:
     streamed = post(server, {**CHAT, "stream": True})
     assert sse_payloads(streamed)[-1] == "[DONE]"
     stats = httpx.get(server.url + "/admin/cache/stats", headers=ADMIN).json()
-    assert stats["read_errors"] >= 3 and stats["write_errors"] == 3
+    # each of the 3 requests read its namespace generation and its entry; the stats route its generation
+    assert stats["read_errors"] == 7 and stats["write_errors"] == 3
 
 
 def test_corrupt_entry_is_a_miss_and_is_overwritten(cache_edge, clock) -> None:
@@ -338,20 +490,34 @@ def test_preload_then_hit_and_stats(cache_edge) -> None:
 
 def test_coalescing_never_lets_one_request_decide_another_ones_storage(start_edge, make_deps) -> None:
     deps = make_deps()
-    ai = CountingAI(deps.ai, start_delay=0.3)
-    server = start_edge(type(deps)(**{**deps.__dict__, "ai": ai}))
-    results: dict[str, httpx.Response] = {}
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    results = run_clients(server, [CHAT, CHAT], lambda: ai.waiting == 2, ai, headers=[{"cache-control": "no-store"}, {}])
+    server.drain()
+    assert ai.calls == 2 and len(flight_objects(server)) == 2  # different storage policies: two flights
+    assert chat_text(results[0]) == chat_text(results[1])
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"  # the plain request's answer was stored
 
-    def call(name: str, headers: dict[str, str]) -> None:
-        results[name] = httpx.post(server.url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=60)
 
-    threads = [threading.Thread(target=call, args=("no-store", {"cache-control": "no-store"})),
-               threading.Thread(target=call, args=("plain", {}))]
+def test_admission_bound_answers_503_at_once_never_to_hits_and_recovers(start_edge, make_deps) -> None:
+    deps = make_deps(config=Config(max_waiting_generations=2))
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    ai.gate.set()
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"  # an answer to HIT later
+    ai.gate.clear()
+    uncached = {k: v for k, v in CHAT.items() if k != "temperature"}
+    waiting: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda: waiting.append(post(server, uncached))) for _ in range(2)]
     for t in threads:
         t.start()
+    wait_for(lambda: ai.waiting == 2)
+    refused = httpx.post(server.url + "/v1/chat/completions", json=uncached, timeout=60)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+    assert refused.json()["error"]["type"] == "unavailable_error" and refused.json()["error"]["code"] == "overloaded"
+    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"  # HITs are never refused
+    ai.gate.set()
     for t in threads:
         t.join()
-    server.drain()
-    assert ai.calls == 2  # different storage policies: two flights, not one
-    assert chat_text(results["plain"]) == chat_text(results["no-store"])
-    assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"  # the plain request's answer was stored
+    assert [r.status_code for r in waiting] == [200, 200]
+    assert post(server, uncached).status_code == 200 and deps.state.admission.active == 0

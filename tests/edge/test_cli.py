@@ -77,7 +77,8 @@ def test_dev_serves_the_model_and_stops_on_ctrl_c(running: tuple[subprocess.Pope
     assert process.returncode in (0, 130)
     assert "Traceback" not in err
     assert url in out and tiny_model.name in out  # the banner says where and what
-    assert "serving on the uvloop.Loop event loop" in err  # `dev` lets uvicorn set up its loop
+    # `dev` lets uvicorn set up its loop: uvloop's, isolating requests as workerd does
+    assert "serving on the edgellm_local.isolation.IsolatingUVLoop event loop, on uvloop.Loop" in err
 
 
 def test_dev_keeps_a_conversation_warm_behind_its_fault_injector(running: tuple[subprocess.Popen[str], str, Path]) -> None:

@@ -10,11 +10,14 @@ It lets the adapter's own logic run under CPython. It proves nothing about worke
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
+
+from edgellm_local.isolation import check_owner, current_request
 
 
 class JsNull:
@@ -100,12 +103,48 @@ class FakeResponse:
 
 
 class FakeReadableStream:
-    def __init__(self, source: Any) -> None:
+    """`ReadableStream.from_(agen)` (what the adapter hands back), or a binding's stream of
+    byte chunks (`chunks`). Like a JS stream, it belongs to the request that created it: reading
+    it while serving another request fails as workerd fails it (the local edge's isolation)."""
+
+    def __init__(self, source: Any = None, chunks: list[bytes] | None = None) -> None:
         self.source = source
+        self.chunks = list(chunks or [])
+        self.owner = current_request()
+        self.reader: "FakeReader | None" = None
 
     @classmethod
     def from_(cls, source: Any) -> "FakeReadableStream":
         return cls(source)
+
+    def getReader(self) -> "FakeReader":  # noqa: N802 (JS name)
+        if self.reader is not None and not self.reader.released:
+            raise JsException("TypeError: ReadableStream is locked")
+        self.reader = FakeReader(self)
+        return self.reader
+
+
+class FakeReader:
+    def __init__(self, stream: FakeReadableStream) -> None:
+        self.stream = stream
+        self.cancelled = False
+        self.released = False
+
+    async def read(self) -> Any:
+        check_owner(self.stream.owner, "a ReadableStream")
+        if self.released:
+            raise JsException("TypeError: the reader was released")
+        await asyncio.sleep(0)
+        if self.cancelled or not self.stream.chunks:
+            return types.SimpleNamespace(done=True, value=None)
+        return types.SimpleNamespace(done=False, value=Uint8Array(self.stream.chunks.pop(0)))
+
+    async def cancel(self) -> None:
+        check_owner(self.stream.owner, "a ReadableStream")
+        self.cancelled = True
+
+    def releaseLock(self) -> None:  # noqa: N802 (JS name)
+        self.released = True
 
 
 @contextmanager

@@ -94,3 +94,18 @@ async def test_a_failure_reaches_every_joined_request() -> None:
     for joined in (flight.join(), flight.join()):
         with pytest.raises(GatewayError, match="binding broke"):
             [event async for event in joined]
+
+
+async def test_a_request_closed_before_its_first_read_uncounts_at_once() -> None:
+    """A subscription closed before it was ever read leaves no subscriber behind (the old
+    generator-based join only uncounted in a `finally` that never runs for an unstarted one)."""
+    gate, done = asyncio.Event(), []
+    flight = fly(paced(50, gate), done)
+    joined = flight.join()
+    assert flight.subscribers == 1
+    await joined.aclose()
+    assert flight.subscribers == 0
+    with pytest.raises(asyncio.CancelledError):
+        await flight.producer  # nobody left: the generation was abandoned
+    await joined.aclose()  # closing twice uncounts once
+    assert flight.subscribers == 0

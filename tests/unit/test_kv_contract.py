@@ -23,9 +23,19 @@ def kv(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> It
     store.close()
 
 
-def test_sqlite_kv_is_a_kv_store(kv: SqliteKV) -> None:
-    store: KVStore = kv  # the port's shape (a type checker enforces the rest)
-    assert all(callable(getattr(store, name)) for name in ("get", "put", "delete", "list"))
+async def test_sqlite_kv_keeps_the_ports_promises(kv: SqliteKV, clock: ManualClock) -> None:
+    """Through the port's own names only: what is put is got back with its metadata, a TTL
+    expires it, list sees it by prefix, delete removes it."""
+    store: KVStore = kv
+    await store.put("p/a", b"1", expiration_ttl=60, metadata={"m": 1})
+    await store.put("p/b", b"2")
+    await store.put("q/c", b"3")
+    assert await store.get("p/a") == KVEntry(b"1", {"m": 1})
+    assert [k["name"] for k in (await store.list(prefix="p/"))["keys"]] == ["p/a", "p/b"]
+    clock.advance(61)
+    assert await store.get("p/a") is None and (await store.get("p/b")).value == b"2"  # type: ignore[union-attr]
+    await store.delete("p/b")
+    assert await store.get("p/b") is None and [k["name"] for k in (await store.list(prefix="p/"))["keys"]] == []
 
 
 async def test_put_get_delete(kv: SqliteKV, clock: ManualClock) -> None:

@@ -6,6 +6,7 @@ misses are `jsnull`, options objects and bytes need `to_js`, errors arrive as `J
 
 from __future__ import annotations
 
+import asyncio
 import email.message
 import importlib
 from types import SimpleNamespace
@@ -60,23 +61,65 @@ async def test_ai_errors_map_to_binding_errors(adapter, message: str, error: typ
 
 
 async def test_ai_stream_is_read_from_the_js_stream_as_sse(adapter) -> None:
-    class Reader:
-        def __init__(self, chunks: list[bytes]) -> None:
-            self.chunks = chunks
-
-        async def read(self) -> Any:
-            if not self.chunks:
-                return SimpleNamespace(done=True, value=None)
-            return SimpleNamespace(done=False, value=fp.Uint8Array(self.chunks.pop(0)))
-
-        async def cancel(self) -> None:
-            pass
-
-    stream = SimpleNamespace(getReader=lambda: Reader([b'data: {"response":"Pa"}\n\ndata: {"resp', b'onse":"ris"}\n\n', b"data: [DONE]\n\n"]))
+    stream = fp.FakeReadableStream(chunks=[b'data: {"response":"Pa"}\n\ndata: {"resp', b'onse":"ris"}\n\n', b"data: [DONE]\n\n"])
     binding = FakeAIBinding(stream)
     events = await adapter.pyodide.WorkersAI(binding).stream("@cf/m", {"prompt": "x"})
     assert [e["response"] async for e in events] == ["Pa", "ris"]
     assert binding.calls[0][1]["stream"] is True
+    assert stream.reader.released  # closed at [DONE] by the code still awaiting, not by the GC
+
+
+async def test_closing_an_ai_stream_early_cancels_and_releases_the_reader(adapter) -> None:
+    stream = fp.FakeReadableStream(chunks=[b'data: {"response":"a"}\n\n'] * 50 + [b"data: [DONE]\n\n"])
+    events = await adapter.pyodide.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
+    assert (await anext(events))["response"] == "a"
+    await events.aclose()
+    assert stream.reader.cancelled and stream.reader.released
+
+
+async def test_an_ai_stream_cut_before_done_is_a_stream_cut_error(adapter) -> None:
+    from edgellm.ports import StreamCutError
+
+    stream = fp.FakeReadableStream(chunks=[b'data: {"response":"a"}\n\n'])
+    events = await adapter.pyodide.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
+    with pytest.raises(StreamCutError):
+        [e async for e in events]
+    assert stream.reader.released
+
+
+def test_a_stream_opened_by_one_request_fails_when_another_reads_it(adapter) -> None:
+    """The stand-in runtime enforces request isolation as workerd does."""
+    from edgellm_local import isolation
+    from edgellm_local.isolation import CrossRequestIOError, request_context
+
+    async def main() -> None:
+        with request_context("A"):
+            stream = fp.FakeReadableStream(chunks=[b'data: {"response":"a"}\n\n', b"data: [DONE]\n\n"])
+        events = await adapter.pyodide.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
+        with request_context("B"):
+            with pytest.raises(CrossRequestIOError):
+                await asyncio.ensure_future(anext(events))
+
+    isolation.run(main())
+
+
+async def test_a_client_leaving_closes_the_cores_body(adapter) -> None:
+    from edgellm.http import Response
+
+    closed = []
+
+    async def body():
+        try:
+            for i in range(100):
+                yield f"data: {i}\n\n".encode()
+        finally:
+            closed.append(True)
+
+    native = adapter.pyodide.to_native_response(Response(200, {"content-type": "text/event-stream"}, body()))
+    chunks = native.body.source
+    await anext(chunks)
+    await chunks.aclose()  # what GeneratorExit from ReadableStream.from_ amounts to
+    assert closed == [True]
 
 
 class FakeKVBinding:
@@ -123,7 +166,7 @@ class FakeR2Binding:
 
 async def test_r2_options_are_js_objects_and_a_miss_is_none(adapter) -> None:
     binding = FakeR2Binding()
-    r2 = adapter.r2.WorkersR2(binding, cache_name=None)
+    r2 = adapter.r2.WorkersR2(binding)
     assert await r2.get("models/x/blobs/sha256-" + "0" * 64, range=R2Range(offset=2, length=3)) is None
     assert binding.calls[0]["range"] == {"offset": 2, "length": 3}
 
@@ -206,6 +249,44 @@ def test_kv_errors_are_classified_by_their_status(adapter, message: str, error: 
     assert type(adapter.pyodide.kv_error(fp.JsException(message))).__name__ == error
 
 
+class FakeDurableObjects:
+    """`env.FLIGHTS`: `idFromName`, `get(id).fetch(url, init)` answering a streamed Response."""
+
+    def __init__(self, chunks: list[bytes], status: int = 200) -> None:
+        self.chunks, self.status, self.calls = chunks, status, []
+
+    def idFromName(self, name: str) -> str:  # noqa: N802 (JS name)
+        return f"id:{name}"
+
+    def get(self, object_id: str) -> Any:
+        outer = self
+
+        class Stub:
+            async def fetch(self, url: str, init: Any) -> Any:
+                outer.calls.append((object_id, url, fp.require_js_object(init)))
+                headers = [["Content-Type", "application/x-ndjson"], ["x-edgellm-model", "@cf/m"]]
+                return SimpleNamespace(status=outer.status, headers=SimpleNamespace(entries=lambda: headers),
+                                       body=fp.FakeReadableStream(chunks=list(outer.chunks)))
+
+        return Stub()
+
+
+async def test_a_durable_object_stub_fetch_streams_the_answer(adapter) -> None:
+    from edgellm.http import Request
+
+    from edgellm.runtime import pyodide_durable
+
+    binding = FakeDurableObjects([b'{"token":"Pa"}\n{"tok', b'en":"ris"}\n', b'{"finish":"stop","usage":{}}\n'])
+    stub = pyodide_durable.WorkersDurableObjectNamespace(binding).get("cache/k|w|60")
+    response = await stub.fetch(Request("POST", "https://flight.edgellm.internal/generate", {"content-type": "application/json"}, b"{}"))
+    assert response.status == 200 and response.is_streaming and response.headers["x-edgellm-model"] == "@cf/m"
+    object_id, url, init = binding.calls[0]
+    assert object_id == "id:cache/k|w|60" and init["method"] == "POST" and isinstance(init["body"], fp.Uint8Array)
+    from edgellm.cache.coalescing import FlightEvents
+
+    events = [e async for e in FlightEvents(response.body)]
+    assert [getattr(e, "text", None) for e in events] == ["Pa", "ris", None]
+    assert response.body.js_stream.reader.released
 class FakeFetchResponse:
     def __init__(self, status: int, chunks: list[bytes]) -> None:
         self.status, self.headers = status, {"content-type": "text/event-stream"}
@@ -226,6 +307,9 @@ class FakeJsStream:
 
     async def cancel(self) -> None:
         self.cancelled = True
+
+    def releaseLock(self) -> None:  # noqa: N802 (JS name): every real reader has it
+        self.released = True
 
 
 class FakeAbortController:

@@ -7,7 +7,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from edgellm.sse import SSEDecoder, StreamCutError, decode_events, encode_done, encode_event
+from edgellm.sse import IncompleteStream, SSEDecoder, decode_events, encode_done, encode_event
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ async def test_decode_events_stops_at_done() -> None:
 
 async def test_decode_events_without_done_is_a_cut_stream() -> None:
     received = []
-    with pytest.raises(StreamCutError):
+    with pytest.raises(IncompleteStream):
         async for event in decode_events(_chunks(b'data: {"response":"a"}\n\ndata: {"response":"b"}')):
             received.append(event)
     assert received == [{"response": "a"}, {"response": "b"}]  # what arrived, then the error

@@ -108,7 +108,7 @@ async def _preload_one(deps: Deps, gen_request: GenerationRequest, key: CacheKey
     except GatewayError as exc:
         return {"key": key.digest, "status": "error", "error": exc.to_json()["error"]}
     answer = record(generation.model, events, deps.clock.now())
-    if answer is None or not await store(deps, key, answer, ttl):
+    if answer is None or not await store(deps, key.kv_key, answer, ttl):
         return {"key": key.digest, "status": "error", "error": {"message": "the answer could not be stored"}}
     return {"key": key.digest, "status": "stored", "model": answer.model, "usage": answer.usage.to_json()}
 
@@ -163,7 +163,7 @@ async def cache_stats(request: Request, deps: Deps) -> Response:
         "object": "cache.stats",
         "scope": "isolate",  # counters are per isolate: KV must never be used as a counter
         **counters_of(deps).to_json(),
-        "inflight": len(deps.state.inflight),
+        "inflight": deps.state.admission.active,
         "namespace": scope.namespace, "generation": scope.generation,
         "default_ttl": deps.config.cache_default_ttl, "classes": deps.config.cache_classes,
     })

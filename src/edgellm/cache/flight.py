@@ -1,21 +1,28 @@
-"""Request coalescing: identical cacheable misses in one isolate share one generation.
+"""One generation shared by every identical request that joins it, inside a Durable Object.
 
-The generation runs in its own task (a producer) that appends events to a `Flight`; every
-request for the same key joins it and streams the events, late joiners replaying what they
-missed first. A request counts from the moment it joins, not from its first read, so one
-client leaving early never cancels a generation another has joined but not yet read. When the
-last one leaves before the end (every client aborted), the producer is cancelled, so an
-abandoned generation costs nothing more and writes nothing.
+Requests are isolated on Cloudflare: a generation (its task, its binding stream) belongs to the
+request that started it, so a `Flight` lives only in a Durable Object (`cache.coalescing`), whose
+requests may share what it owns; never in the Worker's isolate.
+
+The generation runs in its own task (the producer) that appends events; each request holds a
+`Subscription` that replays what is buffered, then follows live. A request counts from the moment
+it joins until its subscription is closed or ends, whether or not it ever read (a subscription
+closed before its first read uncounts at once). When the last one leaves before the end, the
+producer is cancelled: an abandoned generation costs nothing more and writes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from ..errors import ErrorKind, GatewayError
 from ..generation import Event, Generation
+
+
+def abandoned() -> GatewayError:
+    return GatewayError(ErrorKind.UNAVAILABLE, "The shared generation was abandoned; try again.", code="generation_abandoned", retry_after=1)
 
 
 @dataclass
@@ -34,9 +41,14 @@ class Flight:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def start(self, start: Callable[[], Awaitable[Generation]], on_done: Callable[["Flight"], None]) -> "Flight":
+        self.producer = asyncio.ensure_future(self.run(start, on_done))
+        return self
+
     async def run(self, start: Callable[[], Awaitable[Generation]], on_done: Callable[["Flight"], None]) -> None:
         """Produce the generation's events; `on_done` is called once, whatever the outcome
         (check `error`: None means the generation ran to its Finish)."""
+        generation: Generation | None = None
         try:
             generation = await start()
             self.model = generation.model
@@ -46,9 +58,7 @@ class Flight:
                 self.events.append(event)
                 self._notify()
         except asyncio.CancelledError:
-            self.error = self.error or GatewayError(
-                ErrorKind.UNAVAILABLE, "The shared generation was abandoned; try again.", code="generation_abandoned", retry_after=1
-            )
+            self.error = self.error or abandoned()
             if not self.started.done():
                 self.started.set_exception(self.error)
             raise
@@ -57,28 +67,55 @@ class Flight:
             if not self.started.done():
                 self.started.set_exception(exc)
         finally:
+            if generation is not None:
+                close = getattr(generation.events, "aclose", None)
+                if close is not None:
+                    await close()  # stops the binding stream (and llama.cpp behind it)
             self.done = True
             self._notify()
             on_done(self)
 
-    def join(self) -> AsyncIterator[Event]:
-        """Count a request in now; the iterator it returns streams every event from the first."""
+    def join(self) -> "Subscription":
+        """Count a request in now; its subscription streams every event from the first."""
         self.subscribers += 1
-        return self._follow()
+        return Subscription(self)
 
-    async def _follow(self) -> AsyncIterator[Event]:
-        position = 0
-        try:
-            while True:
-                while position < len(self.events):
-                    position += 1
-                    yield self.events[position - 1]
-                if self.done:
-                    if self.error is not None:
-                        raise self.error
-                    return
-                await self._changed.wait()
-        finally:
-            self.subscribers -= 1
-            if self.subscribers == 0 and not self.done and self.producer is not None:
-                self.producer.cancel()
+    def _leave(self) -> None:
+        self.subscribers -= 1
+        if self.subscribers == 0 and not self.done and self.producer is not None:
+            self.producer.cancel()
+
+
+@dataclass
+class Subscription:
+    """One request's view of a flight: an async iterator of events, closed exactly once (by its
+    end, a failure, or `aclose`, even before the first read)."""
+
+    flight: Flight
+    position: int = 0
+    closed: bool = False
+
+    def __aiter__(self) -> "Subscription":
+        return self
+
+    async def __anext__(self) -> Event:
+        flight = self.flight
+        while not self.closed:
+            if self.position < len(flight.events):
+                self.position += 1
+                return flight.events[self.position - 1]
+            if flight.done:
+                self._close()
+                if flight.error is not None:
+                    raise flight.error
+                break
+            await flight._changed.wait()
+        raise StopAsyncIteration
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.flight._leave()
+
+    async def aclose(self) -> None:
+        self._close()

@@ -1,31 +1,31 @@
 """The cache in front of the AI binding: look up, coalesce, generate, write behind.
 
 Failures of KV never fail a request (fail open): a read error is a miss, a write error is
-logged, and both are counted in the stats.
+logged, and both are counted in the stats. Identical misses share one generation only through
+the flights Durable Object (`cache.coalescing`); without it every miss generates on its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
 
-from ..generation import Generation, GenerationRequest
+from ..admission import Admitted
+from ..generation import Event, Finish, Generation, GenerationRequest
 from ..http import Request
 from ..routing.policy import start_routed
 from ..routing.regions import regional_cache
 from ..ports import Deps
-from ..state import CacheCounters
+from .coalescing import FlightOrder, RouteContext, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
-from .flight import Flight
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import CachePolicy, cache_policy
+from .store import counters_of, store
+
+__all__ = ["cached_generation", "counters_of", "current_scope", "lookup", "store", "GENERATION_KEY"]
 
 GENERATION_KEY = "cache-meta/{tenant}/{namespace}/generation"
 GENERATION_REFRESH_SECONDS = 30.0
-
-
-def counters_of(deps: Deps) -> CacheCounters:
-    return deps.state.cache
 
 
 async def current_scope(deps: Deps) -> CacheScope:
@@ -70,18 +70,6 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
         return None, 0
 
 
-async def store(deps: Deps, key: CacheKey, answer: CachedAnswer, ttl: int) -> bool:
-    assert deps.kv is not None
-    try:
-        await deps.kv.put(key.kv_key, answer.encode(), expiration_ttl=ttl,
-                          metadata={"model": answer.model, "created": int(answer.created)})
-        return True
-    except Exception as exc:
-        deps.log.error("cache write failed for %s: %s", key.kv_key, exc)
-        counters_of(deps).write_errors += 1
-        return False
-
-
 @dataclass(frozen=True)
 class CacheDecision:
     policy: CachePolicy
@@ -101,12 +89,12 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
 
 
 async def cached_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
-    """Answer from KV, join an identical in-flight generation, or start one and cache it."""
+    """Answer from KV, or generate (through the flights object when there is one) and cache it."""
     decision = await decide(deps, request, gen_request)
     counters = counters_of(deps)
     if decision.key is None:
         counters.bypasses += 1
-        generation = await start_routed(deps, request, gen_request)
+        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request))
         generation.cache_status = "BYPASS"
         return generation
     key, policy = decision.key, decision.policy
@@ -118,31 +106,60 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             age = max(0, int(deps.clock.now() - answer.created))
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest)
     counters.misses += 1
-    flight = join_or_start(deps, key, policy, gen_request, request)
-    events = flight.join()
-    model = await asyncio.shield(flight.started)
-    return Generation(model, events, cache_status="MISS", cache_key=key.digest, route=flight.route)
+    if deps.flights is not None:
+        order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, RouteContext.of(request))
+        joined = False
+
+        async def start() -> Generation:
+            nonlocal joined
+            generation, joined = await shared_generation(deps, order)
+            return generation
+
+        generation = await admitted(deps, start)
+        counters.coalesced += joined
+    else:
+        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request))
+        if policy.write:
+            generation.events = StoredAfterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
+    generation.cache_status, generation.cache_key = "MISS", key.digest
+    return generation
 
 
-def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: GenerationRequest, request: Request) -> Flight:
-    """Requests share a flight only if they would store its answer the same way (write or
-    not, for how long): a `no-store` or short-TTL request never decides for another."""
-    inflight = deps.state.inflight
-    flight_key = f"{key.kv_key}|{'w' if policy.write else 'n'}|{policy.ttl}"
-    flight = inflight.get(flight_key)
-    if flight is not None:
-        counters_of(deps).coalesced += 1
-        return flight
-    flight = Flight()
-    inflight[flight_key] = flight
+async def admitted(deps: Deps, start: Callable[[], Awaitable[Generation]]) -> Generation:
+    """Start a generation if the isolate admits one more (503 + Retry-After at once if not);
+    it holds its place until its events end or are closed."""
+    ticket = deps.state.admission.admit(deps.config.max_waiting_generations)
+    try:
+        generation = await start()
+    except BaseException:
+        ticket.release()
+        raise
+    generation.events = Admitted(generation.events, ticket)
+    return generation
 
-    def on_done(done: Flight) -> None:
-        if inflight.get(flight_key) is done:
-            del inflight[flight_key]
-        answer = record(done.model, done.events, deps.clock.now()) if done.error is None else None
-        if answer is not None and policy.write:
-            deps.wait_until(store(deps, key, answer, policy.ttl))
 
-    flight.producer = asyncio.ensure_future(flight.run(lambda: start_routed(deps, request, gen_request), on_done))
-    deps.wait_until(flight.producer)  # on the Worker, keeps the isolate alive until the answer is complete
-    return flight
+class StoredAfterwards:
+    """A miss without the flights object: this request's own generation, written to KV once it
+    has run to its Finish (never a partial one). A class so that closing it unread closes the
+    generation too."""
+
+    def __init__(self, deps: Deps, kv_key: str, ttl: int, model: str, events: AsyncIterator[Event]) -> None:
+        self.deps, self.kv_key, self.ttl, self.model, self.events = deps, kv_key, ttl, model, events
+        self.seen: list[Event] = []
+
+    def __aiter__(self) -> "StoredAfterwards":
+        return self
+
+    async def __anext__(self) -> Event:
+        event = await anext(self.events)
+        self.seen.append(event)
+        if isinstance(event, Finish):
+            answer = record(self.model, self.seen, self.deps.clock.now())
+            if answer is not None:
+                self.deps.wait_until(store(self.deps, self.kv_key, answer, self.ttl))
+        return event
+
+    async def aclose(self) -> None:
+        close = getattr(self.events, "aclose", None)
+        if close is not None:
+            await close()

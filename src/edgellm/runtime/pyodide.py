@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
@@ -22,8 +23,9 @@ from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response
 from ..ports import (
     BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
+    StreamCutError,
 )
-from ..sse import decode_events
+from ..sse import IncompleteStream, decode_events
 from ..structured import for_workers_ai_binding
 from ..state import IsolateState
 
@@ -61,16 +63,25 @@ def ai_error(exc: BaseException) -> BindingError:
 
 
 async def read_stream(stream: Any) -> AsyncIterator[bytes]:
+    """A JS ReadableStream's chunks. Close it explicitly (`aclosing`): its `finally` awaits the
+    reader's cancel, which the garbage collector cannot do ("async generator ignored GeneratorExit")."""
     reader = stream.getReader()
+    finished = False
     try:
         while True:
             result = await reader.read()
             if result.done:
+                finished = True
                 return
             yield result.value.to_bytes()
     finally:
         try:
-            await reader.cancel()
+            if not finished:
+                await reader.cancel()  # tells the producer (the AI binding, R2) to stop
+        except JsException:
+            pass
+        try:
+            reader.releaseLock()
         except JsException:
             pass
 
@@ -108,7 +119,16 @@ class WorkersAI:
             stream = await self.binding.run(model, js_options({**inputs, "stream": True}), *ai_run_options(session))
         except JsException as exc:
             raise ai_error(exc) from exc
-        return decode_events(read_stream(stream))
+        return _ai_events(decode_events(read_stream(stream)))
+
+
+async def _ai_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    async with aclosing(events):  # type: ignore[type-var]
+        try:
+            async for event in events:
+                yield event
+        except IncompleteStream as exc:
+            raise StreamCutError(f"the AI stream was cut: {exc}") from exc
 
 
 async def _one_event(result: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -193,18 +213,30 @@ def _cf(request: Any) -> dict[str, str]:
 
 
 async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
-    async for chunk in body:
-        yield to_js(chunk)
+    """The core's body as JS chunks. When the client leaves, this receives GeneratorExit: closing
+    the core's body then is what stops the generation behind it."""
+    try:
+        async for chunk in body:
+            yield to_js(chunk)
+    finally:
+        close = getattr(body, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def to_native_body(body: AsyncIterator[bytes]) -> Any:
+    """A core body as a JS ReadableStream: an R2 or AI stream passes straight through."""
+    native = getattr(body, "js_stream", None)
+    if native is None:
+        native = js.ReadableStream.from_(create_proxy(_js_chunks(body)))
+    return native
 
 
 def to_native_response(response: Response) -> Any:
     headers = dict(response.headers)
     if not response.is_streaming:
         return WorkersResponse(bytes(response.body), status=response.status, headers=headers)
-    body = getattr(response.body, "js_stream", None)  # an R2 or AI stream passes straight through
-    if body is None:
-        body = js.ReadableStream.from_(create_proxy(_js_chunks(response.body)))  # type: ignore[arg-type]
-    return WorkersResponse(body, status=response.status, headers=headers)
+    return WorkersResponse(to_native_body(response.body), status=response.status, headers=headers)  # type: ignore[arg-type]
 
 
 class EnvMapping(Mapping[str, Any]):
@@ -238,6 +270,7 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         wait_until=ctx.waitUntil,
         state=state,
         conversations=_conversations(env),
+        flights=_flights(getattr(env, "FLIGHTS", None)),
         fetch=_fetch() if state.config.routing.origins else None,
     )
 
@@ -246,6 +279,15 @@ def _conversations(env: Any) -> Any:
     from .pyodide_conversations import conversation_namespace
 
     return conversation_namespace(env)
+
+
+def _flights(binding: Any) -> Any:
+    """The coalescing Durable Object binding; without it the Worker does not coalesce."""
+    if binding is None or is_missing(binding):
+        return None
+    from .pyodide_durable import WorkersDurableObjectNamespace
+
+    return WorkersDurableObjectNamespace(binding)
 
 
 def _fetch() -> Any:
@@ -257,9 +299,10 @@ def _fetch() -> Any:
 def _r2(binding: Any, wait_until: Any) -> Any:
     if binding is None or is_missing(binding):
         return None
-    from .pyodide_r2 import WorkersR2
+    from ..artifacts.cached_store import CachedBlobStore
+    from .pyodide_r2 import WorkersEdgeCache, WorkersR2
 
-    return WorkersR2(binding, wait_until=wait_until)
+    return CachedBlobStore(WorkersR2(binding), WorkersEdgeCache(), wait_until=wait_until)
 
 
 _isolate: IsolateState | None = None
@@ -268,7 +311,8 @@ _isolate: IsolateState | None = None
 def isolate_state() -> IsolateState:
     """The isolate's shared state, created on first use (not at import: the deploy snapshot
     must hold no per-isolate data). This is the one module-level variable in the project: an
-    isolate is exactly the scope that request coalescing needs."""
+    isolate is exactly the scope of its counters, admission and routing breaker (shared I/O lives
+    in Durable Objects, never here)."""
     global _isolate
     if _isolate is None:
         _isolate = IsolateState()

@@ -1,39 +1,26 @@
-"""R2 on the Worker: the `BlobStore` port over the real bucket binding, with the Cache API in front.
+"""R2 on the Worker: the `BlobStore` port over the real bucket binding, and the `EdgeCache`
+port over the Cache API (the core's `CachedBlobStore` puts the one in front of the other).
 
 Runtime facts it relies on (../shared/docs/workers-runtime.md): every options object goes
 through `to_js(..., dict_converter=Object.fromEntries)` (a plain dict silently breaks ranges);
 a miss is `jsnull`; `put` needs `to_js(bytes)`; a failed `onlyIf` returns an object without
 `body`; `Response(obj.body)` streams an R2 body straight out, so the body object carries the JS
 stream as `js_stream` for `to_native_response` and is only read in Python if the core iterates it.
-
-Cache API: a `get` pinned to one version (`only_if=R2Conditional(etag_matches=...)`, which is
-how the artifact routes read bodies) is looked up in the `edgellm-artifacts` cache under a URL
-holding the key AND the ETag, so a republished file can never be served stale and nothing needs
-purging. The cache answers ranges itself (206 from a stored full 200). On a miss, a full read of
-an object up to `cache_max_bytes` is teed into the cache in the background (`wait_until`); ranged
-reads are not cached (the Cache API refuses to store a 206).
+The Cache API answers a Range itself (206 from a stored full 200) and refuses to store a 206.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
-from urllib.parse import quote
+from typing import Any, AsyncIterator, Mapping
 
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, to_js  # type: ignore[import-not-found]
 
-from ..artifacts.conditional import parse_content_range, range_header
-from ..ports import BindingError, R2Conditional, R2Object, R2Range
-from .pyodide import is_missing, js_options, read_stream
+from ..ports import BindingError, CachedResponse, R2Conditional, R2Object, R2Range
+from .pyodide import is_missing, js_options, read_stream, to_native_body
 
 CACHE_NAME = "edgellm-artifacts"
-CACHE_HOST = "https://r2.edgellm.internal/"
-# The tee buffers whatever the slower of its two readers has not taken yet, in isolate memory
-# (128 MB in all): only objects this small are copied into the cache (manifests, tokenizers,
-# small shards); larger shards stream from R2 every time.
-CACHE_MAX_BYTES = 8 * 1024 * 1024
 _RETRYABLE = ("(10001)", "(10043)", "(10058)")  # internal error, unavailable, too many requests
 
 
@@ -119,18 +106,9 @@ def _only_if_options(cond: R2Conditional) -> dict[str, Any]:
     return options
 
 
-def _pinned_etag(cond: R2Conditional | None) -> str | None:
-    if cond is None or cond.etag_does_not_match or cond.uploaded_before or cond.uploaded_after:
-        return None
-    return cond.etag_matches.strip('"') if cond.etag_matches and "," not in cond.etag_matches else None
-
-
 @dataclass
 class WorkersR2:
     binding: Any
-    wait_until: Callable[[Any], None] | None = None  # ctx.waitUntil; without it the cache is read-only
-    cache_name: str | None = CACHE_NAME
-    cache_max_bytes: int = CACHE_MAX_BYTES
 
     async def head(self, key: str) -> R2Object | None:
         try:
@@ -142,11 +120,6 @@ class WorkersR2:
     async def get(
         self, key: str, *, range: R2Range | None = None, only_if: R2Conditional | None = None
     ) -> R2Object | None:
-        etag = _pinned_etag(only_if) if self.cache_name else None
-        if etag:
-            hit = await self._cache_match(key, etag, range)
-            if hit is not None:
-                return hit
         options: dict[str, Any] = {}
         if range is not None:
             options["range"] = _range_options(range)
@@ -156,12 +129,7 @@ class WorkersR2:
             obj = await self.binding.get(key, js_options(options))
         except JsException as exc:
             raise r2_error(exc) from exc
-        if is_missing(obj):
-            return None
-        result = to_r2_object(obj)
-        if etag and range is None and result.body is not None and result.size <= self.cache_max_bytes:
-            self._cache_put(key, result)
-        return result
+        return None if is_missing(obj) else to_r2_object(obj)
 
     async def put(
         self,
@@ -217,65 +185,28 @@ class WorkersR2:
             page["cursor"] = str(result.cursor)
         return page
 
-    # --- the Cache API in front of R2 ----------------------------------------------------
 
-    @staticmethod
-    def _cache_url(key: str, etag: str) -> str:
-        return f"{CACHE_HOST}{quote(key)}?etag={quote(etag)}"
+@dataclass
+class WorkersEdgeCache:
+    """The `EdgeCache` port over `caches.open(name)`: the data centre's cache, per colo."""
 
-    async def _cache_match(self, key: str, etag: str, rng: R2Range | None) -> R2Object | None:
-        headers = {}
-        if rng is not None:
-            headers["range"] = range_header(rng.offset, rng.length, rng.suffix)
+    name: str = CACHE_NAME
+
+    async def match(self, url: str, headers: Mapping[str, str]) -> CachedResponse | None:
         try:
-            cache = await js.caches.open(self.cache_name)
-            request = js.Request.new(self._cache_url(key, etag), js_options({"headers": headers}))
-            hit = await cache.match(request)
+            cache = await js.caches.open(self.name)
+            hit = await cache.match(js.Request.new(url, js_options({"headers": dict(headers)})))
         except JsException:
-            return None  # the cache is an optimisation: any failure falls back to R2
+            return None  # the cache is an optimisation: any failure is a miss
         if hit is None or is_missing(hit):
             return None
-        described = hit.headers.get("x-edgellm-r2-object")
-        partial = parse_content_range(str(hit.headers.get("content-range") or ""))
-        try:
-            if is_missing(described) or (rng is not None and (hit.status != 206 or not partial)):
-                raise ValueError("no description, or the cache ignored the range")
-            obj = R2Object(**json.loads(str(described)))
-        except (ValueError, TypeError):  # never send the wrong bytes: fall back to R2
-            await R2Body(hit.body).aclose()
-            return None
-        if partial:
-            first, last, _total = partial
-            obj.range = (first, last - first + 1)
-        obj.body = R2Body(hit.body)
-        return obj
+        answered = {str(e[0]).lower(): str(e[1]) for e in hit.headers.entries()}
+        return CachedResponse(int(hit.status), answered, R2Body(hit.body))
 
-    def _cache_put(self, key: str, obj: R2Object) -> None:
-        if self.wait_until is None or obj.body is None:
-            return
-        to_client, to_cache = obj.body.js_stream.tee()  # type: ignore[attr-defined]
-        obj.body = R2Body(to_client)
-        described = {
-            "key": obj.key, "size": obj.size, "etag": obj.etag, "uploaded": obj.uploaded,
-            "http_metadata": obj.http_metadata, "custom_metadata": obj.custom_metadata,
-            "checksum_sha256": obj.checksum_sha256,
-        }
-        headers = {
-            "content-length": str(obj.size),
-            "etag": obj.http_etag,
-            "cache-control": "public, max-age=604800",  # the key holds the ETag: entries never go stale
-            "x-edgellm-r2-object": json.dumps(described, separators=(",", ":")),
-        }
+    async def put(self, url: str, status: int, headers: Mapping[str, str], body: AsyncIterator[bytes]) -> None:
         try:
-            response = js.Response.new(to_cache, js_options({"status": 200, "headers": headers}))
-            self.wait_until(_put_in_cache(self.cache_name, self._cache_url(key, obj.etag), response))
+            response = js.Response.new(to_native_body(body), js_options({"status": status, "headers": dict(headers)}))
+            cache = await js.caches.open(self.name)
+            await cache.put(url, response)
         except JsException:
-            pass
-
-
-async def _put_in_cache(cache_name: str | None, url: str, response: Any) -> None:
-    try:
-        cache = await js.caches.open(cache_name)
-        await cache.put(url, response)
-    except JsException:
-        pass  # a full or unavailable cache costs a later R2 read, nothing else
+            pass  # a full or unavailable cache costs a later R2 read, nothing else

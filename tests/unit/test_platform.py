@@ -1,0 +1,54 @@
+"""What the local edge adds like Cloudflare's edge: gzip for text when accepted (Content-Length
+dropped), Content-Length on other fixed bodies, and Static Assets' 307 to the clean URL."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from edgellm.http import Request, Response
+from edgellm_local.assets import StaticAssets
+from edgellm_local.platform import encoded
+
+
+def request(**headers: str) -> Request:
+    return Request("GET", "http://edge/x", headers)
+
+
+def test_fixed_json_carries_content_length_without_gzip() -> None:
+    response = encoded(Response(200, {"content-type": "application/json"}, b'{"a":1}'), request())
+    assert response.headers["content-length"] == "7" and "content-encoding" not in response.headers
+
+
+def test_text_is_gzipped_when_accepted_and_content_length_dropped() -> None:
+    body = b'{"answer":"' + b"x" * 500 + b'"}'
+    response = encoded(Response(200, {"content-type": "application/json", "content-length": str(len(body))}, body),
+                       request(**{"accept-encoding": "br, gzip;q=0.8"}))
+    assert response.headers["content-encoding"] == "gzip" and "content-length" not in response.headers
+    assert gzip.decompress(response.body) == body  # type: ignore[arg-type]
+    binary = encoded(Response(200, {"content-type": "application/octet-stream"}, b"\x00" * 10), request(**{"accept-encoding": "gzip"}))
+    assert "content-encoding" not in binary.headers and binary.headers["content-length"] == "10"
+
+
+async def test_a_gzipped_stream_is_flushed_chunk_by_chunk() -> None:
+    async def sse():
+        yield b"data: 1\n\n"
+        yield b"data: [DONE]\n\n"
+
+    response = encoded(Response(200, {"content-type": "text/event-stream"}, sse()), request(**{"accept-encoding": "gzip"}))
+    chunks = [chunk async for chunk in response.body]  # type: ignore[union-attr]
+    import zlib
+
+    decoder = zlib.decompressobj(31)
+    assert decoder.decompress(chunks[0]) == b"data: 1\n\n"  # readable before the stream ends
+    assert gzip.decompress(b"".join(chunks)) == b"data: 1\n\ndata: [DONE]\n\n"
+
+
+def test_html_names_redirect_to_the_clean_url(tmp_path: Path) -> None:
+    (tmp_path / "index.html").write_text("<p>home")
+    (tmp_path / "chat.html").write_text("<p>chat")
+    assets = StaticAssets(tmp_path)
+    for path, location in (("/chat.html", "/chat"), ("/index.html", "/"), ("/chat.html?x=1", "/chat?x=1")):
+        response = assets.serve(Request("GET", f"http://edge{path}"))
+        assert response is not None and response.status == 307 and response.headers["location"] == location
+    assert assets.serve(Request("GET", "http://edge/chat")).status == 200  # type: ignore[union-attr]

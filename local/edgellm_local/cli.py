@@ -13,6 +13,7 @@ from edgellm.config import Config
 
 from .ai import ModelFileError, default_model_path
 from .edge import EdgeSettings, build_app
+from .keys_cli import add_parser as add_keys_parser
 from .publish import add_parser as add_publish_parser
 from .pull import run as run_pull
 from .server import PortInUse, bind_socket, make_server
@@ -21,9 +22,13 @@ from .server import PortInUse, bind_socket, make_server
 def _dev(args: argparse.Namespace) -> int:
     try:
         model = Path(args.model) if args.model else default_model_path()
+        # Open mode on loopback by default (a developer's own machine; the README's curl lines work
+        # as they are), keys on any other address; --open / --require-keys decide explicitly.
+        open_access = args.open if args.open is not None else args.host in ("127.0.0.1", "localhost", "::1")
         config = Config.from_env({
             "MODEL": args.model_id,
             "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
+            "OPEN_ACCESS": "true" if open_access else "false",
         })
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
         sock = bind_socket(args.host, args.port)
@@ -35,6 +40,11 @@ def _dev(args: argparse.Namespace) -> int:
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
+    if config.open_access:
+        print("  WARNING: OPEN ACCESS: API calls need no key; anyone who can reach this port can spend inference.", flush=True)
+        print("  Use --require-keys and `edgellm keys create --tenant NAME` to require API keys.", flush=True)
+    else:
+        print("  API keys required (Authorization: Bearer <key>); make one with `edgellm keys create --tenant NAME`.", flush=True)
     try:
         asyncio.run(make_server(app).serve(sockets=[sock]))
     except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
@@ -53,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
+    dev.add_argument("--open", dest="open", action="store_true", default=None, help="serve the API without keys (default on loopback)")
+    dev.add_argument("--require-keys", dest="open", action="store_false", help="require API keys (default off loopback)")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")
@@ -61,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     pull.add_argument("--parallel", type=int, default=4, choices=range(1, 65), metavar="N", help="concurrent shard downloads (1-64, default 4)")
     pull.set_defaults(run=run_pull)
     add_publish_parser(sub)
+    add_keys_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return args.run(args)

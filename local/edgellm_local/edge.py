@@ -15,6 +15,7 @@ from .assets import StaticAssets
 from .kv import SqliteKV
 from .r2 import FileR2
 from .server import EdgeApp
+from .usage import SqliteUsage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PUBLIC = PROJECT_ROOT / "public"
@@ -41,6 +42,7 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         clock=clock,
         log=logging.getLogger("edgellm"),
         state=IsolateState(),
+        usage=SqliteUsage(settings.state_dir / "usage.sqlite3"),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from . import openai, workers_ai
+from . import access, openai, workers_ai
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
 from .http import Request, Response, json_response
@@ -34,7 +34,9 @@ def generation_headers(generation: Generation) -> dict[str, str]:
 async def serve_generation(
     request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
 ) -> Response:
+    await access.admit_generation(request, deps, gen_request)
     generation = await cached_generation(deps, request, gen_request)
+    access.observe(request, generation)
     headers = generation_headers(generation)
     if gen_request.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
@@ -82,4 +84,7 @@ async def list_models(request: Request, deps: Deps) -> Response:
 
 
 async def health(request: Request, deps: Deps) -> Response:
-    return json_response({"status": "ok", "model": deps.config.model})
+    body: dict[str, Any] = {"status": "ok", "model": deps.config.model, "access": "open" if deps.config.open_access else "keys"}
+    if deps.config.open_access:
+        body["warning"] = "OPEN ACCESS: API calls need no key; anyone who can reach this edge can spend inference."
+    return json_response(body)

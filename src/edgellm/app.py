@@ -5,7 +5,8 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
-from . import api, artifacts
+from . import access, api, artifacts
+from .access import report as usage_report
 from .cache import admin as cache_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
@@ -24,6 +25,7 @@ ROUTES = Router((
     route("POST", "/admin/cache/preload", cache_admin.preload_cache),
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
     route("GET", "/admin/cache/stats", cache_admin.cache_stats),
+    route("GET", "/admin/usage", usage_report.get_usage),
 ))
 
 CORS_HEADERS = {
@@ -51,18 +53,21 @@ def _error_response(request: Request, error: GatewayError) -> Response:
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
+    started = deps.clock.now()
     try:
         if request.method == "OPTIONS":
             response = _preflight(request, router)
         else:
             handler, params = router.match(request.method, request.path)
             request.path_params = params
+            request.principal = await access.authenticate(request, deps)
             response = await handler(request, deps)
     except GatewayError as error:
         response = _error_response(request, error)
     except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"))
+    response = access.account(request, response, deps, started)
     for name, value in CORS_HEADERS.items():
         response.headers.setdefault(name, value)
     if request.method == "HEAD" and not response.is_streaming:

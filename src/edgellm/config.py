@@ -12,6 +12,22 @@ from typing import Any, Mapping
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
 MAX_BODY_BYTES = 1024 * 1024
+# Workers AI's published prices, USD per million (input, output) tokens; MODEL_PRICES overrides.
+DEFAULT_PRICES = {
+    "@cf/meta/llama-2-7b-chat-int8": (0.556, 6.667),
+    "@cf/meta/llama-2-7b-chat-hf-lora": (0.556, 6.667),
+}
+
+
+def _flag(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _prices(value: Any) -> dict[str, tuple[float, float]]:
+    if value is None or value == "":
+        return dict(DEFAULT_PRICES)
+    data = value if isinstance(value, Mapping) else json.loads(str(value))
+    return {**DEFAULT_PRICES, **{str(k): (float(v[0]), float(v[1])) for k, v in data.items()}}
 
 
 def _list(value: Any) -> tuple[str, ...]:
@@ -45,6 +61,14 @@ class Config:
     )
     admin_token: str | None = None
     tenant: str = "default"
+    # Access (see access/): without OPEN_ACCESS every API call needs a key; open mode is only
+    # ever configured, and said loudly (start banner, /healthz).
+    open_access: bool = False
+    cors_origins: tuple[str, ...] = ()  # besides the edge's own origin and localhost
+    max_messages: int = 256
+    max_message_chars: int = 64 * 1024
+    # USD per million tokens (input, output), for the usage API's estimated cost.
+    model_prices: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -68,4 +92,7 @@ class Config:
             cache_classes=_dict(get("CACHE_CLASSES"), base.cache_classes),
             admin_token=get("ADMIN_TOKEN"),
             tenant=str(get("TENANT") or base.tenant),
+            open_access=_flag(get("OPEN_ACCESS") or "false"),
+            cors_origins=_list(get("CORS_ORIGINS")),
+            model_prices=_prices(get("MODEL_PRICES")),
         )

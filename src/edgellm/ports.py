@@ -157,6 +157,44 @@ class BlobStore(Protocol):
     ) -> dict[str, Any]: ...
 
 
+class RateLimiter(Protocol):
+    """The Workers Rate Limiting binding's shape: `limit(key)` spends one unit of the key's
+    window and says whether it was allowed. Its limit and period are the binding's own
+    configuration (`[[ratelimits]]` in wrangler.toml); the gateway also keeps per-key limits in
+    the isolate (access.ratelimit)."""
+
+    async def limit(self, key: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class UsageEvent:
+    """One answered request, as the usage port records it (no prompt or answer text)."""
+
+    time: float
+    tenant: str
+    key_id: str
+    model: str
+    route: str
+    cache_status: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    status: int
+
+
+class UsageSink(Protocol):
+    """Where usage goes: Workers Analytics Engine on Cloudflare (`writeDataPoint`), SQLite locally.
+
+    `query` answers `GET /admin/usage`: rows of totals grouped by any of tenant, model, day,
+    route, cache_status. A sink that cannot be queried from the Worker raises `NotImplementedError`."""
+
+    async def record(self, event: UsageEvent) -> None: ...
+
+    async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]: ...
+
+    async def tokens_spent(self, key_id: str) -> int: ...
+
+
 class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
@@ -186,6 +224,8 @@ class Deps:
     wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
     log: logging.Logger = logging.getLogger("edgellm")
     state: IsolateState = field(default_factory=IsolateState)  # per isolate (coalescing, counters), never module-global
+    rate_limiter: RateLimiter | None = None  # the Workers Rate Limiting binding; None: in-isolate windows only
+    usage: UsageSink | None = None  # None: usage is not recorded
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

@@ -23,8 +23,19 @@ class CacheCounters:
 
 
 @dataclass
+class AccessState:
+    """Per-isolate access data: recently read key records and the in-isolate rate windows
+    (plain data; the Workers Rate Limiting binding, when bound, is the cross-isolate limit)."""
+
+    keys: Any = None  # access.keys.KeyCache, created on first use
+    windows: dict[str, tuple[float, int]] = field(default_factory=dict)  # limit key -> (window start, used)
+    spent: dict[str, int] = field(default_factory=dict)  # key id -> tokens this isolate charged
+
+
+@dataclass
 class IsolateState:
     config: Any = None  # the Worker's parsed Config, set on the isolate's first request
     inflight: dict[str, Any] = field(default_factory=dict)  # cache key -> cache.flight.Flight
     generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # namespace purge generations
     cache: CacheCounters = field(default_factory=CacheCounters)
+    access: AccessState = field(default_factory=AccessState)

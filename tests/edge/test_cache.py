@@ -61,7 +61,7 @@ class FailingKV:
 
 @pytest.fixture
 def cache_edge(start_edge, make_deps, clock) -> tuple[EdgeServer, Deps, CountingAI]:
-    deps = make_deps(config=Config(admin_token=TOKEN), clock=clock)
+    deps = make_deps(config=Config(admin_token=TOKEN, open_access=True), clock=clock)
     ai = CountingAI(deps.ai)
     deps = type(deps)(**{**deps.__dict__, "ai": ai})
     return start_edge(deps), deps, ai
@@ -257,7 +257,7 @@ def test_concurrent_identical_misses_share_one_generation(start_edge, make_deps)
 
 
 def test_kv_failure_fails_open(start_edge, make_deps) -> None:
-    deps = make_deps(kv=FailingKV(), config=Config(admin_token=TOKEN))
+    deps = make_deps(kv=FailingKV(), config=Config(admin_token=TOKEN, open_access=True))
     server = start_edge(deps)
     for _ in range(2):
         response = post(server, CHAT)

@@ -34,6 +34,7 @@ from edgellm.config import Config
 from edgellm.sse import SSEDecoder
 from edgellm_local.edge import DEFAULT_PUBLIC
 from edgellm_local.server import EdgeServer
+from edgellm_local.usage import SqliteUsage
 
 DOC_URI = "urn:edgellm:openapi"
 ADMIN_TOKEN = "fuzz-admin-token"
@@ -55,7 +56,7 @@ POST_ROUTES = {  # template -> examples
     "/admin/cache/preload": 80,
     "/admin/cache/purge": 80,
 }
-GET_ROUTES = ["/v1/models", "/healthz", "/models", "/admin/cache/stats"]
+GET_ROUTES = ["/v1/models", "/healthz", "/models", "/admin/cache/stats", "/admin/usage"]
 
 MODEL = "tiny"
 BLOB = bytes(range(256)) * 8
@@ -158,7 +159,7 @@ def schema(openapi: OpenAPIDoc) -> schemathesis.BaseSchema:
 @pytest.fixture
 def fuzz_edge(start_edge: Callable[..., EdgeServer]) -> EdgeServer:
     """A local edge with the admin routes on and one published model in its R2."""
-    edge = start_edge(config=Config(admin_token=ADMIN_TOKEN))
+    edge = start_edge(config=Config(admin_token=ADMIN_TOKEN, open_access=True), usage=SqliteUsage())
     r2 = edge.app.deps.r2
     assert r2 is not None and edge.loop is not None
 

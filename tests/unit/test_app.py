@@ -24,7 +24,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 def deps_with(ai: Any = None, **config: Any) -> Deps:
     # kv=None: the answer cache (tested on its own) is bypassed, so each call reaches the binding
-    return Deps(config=Config(**config), ai=ai or ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    return Deps(config=Config(**{"open_access": True, **config}), ai=ai or ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
 
 
 def post(path: str, body: Any, headers: dict[str, str] | None = None) -> Request:
@@ -73,7 +73,7 @@ async def test_chat_completion() -> None:
 
 
 async def test_created_comes_from_the_injected_clock(clock: Any) -> None:
-    deps = Deps(config=Config(), ai=ScriptedAI(), clock=clock, log=logging.getLogger("edgellm.test"))
+    deps = Deps(config=Config(open_access=True), ai=ScriptedAI(), clock=clock, log=logging.getLogger("edgellm.test"))
     data = body_json(await handle(post("/v1/completions", {"prompt": "x"}), deps))
     assert data["created"] == int(clock.now())
 

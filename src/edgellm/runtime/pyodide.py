@@ -22,6 +22,7 @@ from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response
 from ..ports import (
     BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
+    UsageEvent,
 )
 from ..sse import decode_events
 from ..state import IsolateState
@@ -179,6 +180,48 @@ def to_native_response(response: Response) -> Any:
     return WorkersResponse(body, status=response.status, headers=headers)
 
 
+# --- rate limiting and usage ------------------------------------------------------------------
+
+
+@dataclass
+class WorkersRateLimit:
+    """The Rate Limiting binding (`[[ratelimits]]`): `limit({key})` -> `{success}`."""
+
+    binding: Any
+
+    async def limit(self, key: str) -> bool:
+        outcome = await self.binding.limit(js_options({"key": key}))
+        return bool(outcome.success)
+
+
+@dataclass
+class AnalyticsEngineUsage:
+    """Usage as Workers Analytics Engine data points (`[[analytics_engine_datasets]]`): blobs
+    tenant, key id, model, route, cache status; doubles prompt and completion tokens, latency
+    ms, status; indexed by tenant. Reading it back is the Analytics Engine SQL API's job (an
+    account token), not the Worker's, so `query` is not supported here."""
+
+    binding: Any
+
+    async def record(self, event: UsageEvent) -> None:
+        self.binding.writeDataPoint(js_options({
+            "blobs": to_js([event.tenant, event.key_id, event.model, event.route, event.cache_status]),
+            "doubles": to_js([event.prompt_tokens, event.completion_tokens, event.latency_ms, event.status]),
+            "indexes": to_js([event.tenant]),
+        }))
+
+    async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]:
+        raise NotImplementedError("query the Analytics Engine SQL API")
+
+    async def tokens_spent(self, key_id: str) -> int:
+        return 0  # budgets on Cloudflare count this isolate's charges (IsolateState.access.spent)
+
+
+def _optional(env: Any, name: str) -> Any:
+    binding = getattr(env, name, None)
+    return None if binding is None or is_missing(binding) else binding
+
+
 class EnvMapping(Mapping[str, Any]):
     """`[vars]` and secrets read as a mapping (they are attributes of `env`)."""
 
@@ -209,6 +252,8 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         r2=_r2(r2, ctx.waitUntil),
         wait_until=ctx.waitUntil,
         state=state,
+        rate_limiter=WorkersRateLimit(_optional(env, "RATE_LIMITER")) if _optional(env, "RATE_LIMITER") else None,
+        usage=AnalyticsEngineUsage(_optional(env, "USAGE")) if _optional(env, "USAGE") else None,
     )
 
 

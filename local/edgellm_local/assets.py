@@ -29,12 +29,12 @@ class StaticAssets:
         candidates = [root / relative] if relative else []
         candidates += [root / relative / "index.html", root / f"{relative}.html"] if relative else [root / "index.html"]
         for candidate in candidates:
-            try:
+            try:  # a segment longer than the filesystem allows (ENAMETOOLONG) is simply no file
                 resolved = candidate.resolve()
+                if resolved.is_file() and resolved.is_relative_to(root):
+                    return resolved
             except OSError:
                 continue
-            if resolved.is_file() and resolved.is_relative_to(root):
-                return resolved
         return None
 
     def _etag(self, file: Path) -> str:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -35,6 +36,9 @@ def _dev(args: argparse.Namespace) -> int:
         app = build_app(settings)
     except (ModelFileError, PortInUse) as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
+        print(f"edgellm: error: cannot use the state directory {args.state!r}: {exc}", file=sys.stderr)
         return 2
     host, port = sock.getsockname()[:2]
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)

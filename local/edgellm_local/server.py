@@ -22,6 +22,7 @@ from edgellm.http import Request, Response
 from edgellm.ports import Deps
 
 from .assets import StaticAssets
+from .hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
 
 
 class PortInUse(Exception):
@@ -34,6 +35,7 @@ class EdgeApp:
 
     deps: Deps
     assets: StaticAssets | None = None
+    limits: ServerLimits = field(default_factory=ServerLimits)
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
 
     def wait_until(self, awaitable: Awaitable[Any]) -> None:
@@ -63,7 +65,14 @@ class EdgeApp:
                     return
         if scope["type"] != "http":
             return
+        refusal = refuse_head(scope, self.deps.config.max_body_bytes, self.limits)
+        if refusal is not None:
+            await self._send(refusal, receive, send)
+            return
         request = await self._read_request(scope, receive)
+        if isinstance(request, Response):  # too slow or too large: answered, connection closes
+            await self._send(request, receive, send)
+            return
         if request is None:
             return  # the client left while sending its body: nothing to answer, nothing to start
         response = self.assets.serve(request) if self.assets else None
@@ -71,24 +80,17 @@ class EdgeApp:
             response = await handle(request, self.deps.for_request(self.wait_until))
         await self._send(response, receive, send)
 
-    async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | None:
-        limit = self.deps.config.max_body_bytes
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            if size <= limit:  # keep at most limit+1 bytes: enough for the core to say 413
-                chunks.append(chunk[: limit + 1 - size])
-            size += len(chunk)
-            more = message.get("more_body", False)
+    async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | Response | None:
+        body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits.body_timeout)
+        if body is None or isinstance(body, Response):
+            return body
         path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        host = headers.get("host", "localhost")
-        url = f"http://{host}{path}" + (f"?{query}" if query else "")
-        return Request(scope["method"], url, headers, b"".join(chunks))
+        # The route comes from the path alone: the Host is checked (refuse_head) and never parsed
+        # together with the path, so `Host: x/admin?` cannot move the request elsewhere.
+        url = f"http://{headers.get('host') or 'localhost'}{path}" + (f"?{query}" if query else "")
+        return Request(scope["method"], url, headers, body)
 
     async def _send(self, response: Response, receive: Any, send: Any) -> None:
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
@@ -139,7 +141,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def make_server(app: EdgeApp) -> uvicorn.Server:
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3,
+                            **uvicorn_options(app.limits))
     return uvicorn.Server(config)
 
 

@@ -23,6 +23,7 @@ class ErrorKind(enum.Enum):
     UNSUPPORTED_MEDIA_TYPE = (415, "invalid_request_error")
     RANGE_NOT_SATISFIABLE = (416, "invalid_request_error")
     RATE_LIMITED = (429, "rate_limit_error")
+    REQUEST_HEADERS_TOO_LARGE = (431, "invalid_request_error")
     SERVER = (500, "server_error")
     NOT_SUPPORTED = (501, "not_supported_error")
     UPSTREAM = (502, "upstream_error")

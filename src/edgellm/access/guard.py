@@ -97,6 +97,8 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
     parsed = parse_api_key(given)
     record = await _record(deps, parsed[0]) if parsed else None
     if record is None or parsed is None or not record.matches(parsed[1]):
+        if is_admin_path(path):
+            return None  # not a tenant key: the admin handlers answer (404 without ADMIN_TOKEN, else 401)
         raise unauthenticated("The API key is not valid.")
     if not record.active:
         raise unauthenticated("The API key has been revoked.", "revoked_api_key")

@@ -8,6 +8,7 @@ unknown model id raises `ModelNotFound`, a schema violation `InvalidModelInput`)
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import threading
@@ -19,6 +20,8 @@ from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
 from edgellm.workers_ai import validate_inputs
+
+from .control_tokens import defuse_messages, special_pattern, special_texts
 
 GGUF_MAGIC = b"GGUF"
 
@@ -87,6 +90,16 @@ class LlamaCppRunner:
         server = self.load()._server
         return server.handle_completions(body, callback) if callback else server.handle_completions(body)
 
+    @property
+    def slot_context(self) -> int:
+        """Tokens one request can hold: llama.cpp splits n_ctx evenly between its slots."""
+        return self.n_ctx // max(1, self.n_parallel)
+
+    @functools.cached_property
+    def special_pattern(self) -> Any:
+        """The model's control-token texts as one regex (read from the GGUF once)."""
+        return special_pattern(special_texts(self.path))
+
 
 _PARAMS = {
     "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -151,7 +164,12 @@ class LlamaCppAI:
             raise InvalidModelInput(f"5006: {exc.message}") from exc
         if "lora" in checked:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
+        max_tokens = int(checked.get("max_tokens") or 0)
+        if max_tokens > runner.slot_context:
+            raise InvalidModelInput(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds")
         kind, body = to_llama_request(checked)
+        if "messages" in body:  # content is text, never control tokens (raw prompts are the caller's own)
+            body["messages"] = defuse_messages(body["messages"], runner.special_pattern)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()
         except UnicodeEncodeError as exc:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from ..errors import ErrorKind, GatewayError
+from ..config import Config
+from ..errors import ErrorKind, GatewayError, invalid
 from ..generation import GenerationRequest
 from ..http import Request
 from ..ports import BindingError, Deps
@@ -114,9 +115,25 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
     return Principal(record.tenant, record.key_id, record)
 
 
+def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
+    """How many messages and how long each: bounds a caller can rely on, before any work."""
+    messages = gen_request.inputs.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > config.max_messages:
+            raise invalid(f"At most {config.max_messages} messages are accepted, got {len(messages)}.", "messages", "too_many_messages")
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str) and len(content) > config.max_message_chars:
+                raise invalid(f"A message may hold at most {config.max_message_chars} characters.", f"messages[{i}].content", "message_too_long")
+    prompt = gen_request.inputs.get("prompt")
+    if isinstance(prompt, str) and len(prompt) > config.max_message_chars:
+        raise invalid(f"The prompt may hold at most {config.max_message_chars} characters.", "prompt", "prompt_too_long")
+
+
 async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> None:
     """Before a generation (or a HIT): the key may use the model, has tokens left in its window
     and in its budget."""
+    check_input_limits(gen_request, deps.config)
     principal: Principal | None = request.principal
     record = principal.record if principal else None
     if record is None:

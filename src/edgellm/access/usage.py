@@ -83,7 +83,10 @@ def _record(request: Request, response: Response, deps: Deps, started: float) ->
 
 
 def account(request: Request, response: Response, deps: Deps, started: float) -> Response:
-    """Record the request's usage now, or when its streamed body ends (however it ends)."""
+    """Record the request's usage now, or when its streamed body ends (however it ends).
+    Public routes (artifacts, health) are not recorded: their bodies are handed over as they are."""
+    if request.principal is None:
+        return response
     if not response.is_streaming:
         _record(request, response, deps, started)
         return response

@@ -21,7 +21,7 @@ from ..ports import KVStore
 
 KEY_PREFIX = "access/keys/"
 _KEY = re.compile(r"^el-([a-z0-9]{12})\.([A-Za-z0-9_-]{20,100})$")
-_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # "_shared" (the shared pool) is no tenant
 
 
 def hash_secret(secret: str) -> str:

@@ -23,6 +23,8 @@ class StaticAssets:
 
     def find(self, path: str) -> Path | None:
         relative = unquote(path).lstrip("/")
+        if relative in ("_headers", "_redirects"):  # configuration of the assets, never served (as on Cloudflare)
+            return None
         if any(part in ("..", "") for part in relative.split("/")[:-1]) or "\\" in relative or "\0" in relative:
             return None
         root = self.root.resolve()

@@ -22,6 +22,7 @@ from edgellm.http import Request, Response
 from edgellm.ports import Deps
 
 from .assets import StaticAssets
+from .page_headers import HeaderRules
 from .hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
 
 
@@ -36,6 +37,11 @@ class EdgeApp:
     deps: Deps
     assets: StaticAssets | None = None
     limits: ServerLimits = field(default_factory=ServerLimits)
+    page_headers: HeaderRules = field(default_factory=HeaderRules)
+
+    def __post_init__(self) -> None:
+        if not self.page_headers.rules and self.assets is not None:
+            self.page_headers = HeaderRules.load(self.assets.root)
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
 
     def wait_until(self, awaitable: Awaitable[Any]) -> None:
@@ -76,6 +82,8 @@ class EdgeApp:
         if request is None:
             return  # the client left while sending its body: nothing to answer, nothing to start
         response = self.assets.serve(request) if self.assets else None
+        if response is not None:
+            response = self.page_headers.apply(request.path, response)
         if response is None:
             response = await handle(request, self.deps.for_request(self.wait_until))
         await self._send(response, receive, send)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import access, api, artifacts
 from .access import report as usage_report
+from .access.cors import cors_headers
 from .cache import admin as cache_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
@@ -28,16 +29,11 @@ ROUTES = Router((
     route("GET", "/admin/usage", usage_report.get_usage),
 ))
 
-CORS_HEADERS = {
-    "access-control-allow-origin": "*",
-    "access-control-expose-headers": "cf-aig-cache-status, age, x-edgellm-model, etag, content-length, content-range, accept-ranges, retry-after",
-}
 
-
-def _preflight(request: Request, router: Router) -> Response:
+def _preflight(request: Request, router: Router, deps: Deps) -> Response:
     router.match("GET" if request.header("access-control-request-method") in (None, "HEAD") else request.header("access-control-request-method", "GET"), request.path)
     return Response(204, {
-        **CORS_HEADERS,
+        **cors_headers(request, deps.config),
         "access-control-allow-methods": "GET, HEAD, POST, OPTIONS",
         "access-control-allow-headers": request.header("access-control-request-headers") or "*",
         "access-control-max-age": "86400",
@@ -56,7 +52,7 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
     started = deps.clock.now()
     try:
         if request.method == "OPTIONS":
-            response = _preflight(request, router)
+            response = _preflight(request, router, deps)
         else:
             handler, params = router.match(request.method, request.path)
             request.path_params = params
@@ -68,7 +64,7 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"))
     response = access.account(request, response, deps, started)
-    for name, value in CORS_HEADERS.items():
+    for name, value in cors_headers(request, deps.config).items():
         response.headers.setdefault(name, value)
     if request.method == "HEAD" and not response.is_streaming:
         response.headers.setdefault("content-length", str(len(response.body)))

@@ -216,3 +216,19 @@ def test_usage_totals_equal_the_requests_sent(keyed) -> None:
     assert own["tenant"] == "alice" and own["totals"]["requests"] == 3
     assert httpx.get(server.url + "/admin/usage", params={"group_by": "nope"}, headers=admin).status_code == 400
     assert httpx.get(server.url + "/admin/usage").status_code == 401
+
+
+def test_cors_allow_list_through_the_server_and_pages_send_security_headers(start_edge) -> None:
+    server = start_edge(config=Config(open_access=True, cors_origins=("https://partner.example",)))
+    for origin, allowed in (("https://partner.example", True), (server.url, True), ("http://localhost:3000", True),
+                            ("https://evil.example", False)):
+        response = httpx.post(server.url + "/v1/chat/completions", json=Q, headers={"origin": origin}, timeout=60)
+        assert (response.headers.get("access-control-allow-origin") == origin) is allowed, origin
+        preflight = httpx.options(server.url + "/v1/chat/completions", headers={"origin": origin, "access-control-request-method": "POST"})
+        assert ("access-control-allow-origin" in preflight.headers) is allowed, origin
+    assert httpx.get(server.url + "/models", headers={"origin": "https://evil.example"}).headers["access-control-allow-origin"] == "*"
+    for page in ("/", "/chat", "/tokenizer"):
+        headers = httpx.get(server.url + page).headers
+        assert headers["x-content-type-options"] == "nosniff"
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert httpx.get(server.url + "/_headers").status_code == 404

@@ -14,6 +14,7 @@ from edgellm.config import Config
 
 from .ai import ModelFileError, default_model_path
 from .edge import EdgeSettings, build_app
+from .access_log import install as install_access_log
 from .keys_cli import add_parser as add_keys_parser
 from .publish import add_parser as add_publish_parser
 from .pull import run as run_pull
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
     dev.add_argument("--open", dest="open", action="store_true", default=None, help="serve the API without keys (default on loopback)")
     dev.add_argument("--require-keys", dest="open", action="store_false", help="require API keys (default off loopback)")
+    dev.add_argument("--log-json", action="store_true", help="log each request as a JSON record instead of an access line")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")
@@ -80,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     add_keys_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "dev":
+        install_access_log(as_json=args.log_json)
     return args.run(args)
 
 

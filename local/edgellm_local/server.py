@@ -17,6 +17,7 @@ from typing import Any, Awaitable
 
 import uvicorn
 
+from edgellm.access.logs import log_request
 from edgellm.app import handle
 from edgellm.http import Request, Response
 from edgellm.ports import Deps
@@ -84,6 +85,7 @@ class EdgeApp:
         response = self.assets.serve(request) if self.assets else None
         if response is not None:
             response = self.page_headers.apply(request.path, response)
+            log_request(request, response, self.deps, self.deps.clock.now(), "asset")
         if response is None:
             response = await handle(request, self.deps.for_request(self.wait_until))
         await self._send(response, receive, send)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import access, api, artifacts
 from .access import report as usage_report
 from .access.cors import cors_headers
+from .access.logs import log_request
 from .cache import admin as cache_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
@@ -49,12 +50,14 @@ def _error_response(request: Request, error: GatewayError) -> Response:
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
-    started = deps.clock.now()
+    started, route_name = deps.clock.now(), "none"
     try:
         if request.method == "OPTIONS":
+            route_name = "preflight"
             response = _preflight(request, router, deps)
         else:
             handler, params = router.match(request.method, request.path)
+            route_name = getattr(handler, "__name__", "handler")
             request.path_params = params
             request.principal = await access.authenticate(request, deps)
             response = await handler(request, deps)
@@ -64,6 +67,7 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"))
     response = access.account(request, response, deps, started)
+    log_request(request, response, deps, started, route_name)
     for name, value in cors_headers(request, deps.config).items():
         response.headers.setdefault(name, value)
     if request.method == "HEAD" and not response.is_streaming:

@@ -232,3 +232,28 @@ def test_cors_allow_list_through_the_server_and_pages_send_security_headers(star
         assert headers["x-content-type-options"] == "nosniff"
         assert "frame-ancestors 'none'" in headers["content-security-policy"]
     assert httpx.get(server.url + "/_headers").status_code == 404
+
+
+def test_one_structured_record_per_request_without_prompt_text(keyed, caplog) -> None:
+    import json as json_module
+    import logging
+
+    from edgellm_local.access_log import AccessLineFormatter
+
+    server, _, mint, _ = keyed
+    key = mint("acme").api_key
+    secret_prompt = {**Q, "messages": [{"role": "user", "content": "my secret prompt"}]}
+    with caplog.at_level(logging.INFO, logger="edgellm.test.access"):
+        chat(server, key, secret_prompt, **{"cf-ray": "8f2a1b3c4d5e6f70-AMS"})
+        httpx.get(server.url + "/chat")
+        server.drain()
+    records = [r for r in caplog.records if r.name == "edgellm.test.access"]
+    api = next(r for r in records if r.edgellm["path"] == "/v1/chat/completions")
+    assert api.edgellm["request_id"] == "8f2a1b3c4d5e6f70-AMS"
+    assert (api.edgellm["status"], api.edgellm["cache"], api.edgellm["route"], api.edgellm["tenant"]) == (200, "MISS", "create_chat_completion", "acme")
+    assert json_module.loads(api.getMessage()) == api.edgellm
+    assert all("secret" not in r.getMessage() for r in caplog.records)
+    asset = next(r for r in records if r.edgellm["path"] == "/chat")
+    assert asset.edgellm["route"] == "asset" and asset.edgellm["status"] == 200
+    line = AccessLineFormatter().format(api)
+    assert line.startswith("POST /v1/chat/completions 200 MISS create_chat_completion ") and "tenant=acme" in line

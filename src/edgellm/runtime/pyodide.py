@@ -275,7 +275,19 @@ def isolate_state() -> IsolateState:
     global _isolate
     if _isolate is None:
         _isolate = IsolateState()
+        _log_requests()
     return _isolate
+
+
+def _log_requests() -> None:
+    """Workers Logs keep what the isolate prints: one JSON line per request (access.logs)."""
+    logger = logging.getLogger("edgellm.access")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 async def fetch(request: Any, env: Any, ctx: Any, state: IsolateState | None = None) -> Any:

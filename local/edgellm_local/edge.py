@@ -48,6 +48,7 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
 
 def build_app(settings: EdgeSettings, clock: Clock = SystemClock()) -> EdgeApp:
     deps = build_deps(settings, clock)
-    deps.ai.models[settings.config.model].load()  # type: ignore[attr-defined]
+    runner = deps.ai.models[settings.config.model].load()  # type: ignore[attr-defined]
+    runner.special_pattern  # read the control tokens now, not on the first request's event loop
     assets = StaticAssets(settings.public_dir) if settings.public_dir and settings.public_dir.is_dir() else None
     return EdgeApp(deps, assets)

@@ -36,7 +36,7 @@ class ServerLimits:
 
 
 def valid_host(host: str) -> bool:
-    match = _HOST.match(host)
+    match = _HOST.fullmatch(host)
     return bool(match) and (match.group(1) is None or int(match.group(1)) <= 65535)
 
 

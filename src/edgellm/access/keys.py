@@ -46,7 +46,7 @@ class KeyRecord:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if not _TENANT.match(self.tenant):
+        if not _TENANT.fullmatch(self.tenant):
             raise ValueError(f"a tenant name must match {_TENANT.pattern}: {self.tenant!r}")
 
     @property
@@ -91,7 +91,7 @@ class NewKey:
 
 def parse_api_key(api_key: str) -> tuple[str, str] | None:
     """(key id, secret) of a well-formed key, else None."""
-    match = _KEY.match(api_key)
+    match = _KEY.fullmatch(api_key)
     return (match.group(1), match.group(2)) if match else None
 
 

@@ -71,7 +71,7 @@ def _admin_body(request: Request, deps: Deps, *, tenant_allowed: bool = False) -
         raise invalid("The request body must be a JSON object.", None, "invalid_type")
     if tenant is None and body.get("tenant") is not None:  # the admin token may act for any tenant
         tenant = body["tenant"]
-        if not isinstance(tenant, str) or not _TENANT.match(tenant):
+        if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
             raise invalid("'tenant' must be a tenant name.", "tenant")
     return body, tenant
 

@@ -205,9 +205,9 @@ class AnalyticsEngineUsage:
 
     async def record(self, event: UsageEvent) -> None:
         self.binding.writeDataPoint(js_options({
-            "blobs": to_js([event.tenant, event.key_id, event.model, event.route, event.cache_status]),
-            "doubles": to_js([event.prompt_tokens, event.completion_tokens, event.latency_ms, event.status]),
-            "indexes": to_js([event.tenant]),
+            "blobs": [event.tenant, event.key_id, event.model, event.route, event.cache_status],
+            "doubles": [event.prompt_tokens, event.completion_tokens, event.latency_ms, event.status],
+            "indexes": [event.tenant],
         }))
 
     async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]:

@@ -64,7 +64,11 @@ def edge(state: Path) -> Iterator[tuple[str, int]]:
         yield url, process.pid
     finally:
         process.terminate()
-        process.wait(10)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:  # generations still running in llama.cpp threads
+            process.kill()
+            process.wait(10)
 
 
 async def one(client: httpx.AsyncClient, kind: str, key: str, blob: str, n: int) -> int:

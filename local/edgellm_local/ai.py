@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Mapping
 
 from edgellm.config import Config
 from edgellm.errors import GatewayError
-from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
+from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound
 from edgellm.workers_ai import validate_inputs
 
 from .control_tokens import defuse_messages, special_pattern, special_texts
@@ -61,7 +61,9 @@ class LlamaCppRunner:
     n_ctx: int = 4096
     n_parallel: int = 2
     threads: int = max(1, os.cpu_count() or 1)
+    max_waiting: int | None = None  # generations in flight or queued (default 8 per slot)
     _server: Any = field(default=None, init=False, repr=False)
+    _active: int = field(default=0, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def load(self) -> "LlamaCppRunner":
@@ -89,6 +91,18 @@ class LlamaCppRunner:
     def complete(self, body: dict[str, Any], callback: Any = None) -> Any:
         server = self.load()._server
         return server.handle_completions(body, callback) if callback else server.handle_completions(body)
+
+    def admit(self) -> None:
+        """Hold a place in this runner's queue, or refuse as Workers AI does when it is full
+        (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever."""
+        with self._lock:
+            if self._active >= (self.max_waiting or 8 * max(1, self.n_parallel)):
+                raise CapacityExceeded("3040: Capacity temporarily exceeded, please try again.")
+            self._active += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._active = max(0, self._active - 1)
 
     @property
     def slot_context(self) -> int:
@@ -178,10 +192,13 @@ class LlamaCppAI:
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
         runner, kind, body = self._prepare(model, inputs)
+        runner.admit()
         try:
             result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
         except Exception as exc:  # a binding fails with a binding error, never a bare exception
             raise _llama_exception(exc) from exc
+        finally:
+            runner.release()
         _raise_llama_error(result)
         choice = result["choices"][0]
         text = choice["message"]["content"] if kind == "chat" else choice["text"]
@@ -191,6 +208,7 @@ class LlamaCppAI:
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
         body.update(stream=True, stream_options={"include_usage": True})
+        runner.admit()  # released when the stream's events end or are closed
         events = _stream_events(runner, kind, body)
         # Like the real binding, refuse at the call (before any byte is sent) rather than
         # mid-stream: wait for the first event, so a rejected input (context too long) raises here.
@@ -229,7 +247,11 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
         except BaseException as exc:  # surfaced to the consumer, not lost in the thread
             loop.call_soon_threadsafe(queue.put_nowait, exc)
 
-    task = loop.run_in_executor(None, work)
+    try:
+        task = loop.run_in_executor(None, work)
+    except BaseException:
+        runner.release()
+        raise
     try:
         while True:
             item = await queue.get()
@@ -247,5 +269,8 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
                     yield {"response": text}
     finally:
         cancelled.set()
-        if not task.done():
-            await asyncio.shield(task)  # the thread stops at its next token
+        try:
+            if not task.done():
+                await asyncio.shield(task)  # the thread stops at its next token
+        finally:
+            runner.release()

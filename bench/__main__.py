@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_artifacts", "bench.bench_browser")
+BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_artifacts", "bench.bench_browser", "bench.bench_routing")
 
 
 def main() -> int:

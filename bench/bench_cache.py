@@ -6,7 +6,11 @@ measures from this one, in a single run:
   not read, the model generates, the answer is written) and of HITs for the same request;
 - HIT throughput against `/healthz`, a minimal route through the same server and router that
   returns a small fixed JSON body.
+- HIT p50 and throughput on two local edges running side by side, measured in alternating rounds: `--server baseline`
+  (uvicorn on h11 and the asyncio loop, static files probed before routing: the edge before issue
+  12) and the default `--server fast` (httptools + uvloop, API paths routed first).
 Targets (issue 3): MISS/HIT latency ratio >= 100x; HIT throughput >= 0.5x the fixed body's.
+Figures from a shared, busy 2-core machine vary from run to run: compare ratios within one run.
 
     .venv/bin/python -m bench.bench_cache [--misses 8] [--hits 400] [--concurrency 16]
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 
@@ -71,7 +76,47 @@ def row(name: str, samples: list[float], rps: float | None = None) -> str:
     return f"{name:<22}{len(samples):>6}{p50:>12.2f}{p99:>12.2f}{rate}"
 
 
+# the server comparison's cached request: a short answer, so setting up two edges costs two short
+# generations; what is measured is the HIT path, where the body size matters little
+SERVER_BODY = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 16}
+
+
+async def compare_servers(args: argparse.Namespace, rounds: int = 6) -> None:
+    """HIT p50 and throughput on a baseline and a fast edge running side by side, in alternating
+    rounds (ABBA...), so neither always meets the machine's quieter moments."""
+    kinds = ("baseline", "fast")
+    with contextlib.ExitStack() as stack:
+        urls = {kind: stack.enter_context(running_edge(extra=["--server", kind])) for kind in kinds}
+        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+        clients = {kind: httpx.AsyncClient(base_url=url, timeout=300, limits=limits) for kind, url in urls.items()}
+        try:
+            for client in clients.values():
+                (await client.post("/v1/chat/completions", json=SERVER_BODY)).raise_for_status()
+            await asyncio.sleep(0.2)  # let the write-behinds land
+            for client in clients.values():
+                await sequential(client, 20, "POST", "/v1/chat/completions", "HIT", json=SERVER_BODY)  # warm up
+            latencies: dict[str, list[float]] = {k: [] for k in kinds}
+            rates: dict[str, list[float]] = {k: [] for k in kinds}
+            for i in range(rounds):
+                for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                    latencies[kind] += await sequential(clients[kind], args.hits // rounds, "POST", "/v1/chat/completions", "HIT", json=SERVER_BODY)
+                    rates[kind].append(await throughput(clients[kind], args.hits // rounds * 2, args.concurrency, "POST", "/v1/chat/completions", json=SERVER_BODY))
+        finally:
+            for client in clients.values():
+                await client.aclose()
+    print(f"\nHIT through the local edge's HTTP server, same run, {rounds} alternating rounds:")
+    print(f"{'':<22}{'n':>6}{'p50 ms':>12}{'p99 ms':>12}{'req/s':>10}")
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    print(row("baseline (h11)", latencies["baseline"], median["baseline"]))
+    print(row("fast (httptools+uvloop)", latencies["fast"], median["fast"]))
+    print(f"fast / baseline: throughput {median['fast'] / median['baseline']:.2f}x (median of rounds), p50 "
+          f"{percentile(latencies['fast'], 50) * 1000:.2f} ms vs {percentile(latencies['baseline'], 50) * 1000:.2f} ms")
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.servers_only:
+        await compare_servers(args)
+        return
     with running_edge() as url:
         limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
         async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
@@ -95,6 +140,7 @@ async def main(args: argparse.Namespace) -> None:
           f"(p99: {percentile(miss, 99) / percentile(hit, 99):.0f}x; target >= 100x)")
     print(f"HIT throughput / fixed-body throughput at concurrency {args.concurrency}: "
           f"{hit_rps / fixed_rps:.2f}x (target >= 0.5x)")
+    await compare_servers(args)
 
 
 if __name__ == "__main__":
@@ -102,4 +148,5 @@ if __name__ == "__main__":
     parser.add_argument("--misses", type=int, default=8)
     parser.add_argument("--hits", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--servers-only", action="store_true", help="only the baseline/fast server comparison")
     asyncio.run(main(parser.parse_args()))

@@ -91,9 +91,3 @@ def start_edge(make_deps: Callable[..., Deps]) -> Iterator[Callable[..., EdgeSer
 @pytest.fixture
 def edge(start_edge: Callable[..., EdgeServer]) -> EdgeServer:
     return start_edge()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Browser tests run last: Playwright's sync API keeps an event loop running in the main
-    thread for the rest of the session, after which `asyncio.run` in other tests would fail."""
-    items.sort(key=lambda item: "tests/browser/" in item.nodeid.replace("\\", "/"))

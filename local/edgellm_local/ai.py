@@ -1,8 +1,9 @@
 """Workers AI backed by a real llama.cpp runner (xllamacpp embeds llama.cpp's own server).
 
 It behaves like the binding the Worker gets: the same input schema and defaults (temperature
-0.6, max_tokens 256), the same output and stream event shapes, and the same failures (an
-unknown model id raises `ModelNotFound`, a schema violation `InvalidModelInput`).
+0.6, max_tokens 256: the model's published JSON schema in `schemas/`), the same output and stream
+event shapes, and the same failures (an unknown model id raises `ModelNotFound`, a schema
+violation `InvalidModelInput`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
+from edgellm.capabilities import CAPABILITY_NAMES
+import jsonschema
+
 from edgellm.config import Config
-from edgellm.errors import GatewayError
 from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound
-from edgellm.workers_ai import validate_inputs
+
+from . import structured
+from .structured import ToolPlan
 
 from .control_tokens import defuse_messages, special_pattern, special_texts
 
 GGUF_MAGIC = b"GGUF"
+# The binding's published input schema, as data: inputs are checked the way Workers AI checks them,
+# never with the gateway's own validation (which would make the two unable to disagree).
+INPUT_SCHEMA_PATH = Path(__file__).with_name("schemas") / "text-generation.input.json"
 
 
 class ModelFileError(Exception):
@@ -151,12 +159,36 @@ def _raise_llama_error(result: Any) -> None:
         raise (InvalidModelInput if code == 400 else BindingError)(f"llama.cpp: {message}")
 
 
+@dataclass(frozen=True)
+class InputSchema:
+    """A Workers AI model's input JSON schema: refuses what the binding refuses (error 5006) and
+    fills in the defaults it publishes (temperature 0.6, max_tokens 256, ...)."""
+
+    schema: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: Path = INPUT_SCHEMA_PATH) -> "InputSchema":
+        schema = json.loads(path.read_text())
+        jsonschema.Draft202012Validator.check_schema(schema)
+        return cls(schema)
+
+    def check(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(self.schema).iter_errors(dict(inputs)))
+        if error is not None:
+            where = "/" + "/".join(str(p) for p in error.absolute_path)
+            raise InvalidModelInput(f"5006: Input validation error: {where}: {error.message}")
+        defaults = {k: v["default"] for k, v in self.schema["properties"].items() if "default" in v}
+        return {**defaults, **{k: v for k, v in inputs.items() if v is not None}}
+
+
 @dataclass
 class LlamaCppAI:
-    """The local `env.AI`: model ids (from config) -> a llama.cpp runner standing in for them."""
+    """The local `env.AI`: model ids (from config) -> a llama.cpp runner standing in for them.
+    Every id is held to the text-generation input schema of the default model."""
 
     models: dict[str, LlamaCppRunner]
     config: Config = field(default_factory=Config)
+    inputs: InputSchema = field(default_factory=InputSchema.load)
 
     @classmethod
     def for_config(cls, config: Config, runner: LlamaCppRunner) -> "LlamaCppAI":
@@ -166,32 +198,47 @@ class LlamaCppAI:
         runner = self.models.get(model)
         if runner is None:
             return None
-        return {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name}
+        return {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
+                # constrained generation makes any GGUF honour every one of these (structured.py)
+                "capabilities": list(CAPABILITY_NAMES), "build": _build()}
+
+    def _structure(self, inputs: Mapping[str, Any], kind: str, body: dict[str, Any]) -> tuple[ToolPlan | None, int | None]:
+        """JSON mode, tools and logprobs onto the llama.cpp body: (tool plan, top_logprobs or None)."""
+        if kind != "chat" or "messages" not in inputs:
+            return None, None
+        if inputs.get("tools") and inputs.get("logprobs"):
+            raise InvalidModelInput("5006: logprobs cannot be combined with tools on the local edge (the logprobs would be those of the tool-call JSON)")
+        plan = structured.apply(inputs, body)
+        return plan, (int(inputs.get("top_logprobs") or 0) if inputs.get("logprobs") else None)
 
     def _prepare(self, model: str, inputs: Mapping[str, Any]) -> tuple[LlamaCppRunner, str, dict[str, Any]]:
         runner = self.models.get(model)
         if runner is None:
             raise ModelNotFound(f"5007: No such model {model} or task")
-        try:
-            checked, _ = validate_inputs(dict(inputs), self.config)
-        except GatewayError as exc:
-            raise InvalidModelInput(f"5006: {exc.message}") from exc
+        checked = self.inputs.check(inputs)
         if "lora" in checked:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
         max_tokens = int(checked.get("max_tokens") or 0)
         if max_tokens > runner.slot_context:
             raise InvalidModelInput(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds")
         kind, body = to_llama_request(checked)
-        if "messages" in body:  # content is text, never control tokens (raw prompts are the caller's own)
-            body["messages"] = defuse_messages(body["messages"], runner.special_pattern)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()
         except UnicodeEncodeError as exc:
             raise InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)") from exc
         return runner, kind, body
 
+    @staticmethod
+    def _as_text(runner: LlamaCppRunner, body: dict[str, Any]) -> None:
+        """Message content reaches the model as text, never as control tokens (the model's own,
+        read from its GGUF); raw prompts are the caller's own."""
+        if "messages" in body:
+            body["messages"] = defuse_messages(body["messages"], runner.special_pattern)
+
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
         runner, kind, body = self._prepare(model, inputs)
+        self._as_text(runner, body)
+        plan, top = self._structure(inputs, kind, body)
         runner.admit()
         try:
             result = await asyncio.to_thread(runner.chat if kind == "chat" else runner.complete, body)
@@ -203,13 +250,25 @@ class LlamaCppAI:
         choice = result["choices"][0]
         text = choice["message"]["content"] if kind == "chat" else choice["text"]
         usage = result.get("usage") or {}
-        return {"response": text or "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+        out: dict[str, Any] = {"response": text or "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
+        if plan is not None:
+            answer, calls = plan.parse(text or "")
+            out["response"] = answer or ""
+            if calls:
+                out["tool_calls"] = calls
+        if top is not None:
+            out["logprobs"] = structured.logprobs_of(choice, top) or []
+        return out
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
+        self._as_text(runner, body)
+        plan, top = self._structure(inputs, kind, body)
         body.update(stream=True, stream_options={"include_usage": True})
         runner.admit()  # released when the stream's events end or are closed
         events = _stream_events(runner, kind, body)
+        if plan is not None or top is not None:
+            events = _structured_stream(events, plan, top)
         # Like the real binding, refuse at the call (before any byte is sent) rather than
         # mid-stream: wait for the first event, so a rejected input (context too long) raises here.
         try:
@@ -217,6 +276,43 @@ class LlamaCppAI:
         except StopAsyncIteration:
             first = None
         return _prepend(first, events)
+
+
+def _build() -> str:
+    """The llama.cpp build serving (xllamacpp's version pins it), for `system_fingerprint`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"xllamacpp-{version('xllamacpp')}"
+    except PackageNotFoundError:
+        return "xllamacpp"
+
+
+async def _structured_stream(events: AsyncIterator[dict[str, Any]], plan: ToolPlan | None, top: int | None) -> AsyncIterator[dict[str, Any]]:
+    """Logprobs in OpenAI's shape per token; with tools, the constrained answer's tool calls as
+    OpenAI streams them (first fragment: id and name; then argument fragments as generated),
+    or, when the model answered instead (`{"response": ...}`), that text once it is complete."""
+    parts: list[str] = []
+    calls = structured.ToolCallStream()
+    try:
+        async for event in events:
+            if "logprobs" in event and top is not None:
+                event = {**event, "logprobs": structured.logprobs_of(event, top) or []}
+            if plan is not None and event.get("response"):
+                parts.append(event["response"])
+                fragments = calls.feed(event["response"])
+                if fragments:
+                    yield {"response": "", "tool_calls": fragments}
+                continue
+            yield event
+        if plan is not None and not calls.started:
+            text, whole = plan.parse("".join(parts))
+            if whole:
+                yield {"response": "", "tool_calls": [{"index": i, **call} for i, call in enumerate(whole)]}
+            elif text:
+                yield {"response": text}
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
 
 
 async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
@@ -265,7 +361,9 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
                 yield {"response": "", "usage": {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
             for choice in item.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
-                if text:
+                if choice.get("logprobs"):  # asked for: llama.cpp's entries ride along (trimmed by _structured_stream)
+                    yield {"response": text or "", "logprobs": choice["logprobs"]}
+                elif text:
                     yield {"response": text}
     finally:
         cancelled.set()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
+from edgellm.artifacts.conditional import none_match
 from edgellm.http import Request, Response
 
 mimetypes.add_type("text/javascript", ".mjs")
@@ -59,8 +60,7 @@ class StaticAssets:
             "content-type": (mimetypes.guess_type(file.name)[0] or "application/octet-stream")
             + ("; charset=utf-8" if file.suffix in (".html", ".css", ".js", ".mjs", ".json", ".txt", ".md") else ""),
         }
-        inm = request.header("if-none-match")
-        if inm and etag in [t.strip() for t in inm.split(",")]:
+        if none_match(request.header("if-none-match"), etag):
             return Response(304, headers)
         body = file.read_bytes()
         headers["content-length"] = str(len(body))

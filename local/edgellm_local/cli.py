@@ -3,47 +3,63 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import logging
 import os
 import sqlite3
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from edgellm.config import Config
 
-from .ai import ModelFileError, default_model_path
-from .edge import EdgeSettings, build_app
 from .access_log import install as install_access_log
 from .keys_cli import add_parser as add_keys_parser
 from .publish import add_parser as add_publish_parser
-from .pull import run as run_pull
-from .server import PortInUse, bind_socket, make_server
 
 
 def _dev(args: argparse.Namespace) -> int:
+    # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
+    from .ai import ModelFileError, default_model_path
+    from .edge import EdgeSettings, build_app
+    from .faults import FaultAdmin, FaultPlan, FaultyAI
+    from .request_log import RequestLog
+    from .server import PortInUse, bind_socket, make_server
+
     try:
         model = Path(args.model) if args.model else default_model_path()
         # Open mode on loopback by default (a developer's own machine; the README's curl lines work
         # as they are), keys on any other address; --open / --require-keys decide explicitly.
         open_access = args.open if args.open is not None else args.host in ("127.0.0.1", "localhost", "::1")
-        config = Config.from_env({
-            "MODEL": args.model_id,
-            "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
-            "OPEN_ACCESS": "true" if open_access else "false",
-        })
+        env = dict(var.split("=", 1) for var in args.var)  # any [vars] value, as wrangler.toml would set it
+        env.update({"MODEL": args.model_id, "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
+                    "OPEN_ACCESS": "true" if open_access else "false"})
+        if args.origin:
+            env["ORIGIN_TOKEN"] = args.origin_token or os.environ.get("EDGELLM_ORIGIN_TOKEN")
+            env["ORIGINS"] = json.dumps([{"name": f"origin{i + 1}", "url": url, "token_secret": "ORIGIN_TOKEN"}
+                                         for i, url in enumerate(args.origin)])
+        config = Config.from_env(env)
+        plan = FaultPlan.parse(args.fault)
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
-    except (ModelFileError, PortInUse) as exc:
+        app.api_first = args.server == "fast"
+    except (ModelFileError, PortInUse, ValueError) as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
         return 2
     except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
         print(f"edgellm: error: cannot use the state directory {args.state!r}: {exc}", file=sys.stderr)
         return 2
+    faulty = FaultyAI(app.deps.ai, plan)  # no faults unless asked; POST /admin/faults changes them
+    app.deps = replace(app.deps, ai=faulty)
+    served = FaultAdmin(app, faulty, config.admin_token)
+    if args.request_log:
+        served = RequestLog(served, Path(args.request_log))
     host, port = sock.getsockname()[:2]
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
+    for origin in config.routing.origins:
+        print(f"  origin {origin.name}: {origin.url}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
     if config.open_access:
         print("  WARNING: OPEN ACCESS: API calls need no key; anyone who can reach this port can spend inference.", flush=True)
@@ -51,33 +67,50 @@ def _dev(args: argparse.Namespace) -> int:
     else:
         print("  API keys required (Authorization: Bearer <key>); make one with `edgellm keys create --tenant NAME`.", flush=True)
     try:
-        asyncio.run(make_server(app).serve(sockets=[sock]))
+        make_server(served, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (uvloop) event loop
     except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
         print("EdgeLLM local edge stopped", flush=True)
         return 130
     return 0
 
 
+def _pull(args: argparse.Namespace) -> int:
+    from .pull import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
-    dev.add_argument("--port", type=int, default=8787)
-    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=8787, help="TCP port (default: %(default)s)")
+    dev.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     dev.add_argument("--model", help="GGUF file standing in for the configured model (default: SmolLM2-135M-Instruct)")
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
-    dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files)")
+    dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files) (default: %(default)s)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
     dev.add_argument("--open", dest="open", action="store_true", default=None, help="serve the API without keys (default on loopback)")
     dev.add_argument("--require-keys", dest="open", action="store_false", help="require API keys (default off loopback)")
     dev.add_argument("--log-json", action="store_true", help="log each request as a JSON record instead of an access line")
+    dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
+                     help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
+                          "static files first (for benchmarks) (default: %(default)s)")
+    dev.add_argument("--origin", action="append", default=[], metavar="URL", help="an OpenAI-compatible origin to fall back to (repeatable)")
+    dev.add_argument("--origin-token", help="bearer token for the origins (default: $EDGELLM_ORIGIN_TOKEN)")
+    dev.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a [vars] value, e.g. EDGE_FIRST_TOKEN_MS=500 (repeatable)")
+    dev.add_argument("--fault", action="append", default=[], metavar="KIND=RATE[:OPT=V]",
+                     help="inject faults at the AI binding: fail, retired, delay_first, stall, fail_mid (e.g. stall=0.33:after=3)")
+    dev.add_argument("--request-log", metavar="FILE", help="append every request to FILE as JSON lines (for an origin under test)")
     dev.set_defaults(run=_dev)
     pull = sub.add_parser("pull", help="download a published model from an edge (verified, resumable)")
     pull.add_argument("base_url", metavar="BASE_URL", help="the edge, e.g. http://127.0.0.1:8787")
     pull.add_argument("name", metavar="NAME", help="the model's published name")
     pull.add_argument("--out", required=True, help="directory for the GGUF and its tokenizer files")
     pull.add_argument("--parallel", type=int, default=4, choices=range(1, 65), metavar="N", help="concurrent shard downloads (1-64, default 4)")
-    pull.set_defaults(run=run_pull)
+    pull.add_argument("--verify-full", action="store_true", help="also hash the whole file at the end (each shard is always verified as it arrives)")
+    pull.add_argument("--limit-rate", metavar="RATE", help="at most RATE bytes per second, e.g. 500K, 10M (default: no limit)")
+    pull.set_defaults(run=_pull)
     add_publish_parser(sub)
     add_keys_parser(sub)
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ from edgellm.state import IsolateState
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
 from .assets import StaticAssets
 from .kv import SqliteKV
+from .origin_fetch import HttpxFetch
 from .r2 import FileR2
 from .server import EdgeApp
 from .usage import SqliteUsage
@@ -43,6 +44,7 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         log=logging.getLogger("edgellm"),
         state=IsolateState(),
         usage=SqliteUsage(settings.state_dir / "usage.sqlite3"),
+        fetch=HttpxFetch(),
     )
 
 

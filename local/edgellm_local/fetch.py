@@ -36,6 +36,26 @@ class PullError(Exception):
     """The pull cannot finish; the message says why (shown to the user as is)."""
 
 
+@dataclass
+class RateLimit:
+    """`--limit-rate`: at most `bytes_per_second` over all streams together, with a burst of
+    `burst` seconds' worth. A stream that is over its share sleeps before reading on, and while it
+    sleeps its socket buffer fills and TCP slows the sender down: nothing piles up in memory."""
+
+    bytes_per_second: float
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+    burst: float = 0.25
+    _next_free: float = field(default=float("-inf"), init=False)
+
+    async def take(self, size: int) -> None:
+        now = self.clock()
+        self._next_free = max(self._next_free, now) + size / self.bytes_per_second
+        delay = self._next_free - now - self.burst
+        if delay > 0:
+            await self.sleep(delay)
+
+
 class _Transient(Exception):
     def __init__(self, reason: str, retry_after: float | None = None, progressed: bool = False) -> None:
         super().__init__(reason)
@@ -102,8 +122,10 @@ class Fetcher:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         rand: Callable[[], float] = random.random,
         stderr: TextIO | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self.client = client
+        self.rate_limit = rate_limit
         self.chunk_size = chunk_size
         self.retry = retry
         self.sleep = sleep
@@ -162,7 +184,10 @@ class Fetcher:
                     break
             raise PullError(f"{resp.request.url}: HTTP {status} {detail[:500].decode(errors='replace')}".rstrip())
 
-    async def get_small(self, url: str) -> bytes:
+    async def get_small(self, url: str, first_contact: bool = False) -> bytes:
+        """A small object read whole. On `first_contact` (the manifest) a refused or unresolvable
+        connection is a `PullError` at once: nothing is listening there, and retrying for seconds
+        would only hide a wrong URL or a stopped edge."""
         try:
             async with self.client.stream("GET", url) as resp:
                 await self._check_status(resp)
@@ -172,6 +197,10 @@ class Fetcher:
                     if len(body) > MAX_SMALL_BYTES:
                         raise PullError(f"{url} is larger than {MAX_SMALL_BYTES} bytes")
                 return bytes(body)
+        except httpx.ConnectError as exc:
+            if first_contact:
+                raise PullError(f"cannot reach the edge: {exc}; is it running, and is the URL right?") from None
+            raise _Transient(_describe(exc)) from None
         except httpx.TransportError as exc:
             raise _Transient(_describe(exc)) from None
 
@@ -222,6 +251,14 @@ class Fetcher:
                     size = await asyncio.to_thread(_write_and_hash, t.fd, batch, t.base + t.received, t.hasher)
                     t.received += size
                     on_bytes(t, size)
+                    if self.rate_limit is not None:
+                        await self.rate_limit.take(size)
+            if pieces and self.rate_limit is not None:  # a shard smaller than a batch is limited too
+                batch, pieces, pending = pieces, [], 0
+                size = _write_and_hash(t.fd, batch, t.base + t.received, t.hasher)
+                t.received += size
+                on_bytes(t, size)
+                await self.rate_limit.take(size)
         finally:
             if pieces:  # bytes that did arrive are kept, even when the stream broke or we were cancelled
                 size = _write_and_hash(t.fd, pieces, t.base + t.received, t.hasher)

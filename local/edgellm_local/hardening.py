@@ -81,27 +81,28 @@ def body_too_large(limit: int) -> Response:
     return _closing(GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large"))
 
 
-def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
-    """uvicorn.Config keywords: the idle timeout, and the guarded protocol below."""
-    return {"timeout_keep_alive": limits.idle_timeout, "http": guarded_protocol(limits),
+def uvicorn_options(limits: ServerLimits, http: str = "httptools") -> dict[str, Any]:
+    """uvicorn.Config keywords: the idle timeout, and `http`'s parser ("httptools" or "h11")
+    guarded as below. h11 also bounds an incomplete head itself; httptools does not, so the
+    guard counts head bytes for both."""
+    return {"timeout_keep_alive": limits.idle_timeout, "http": guarded_protocol(limits, _base_protocol(http)),
             "h11_max_incomplete_event_size": limits.max_header_bytes}
 
 
-def _base_protocol() -> type:
-    try:
-        import httptools  # noqa: F401
+def _base_protocol(http: str) -> type:
+    if http == "httptools":
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
         return HttpToolsProtocol
-    except ImportError:
+    if http == "h11":
         from uvicorn.protocols.http.h11_impl import H11Protocol
         return H11Protocol
+    raise ValueError(f"unknown HTTP implementation {http!r}")
 
 
-def guarded_protocol(limits: ServerLimits, base: type | None = None) -> type:
+def guarded_protocol(limits: ServerLimits, base: type) -> type:
     """uvicorn's HTTP protocol (httptools when installed, else h11) with a head deadline and a
     connection cap. The deadline is armed when a connection opens and whenever bytes of a new
     request arrive, and disarmed once the head is complete (the ASGI cycle has started)."""
-    base = base or _base_protocol()
 
     class GuardedProtocol(base):  # type: ignore[misc, valid-type]
         _head_timer: asyncio.TimerHandle | None = None

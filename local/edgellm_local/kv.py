@@ -25,14 +25,21 @@ MAX_LIST_LIMIT = 1000
 MIN_SECONDS_BETWEEN_WRITES = 1.0  # KV allows one write per second to the same key
 
 
-def check_key(key: str) -> None:
+class KVUnavailable(BindingError):
+    """The state directory cannot be written now (read-only, full): KV is down, a 503 to retry."""
+
+    retryable = True
+
+
+def check_key(key: str, operation: str = "PUT") -> None:
+    """KV's key rules; the message names the refused `operation` as KV's own errors do."""
     size = len(key.encode())
     if size == 0:
-        raise KVLimitError("KV PUT failed: 400 Key names must not be empty.")
+        raise KVLimitError(f"KV {operation} failed: 400 Key names must not be empty.")
     if key in (".", ".."):
-        raise KVLimitError(f"KV PUT failed: 400 Illegal key name {key!r}.")
+        raise KVLimitError(f"KV {operation} failed: 400 Illegal key name {key!r}.")
     if size > MAX_KEY_BYTES:
-        raise KVLimitError(f"KV PUT failed: 414 UTF-8 encoded length of {size} exceeds key length limit of {MAX_KEY_BYTES}.")
+        raise KVLimitError(f"KV {operation} failed: 414 UTF-8 encoded length of {size} exceeds key length limit of {MAX_KEY_BYTES}.")
 
 
 @dataclass
@@ -58,7 +65,7 @@ class SqliteKV:
         self._db.close()
 
     async def get(self, key: str) -> KVEntry | None:
-        check_key(key)
+        check_key(key, "GET")
         with self._lock:
             row = self._db.execute("SELECT value, metadata, expiration FROM kv WHERE key = ?", (key,)).fetchone()
             if row is None:
@@ -107,16 +114,16 @@ class SqliteKV:
                     (key, sqlite3.Binary(value), meta, expires_at),
                 )
             except sqlite3.Error as exc:  # a read-only or full state directory: KV is down, not a bug
-                raise BindingError(f"KV PUT failed: 503 {exc}") from exc
+                raise KVUnavailable(f"KV PUT failed: 503 {exc}") from exc
             self._last_write[key] = now
 
     async def delete(self, key: str) -> None:
-        check_key(key)
+        check_key(key, "DELETE")
         with self._lock:
             try:
                 self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
             except sqlite3.Error as exc:
-                raise BindingError(f"KV DELETE failed: 503 {exc}") from exc
+                raise KVUnavailable(f"KV DELETE failed: 503 {exc}") from exc
 
     async def list(self, prefix: str = "", limit: int = MAX_LIST_LIMIT, cursor: str | None = None) -> dict[str, Any]:
         if not 1 <= limit <= MAX_LIST_LIMIT:

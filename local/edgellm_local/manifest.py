@@ -13,8 +13,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from edgellm.artifacts.names import is_model_name
+
 SCHEMA = "edgellm.manifest/1"
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 
@@ -65,7 +66,7 @@ class Manifest:
         if obj.get("schema") != SCHEMA:
             raise ManifestError(f"manifest.schema must be {SCHEMA!r}, got {obj.get('schema')!r}")
         name = _str(obj, "name", "manifest")
-        if not _NAME.fullmatch(name) or ".." in name:
+        if not is_model_name(name):
             raise ManifestError(f"manifest.name {name!r} is not a valid model name")
         model_obj = _object(obj.get("model"), "manifest.model")
         model = ModelFile(

@@ -1,10 +1,13 @@
-"""Downloading a model's shards into `<file>.partial`, resumably, then checking the whole file.
+"""Downloading a model's shards into `<file>.partial`, resumably, each verified as it arrives.
 
 A sidecar state file (`<file>.partial.state`) records verified shards and the bytes received of
 the others (saved on every verified shard and every second), so a rerun after an interruption,
 even a SIGKILL, rehashes what is on disk and never fetches it again. Shards go through `parallel`
-workers; a separate task hashes the file in shard order as shards are verified, so the
-whole-file SHA-256 is ready soon after the last shard instead of costing a second pass at the end.
+workers. Every byte is hashed once: each shard's SHA-256 as it arrives, against the digests the
+manifest lists (the shards together are the file, so a file of verified shards is the file the
+manifest describes). The whole-file pass costs a second hash of every byte and is only done on
+request (`verify_full`, `--verify-full`): a separate task then hashes the file in shard order as
+shards are verified, overlapping with the download.
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ class PullResult:
 class ModelDownload:
     """One model download into `<file>.partial`: resume state, workers, whole-file check."""
 
-    def __init__(self, fetcher: Fetcher, root: str, manifest: Manifest, out: Path, parallel: int, progress: Progress) -> None:
+    def __init__(
+        self, fetcher: Fetcher, root: str, manifest: Manifest, out: Path, parallel: int, progress: Progress, verify_full: bool = False
+    ) -> None:
         self.fetcher, self.root, self.manifest, self.parallel = fetcher, root, manifest, parallel
+        self.verify_full = verify_full
         self.final = out / manifest.model.file
         self.partial = out / (manifest.model.file + ".partial")
         self.state_path = out / (manifest.model.file + ".partial.state")
@@ -79,7 +85,7 @@ class ModelDownload:
             raise
         finally:
             os.close(fd)
-        if self.whole_hasher.hexdigest() != model.sha256:
+        if self.verify_full and self.whole_hasher.hexdigest() != model.sha256:
             self.partial.unlink(missing_ok=True)
             self.state_path.unlink(missing_ok=True)
             raise PullError(f"{self.manifest.name}: every shard matched but the whole file's sha256 does not match the manifest; the manifest is inconsistent")
@@ -96,7 +102,8 @@ class ModelDownload:
         queue = deque(self.targets)
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._hash_whole_file(fd))
+                if self.verify_full:
+                    group.create_task(self._hash_whole_file(fd))
                 for _ in range(min(self.parallel, len(queue))):
                     group.create_task(self._work(queue))
         except BaseExceptionGroup as failures:  # the first failure is the one to report
@@ -126,7 +133,8 @@ class ModelDownload:
             self.state.received.pop(target.index, None)  # type: ignore[arg-type]
             self.state.save(self.state_path)
             self.progress.shard_verified()
-            self.whole_ready.set()
+            if self.verify_full:
+                self.whole_ready.set()
 
     def _on_bytes(self, target: FetchTarget, size: int) -> None:
         if size >= 0:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, BinaryIO
 
+from edgellm.artifacts.conditional import etag_listed
 from edgellm.ports import BindingError, Clock, R2Conditional, R2Object, R2Range, SystemClock
 
 MAX_KEY_BYTES = 1024
@@ -39,16 +40,8 @@ def check_key(key: str) -> None:
         raise BindingError(f"R2 operation failed: 414 The key is {size} bytes long; the limit is {MAX_KEY_BYTES}. (10020)")
 
 
-def _bare_etag(tag: str) -> str:
-    tag = tag.strip()
-    if tag.startswith("W/"):
-        tag = tag[2:]
-    return tag.strip('"')
-
-
 def _etag_in(etag: str, header: str) -> bool:
-    tags = [_bare_etag(t) for t in header.split(",") if t.strip()]
-    return "*" in tags or etag in tags
+    return etag_listed(header, f'"{etag}"', bare=True)
 
 
 def precondition_holds(obj: R2Object, cond: R2Conditional | None) -> bool:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import email.utils
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .manifest import Manifest
+from edgellm.artifacts.conditional import parse_content_range as parse_content_range  # one parser, the core's
+from edgellm.artifacts.conditional import range_header as core_range_header
 
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+from .manifest import Manifest
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,7 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 
 def range_header(start: int, size: int) -> str:
     """The `Range` asking for the rest of an object of `size` bytes from `start`."""
-    return f"bytes={start}-{size - 1}"
-
-
-def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
-    """(first, last, total) of `Content-Range: bytes first-last/total`; total None for `*`."""
-    match = _CONTENT_RANGE.fullmatch((value or "").strip())
-    if not match:
-        return None
-    first, last, total = match.groups()
-    return int(first), int(last), None if total == "*" else int(total)
+    return core_range_header(offset=start, length=size - start)
 
 
 @dataclass

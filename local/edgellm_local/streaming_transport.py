@@ -12,6 +12,7 @@ other request to httpx's own transport. Failures surface as httpx's exceptions (
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from typing import AsyncIterator, Callable
 
@@ -20,6 +21,26 @@ import httpx
 BUFFER_SIZE = 1 << 20
 LOW_WATER = 256 * 1024  # hand bytes over once this many are waiting (or the body is complete)
 MAX_HEAD = 64 * 1024
+_DIGITS = re.compile(rb"[0-9]{1,19}")
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
+
+
+def parse_content_length(value: bytes) -> int:
+    """RFC 9110 8.6: 1*DIGIT. A list of equal values (`5, 5`) is one length; anything else (a
+    sign, `0x`, spaces inside, differing values, 20 digits) is a protocol error, never a ValueError."""
+    values = {v.strip() for v in value.split(b",")}
+    if len(values) != 1 or not _DIGITS.fullmatch(next(iter(values))):
+        raise httpx.RemoteProtocolError(f"malformed Content-Length {value[:40]!r}")
+    return int(next(iter(values)))
+
+
+def parse_chunk_size(line: bytes) -> int:
+    """RFC 9112 7.1: 1*HEXDIG, then optional `;extensions`. `int(x, 16)` alone would take
+    `0x10`, `-1`, `+5` and `1_0`."""
+    size = line.split(b";", 1)[0].strip(b" \t")
+    if not _HEX.fullmatch(size):
+        raise httpx.RemoteProtocolError(f"malformed chunk size {line[:40]!r}")
+    return int(size, 16)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -160,14 +181,17 @@ class StreamingTransport(httpx.AsyncBaseTransport):
 
     def _response(self, request: httpx.Request, key: tuple[str, str, int], conn: _Connection, status: int,
                   reason: bytes, headers: list[tuple[bytes, bytes]], timeout: float | None) -> httpx.Response:
-        fields = {name.lower(): value for name, value in headers}
+        fields: dict[bytes, bytes] = {}
+        for name, value in headers:  # repeated fields are one comma-separated list (RFC 9110 5.3)
+            name = name.lower()
+            fields[name] = fields[name] + b", " + value if name in fields else value
         keep_alive = fields.get(b"connection", b"").lower() != b"close"
         if request.method == "HEAD" or status in (204, 304):
             chunks, length = _nothing(), 0
         elif b"chunked" in fields.get(b"transfer-encoding", b"").lower():
             chunks, length = _chunked(conn, timeout), -1
         elif b"content-length" in fields:
-            length = int(fields[b"content-length"])
+            length = parse_content_length(fields[b"content-length"])
             chunks = conn.body(length, timeout)
         else:
             chunks, length, keep_alive = conn.body(None, timeout), -1, False
@@ -232,11 +256,7 @@ async def _nothing() -> AsyncIterator[bytearray | memoryview]:
 
 async def _chunked(conn: _Connection, timeout: float | None) -> AsyncIterator[bytearray | memoryview]:
     while True:
-        line = await conn.read_line(timeout)
-        try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise httpx.RemoteProtocolError(f"malformed chunk size {line[:40]!r}") from None
+        size = parse_chunk_size(await conn.read_line(timeout))
         if size == 0:
             while await conn.read_line(timeout):  # trailers, then the blank line
                 pass

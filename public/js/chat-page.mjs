@@ -11,14 +11,14 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   form: $("ask"), prompt: $("prompt"), model: $("model"), temperature: $("temperature"),
   temperatureValue: $("temperature-value"), maxTokens: $("max-tokens"), deterministic: $("deterministic"),
-  send: $("send"), stop: $("stop"), newChat: $("new-chat"), transcript: $("transcript"),
+  send: $("send"), stop: $("stop"), newChat: $("new-chat"), askAgain: $("ask-again"), transcript: $("transcript"),
   status: $("status"), error: $("error"),
   ttft: $("stat-ttft"), tps: $("stat-tps"), tokens: $("stat-tokens"), statModel: $("stat-model"),
   cache: $("stat-cache"), finish: $("stat-finish"),
 };
 
 /** The conversation so far and the stream in flight (one at a time). */
-const state = { messages: [], controller: null };
+const state = { messages: [], controller: null, lastQuestion: null, savedTemperature: null };
 
 function setState(name) {
   document.body.dataset.state = name;
@@ -55,6 +55,14 @@ function temperature() {
 }
 
 function syncTemperature() {
+  // the slider itself shows what is sent: 0 while deterministic, the user's value back after
+  if (ui.deterministic.checked && state.savedTemperature === null) {
+    state.savedTemperature = ui.temperature.value;
+    ui.temperature.value = "0";
+  } else if (!ui.deterministic.checked && state.savedTemperature !== null) {
+    ui.temperature.value = state.savedTemperature;
+    state.savedTemperature = null;
+  }
   ui.temperature.disabled = ui.deterministic.checked;
   ui.temperatureValue.textContent = temperature().toFixed(1);
 }
@@ -62,6 +70,7 @@ function syncTemperature() {
 function setStreaming(on) {
   ui.send.disabled = on;
   ui.stop.disabled = !on;
+  ui.askAgain.disabled = on || !state.lastQuestion;
 }
 
 function request() {
@@ -75,7 +84,7 @@ function request() {
 /** Live figures for the answer in flight; `tokens` prefers the API's usage over counted chunks. */
 function meter() {
   const started = performance.now();
-  const m = { first: null, last: null, chunks: 0, usage: null };
+  const m = { first: null, last: null, chunks: 0, usage: null, cached: false };
   m.delta = () => {
     const now = performance.now();
     if (m.first === null) {
@@ -92,7 +101,8 @@ function meter() {
     const seconds = m.first === null ? 0 : (m.last - m.first) / 1000;
     // the first token's time is time-to-first-token; the rate counts the tokens after it
     const rate = (tokens - 1) / seconds;
-    ui.tps.textContent = tokens > 1 && seconds > 0 ? (rate >= 100 ? Math.round(rate).toString() : rate.toFixed(1)) : "—";
+    if (m.cached) ui.tps.textContent = "— (cached: replayed, not generated)";
+    else ui.tps.textContent = tokens > 1 && seconds > 0 ? (rate >= 100 ? Math.round(rate).toString() : rate.toFixed(1)) : "—";
   };
   return m;
 }
@@ -101,6 +111,7 @@ async function ask(text) {
   ui.error.textContent = "";
   resetStats();
   state.messages.push({ role: "user", content: text });
+  state.lastQuestion = text;
   bubble("user", text);
   const answer = bubble("assistant");
   const content = answer.querySelector(".content");
@@ -118,6 +129,7 @@ async function ask(text) {
         ui.statModel.textContent = model || "—";
         ui.cache.textContent = cacheStatus ? cacheStatus + (age ? ` (age ${age} s)` : "") : "not reported";
         if (cacheStatus) ui.cache.dataset.status = cacheStatus;
+        m.cached = cacheStatus === "HIT";
       },
       onModel(model) { ui.statModel.textContent = model; },
       onDelta(delta) {
@@ -130,7 +142,9 @@ async function ask(text) {
       onUsage(usage) { m.usage = usage; m.show(); },
     });
     state.messages.push({ role: "assistant", content: reply });
-    ui.status.textContent = `Answer complete: ${ui.tokens.textContent} tokens.`;
+    ui.status.textContent = m.cached
+      ? `Answer complete: ${ui.tokens.textContent} tokens, from the edge's cache (HIT).`
+      : `Answer complete: ${ui.tokens.textContent} tokens.`;
     setState("done");
   } catch (error) {
     if (error.name === "AbortError") {
@@ -191,6 +205,12 @@ function start() {
   });
   ui.stop.addEventListener("click", () => state.controller?.abort());
   ui.newChat.addEventListener("click", newChat);
+  ui.askAgain.addEventListener("click", () => {
+    const question = state.lastQuestion;
+    if (!question || state.controller) return;
+    newChat();
+    ask(question);
+  });
   ui.deterministic.addEventListener("change", syncTemperature);
   ui.temperature.addEventListener("input", syncTemperature);
   syncTemperature();

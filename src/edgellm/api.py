@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import hashlib
+
 from . import access, openai, workers_ai
+from .capabilities import capabilities_of, enforce
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
 from .http import Request, Response, json_response
@@ -28,20 +31,43 @@ def generation_headers(generation: Generation) -> dict[str, str]:
         headers["age"] = str(generation.age)
     if generation.cache_key:
         headers["x-edgellm-cache-key"] = generation.cache_key
+    route = generation.route or ("edge; reason=cache" if generation.cache_status == "HIT" else None)
+    if route:
+        headers["x-edgellm-route"] = route
     return headers
+
+
+def enforce_capabilities(deps: Deps, gen_request: GenerationRequest) -> None:
+    """A 400 naming the parameter the model cannot honour, before any inference (or cache)."""
+    model = gen_request.model
+    enforce(model, capabilities_of(model, deps.config.model_capabilities, deps.ai.describe(model)), gen_request.inputs)
+
+
+def system_fingerprint(deps: Deps, model: str) -> str | None:
+    """OpenAI's `system_fingerprint`: names the model id and the backend build that answered
+    (a client compares it to notice a backend change). Null when the backend names no build
+    (the Workers AI binding does not say which build serves a model)."""
+    described = deps.ai.describe(model) or {}
+    build = described.get("build")
+    if not build:
+        return None
+    return "fp_" + hashlib.sha256(f"{model}|{described.get('backend', '')}|{build}".encode()).hexdigest()[:12]
 
 
 async def serve_generation(
     request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
 ) -> Response:
     await access.admit_generation(request, deps, gen_request)
+    enforce_capabilities(deps, gen_request)
     generation = await cached_generation(deps, request, gen_request)
     access.observe(request, generation)
-    headers = generation_headers(generation)
+    generation.system_fingerprint = system_fingerprint(deps, generation.model)
     if gen_request.stream:
+        headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
         return Response(200, headers, as_stream(generation))
-    return json_response(await as_json(generation), headers=headers)
+    body = await as_json(generation)  # first: a failover while collecting changes the route header
+    return json_response(body, headers=generation_headers(generation))
 
 
 async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Response:
@@ -78,8 +104,13 @@ async def list_models(request: Request, deps: Deps) -> Response:
     data = []
     for model in deps.config.models:
         entry: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "cloudflare"}
-        entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **(deps.ai.describe(model) or {})}
+        described = deps.ai.describe(model) or {}
+        entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **described,
+                            "capabilities": capabilities_of(model, deps.config.model_capabilities, described).names()}
         data.append(entry)
+    for alias, target in deps.config.aliases.items():
+        data.append({"id": alias, "object": "model", "created": 0, "owned_by": "edgellm",
+                     "edgellm": {"role": "alias", "alias_of": target}})
     return json_response({"object": "list", "data": data})
 
 

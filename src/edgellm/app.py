@@ -5,11 +5,13 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
-from . import access, api, artifacts
+from . import access, api, artifacts, model_catalog
 from .access import report as usage_report
 from .access.cors import cors_headers
 from .access.logs import log_request
+from .artifacts import hf
 from .cache import admin as cache_admin
+from .routing import admin as routing_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
 from .ports import Deps
@@ -20,14 +22,22 @@ ROUTES = Router((
     route("POST", "/v1/chat/completions", api.create_chat_completion),
     route("POST", "/v1/completions", api.create_completion),
     route("GET", "/v1/models", api.list_models),
-    route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model),
+    route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model, render_error=workers_ai.error_response),
+    route("GET", "/client/v4/accounts/{account_id}/ai/models/search", model_catalog.search_models, render_error=workers_ai.error_response),
     route("GET", "/healthz", api.health),
     route("GET", "/models", artifacts.list_published_models),
+    # the Hugging Face Hub's layout (repo `models/{name}`); before the catch-all artifact route
+    route("GET", "/models/{name}/resolve/{revision}/{file:path}", hf.resolve_file),
+    route("GET", "/api/models/models/{name}", hf.get_repo_info),
+    route("GET", "/api/models/models/{name}/revision/{revision}", hf.get_repo_info),
+    route("GET", "/api/models/models/{name}/tree/{revision}", hf.list_repo_tree),
+    route("GET", "/api/models/models/{name}/tree/{revision}/{path:path}", hf.list_repo_tree),
     route("GET", "/models/{path:path}", artifacts.get_artifact),
     route("POST", "/admin/cache/preload", cache_admin.preload_cache),
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
     route("GET", "/admin/cache/stats", cache_admin.cache_stats),
     route("GET", "/admin/usage", usage_report.get_usage),
+    route("GET", "/admin/routing/stats", routing_admin.routing_stats),
 ))
 
 
@@ -41,12 +51,10 @@ def _preflight(request: Request, router: Router, deps: Deps) -> Response:
     })
 
 
-def _error_response(request: Request, error: GatewayError) -> Response:
-    # Workers-AI-style clients read Cloudflare's envelope; OpenAI clients read `error`.
-    extra = None
-    if request.path.startswith("/client/v4/"):
-        extra = workers_ai.result_envelope(None, success=False, errors=[{"code": error.status, "message": error.message}])
-    return error.to_response(extra)
+def _error_response(request: Request, error: GatewayError, router: Router) -> Response:
+    # the route says how its errors render (Cloudflare's envelope on the REST route); else OpenAI's `error`
+    render = router.error_renderer(request.path)
+    return render(error) if render else error.to_response()
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
@@ -62,10 +70,10 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
             request.principal = await access.authenticate(request, deps)
             response = await handler(request, deps)
     except GatewayError as error:
-        response = _error_response(request, error)
+        response = _error_response(request, error, router)
     except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
-        response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"))
+        response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"), router)
     response = access.account(request, response, deps, started)
     log_request(request, response, deps, started, route_name)
     for name, value in cors_headers(request, deps.config).items():

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .routing.config import RoutingConfig
+
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
 MAX_BODY_BYTES = 1024 * 1024
@@ -28,6 +30,8 @@ def _prices(value: Any) -> dict[str, tuple[float, float]]:
         return dict(DEFAULT_PRICES)
     data = value if isinstance(value, Mapping) else json.loads(str(value))
     return {**DEFAULT_PRICES, **{str(k): (float(v[0]), float(v[1])) for k, v in data.items()}}
+# OpenAI names clients hard-code, answered by the primary model ("" = whatever MODEL is).
+DEFAULT_MODEL_ALIASES = {"gpt-4o-mini": "", "gpt-3.5-turbo": ""}
 
 
 def _list(value: Any) -> tuple[str, ...]:
@@ -46,6 +50,23 @@ def _dict(value: Any, default: Mapping[str, int]) -> dict[str, int]:
         return dict(default)
     data = value if isinstance(value, Mapping) else json.loads(str(value))
     return {str(k): int(v) for k, v in data.items()}
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    data = value if isinstance(value, Mapping) else json.loads(str(value))
+    if not isinstance(data, Mapping):
+        raise ValueError(f"expected a JSON object, got {value!r}")
+    return dict(data)
+
+
+def _capabilities(value: Any) -> dict[str, Any]:
+    """Checked once, when the vars are read: a misspelt capability is a setup error, not a
+    failure of every request that names the model."""
+    from .capabilities import Capabilities
+
+    return {str(model): Capabilities.parse(names) for model, names in _json_object(value).items()}
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,19 @@ class Config:
     max_message_chars: int = 64 * 1024
     # USD per million tokens (input, output), for the usage API's estimated cost.
     model_prices: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
+    # model id -> what it can honour (see capabilities.py); unlisted ids use the backend's word
+    # or Cloudflare's published lists. `MODEL_CAPABILITIES` var: {"id": ["json_mode", ...]}.
+    model_capabilities: dict[str, Any] = field(default_factory=dict)
+    # alias -> served model id (e.g. "gpt-4o-mini" -> MODEL), for clients that hard-code a name.
+    # `MODEL_ALIASES` var: {"gpt-4o-mini": "@cf/..."}; a target of "" means the primary MODEL.
+    model_aliases: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODEL_ALIASES))
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        """Aliases resolved to served ids (a target the gateway does not serve is dropped)."""
+        resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
+        return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -95,4 +129,9 @@ class Config:
             open_access=_flag(get("OPEN_ACCESS") or "false"),
             cors_origins=_list(get("CORS_ORIGINS")),
             model_prices=_prices(get("MODEL_PRICES")),
+            model_capabilities=_capabilities(get("MODEL_CAPABILITIES")),
+            # present but empty turns aliases off; absent keeps the default ones
+            model_aliases=({str(k): str(v) for k, v in _json_object(get("MODEL_ALIASES")).items()}
+                           if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
+            routing=RoutingConfig.from_env(env),
         )

@@ -11,21 +11,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .http import Response, json_response
+from .ports import BindingError, CapacityExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
+
+# How long a client should back off from a failing dependency. One value for every binding: the
+# gateway cannot know when an overload or outage ends, so one short, honest back-off serves all.
+RETRY_AFTER_SECONDS = 5
+KV_WRITE_INTERVAL_SECONDS = 1  # KV takes one write per second per key: the wait is exactly known
 
 
 class ErrorKind(enum.Enum):
     INVALID_REQUEST = (400, "invalid_request_error")
     AUTHENTICATION = (401, "authentication_error")
-    PERMISSION = (403, "permission_error")
+    PERMISSION = (403, "permission_error")  # a valid key that may not do this (model, admin route)
     NOT_FOUND = (404, "not_found_error")
     METHOD_NOT_ALLOWED = (405, "invalid_request_error")
     REQUEST_TOO_LARGE = (413, "invalid_request_error")
-    UNSUPPORTED_MEDIA_TYPE = (415, "invalid_request_error")
     RANGE_NOT_SATISFIABLE = (416, "invalid_request_error")
     RATE_LIMITED = (429, "rate_limit_error")
     REQUEST_HEADERS_TOO_LARGE = (431, "invalid_request_error")
     SERVER = (500, "server_error")
-    NOT_SUPPORTED = (501, "not_supported_error")
     UPSTREAM = (502, "upstream_error")
     UNAVAILABLE = (503, "unavailable_error")
 
@@ -82,3 +86,31 @@ class GatewayError(Exception):
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> GatewayError:
     return GatewayError(ErrorKind.INVALID_REQUEST, message, param=param, code=code)
+
+
+def binding_error(exc: BindingError, binding: str, code: str, subject: str | None = None) -> GatewayError:
+    """A failing binding (AI, KV or R2) as the gateway answers it, in this one place.
+
+    The failure's class decides the answer, never the call site: input the binding refused is the
+    caller's 400; KV's one-write-per-second limit is a 429 to retry after that second; a
+    `retryable` failure (overload, outage) is a 503, any other (a retired model included) a 502,
+    and every 5xx says `Retry-After: RETRY_AFTER_SECONDS`. `binding` names it in the message
+    ("R2", "The AI binding"), `code` in the error code (`{code}_error`, `{code}_unavailable`).
+    """
+    failed = f"{binding} failed for {subject}: {exc}" if subject else f"{binding} failed: {exc}"
+    if isinstance(exc, KVRateLimited):
+        return GatewayError(ErrorKind.RATE_LIMITED, f"Too soon: {exc}", code="kv_rate_limited",
+                            retry_after=KV_WRITE_INTERVAL_SECONDS)
+    if isinstance(exc, KVLimitError):
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"KV refused the call: {exc}", code="kv_limit")
+    if isinstance(exc, InvalidModelInput):
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"The model rejected the input: {exc}", code="invalid_model_input")
+    if isinstance(exc, ModelNotFound):
+        return GatewayError(ErrorKind.UPSTREAM, f"No configured model is available ({failed}).",
+                            code="model_unavailable", retry_after=RETRY_AFTER_SECONDS)
+    if isinstance(exc, CapacityExceeded):
+        return GatewayError(ErrorKind.UNAVAILABLE, f"Capacity exceeded: {failed}", code="capacity_exceeded",
+                            retry_after=RETRY_AFTER_SECONDS)
+    if exc.retryable:
+        return GatewayError(ErrorKind.UNAVAILABLE, failed, code=f"{code}_unavailable", retry_after=RETRY_AFTER_SECONDS)
+    return GatewayError(ErrorKind.UPSTREAM, failed, code=f"{code}_error", retry_after=RETRY_AFTER_SECONDS)

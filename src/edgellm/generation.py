@@ -7,7 +7,7 @@ binding call produced them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 
@@ -37,15 +37,62 @@ class Usage:
 @dataclass(frozen=True)
 class Token:
     text: str
+    # OpenAI `logprobs.content[]` entries ({token, logprob, bytes, top_logprobs}) for this text,
+    # when the request asked for them and the backend gave them.
+    logprobs: tuple[dict[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A tool call, or a fragment of one, as OpenAI streams them: the first fragment of call
+    `index` carries its `id` and `name`, later ones append to its `arguments` (a JSON string)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
 class Finish:
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "tool_calls"
     usage: Usage
+    route: str | None = None  # where it ran, when routing says so ("edge", "origin", "edge,origin")
+    cacheable: bool = True  # False for an answer stitched from two routes (a mid-stream failover)
 
 
-Event = Token | Finish
+Event = Token | ToolCallDelta | Finish
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def merge_tool_calls(deltas: list[ToolCallDelta]) -> tuple[ToolCall, ...]:
+    """Fragments -> whole calls, in index order."""
+    calls: dict[int, dict[str, str]] = {}
+    for delta in deltas:
+        call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+        call["id"] = delta.id or call["id"]
+        call["name"] = delta.name or call["name"]
+        call["arguments"] += delta.arguments
+    return tuple(ToolCall(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items()))
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole generation: what the JSON renderers need."""
+
+    text: str
+    finish: Finish
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +108,6 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
-    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def max_tokens(self) -> int:
@@ -77,13 +123,27 @@ class Generation:
     cache_status: str | None = None
     age: int | None = None
     cache_key: str | None = None
+    system_fingerprint: str | None = None
+    route: str | None = None  # the `x-edgellm-route` value: "edge|origin|edge,origin; reason=..."
 
     async def collect(self) -> tuple[str, Finish]:
+        answer = await self.collect_answer()
+        return answer.text, answer.finish
+
+    async def collect_answer(self) -> Answer:
         parts: list[str] = []
+        deltas: list[ToolCallDelta] = []
+        logprobs: list[dict[str, Any]] | None = None
         finish = Finish("stop", Usage())
         async for event in self.events:
             if isinstance(event, Token):
                 parts.append(event.text)
+                if event.logprobs is not None:
+                    logprobs = (logprobs or []) + list(event.logprobs)
+            elif isinstance(event, ToolCallDelta):
+                deltas.append(event)
             else:
                 finish = event
-        return "".join(parts), finish
+        if finish.route and "," in finish.route:  # a failover after the start: the answer used both routes
+            self.route = finish.route
+        return Answer("".join(parts), finish, merge_tool_calls(deltas), tuple(logprobs) if logprobs is not None else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 Body = bytes | AsyncIterator[bytes]
 
@@ -29,6 +29,7 @@ class Request:
     path_params: dict[str, str] = field(default_factory=dict)
     principal: Any = None  # access.Principal, set by app.handle once the caller is known
     observed: Any = None  # access.usage.Observation of the generation served, for the usage record
+    cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
 
     @property
     def path(self) -> str:
@@ -67,7 +68,3 @@ def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | Non
     merged = {"content-type": "application/json"}
     merged.update({k.lower(): v for k, v in (headers or {}).items()})
     return Response(status=status, headers=merged, body=body)
-
-
-def decode_path_segment(segment: str) -> str:
-    return unquote(segment)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from .errors import ErrorKind, GatewayError
-from .generation import Event, Finish, Generation, GenerationRequest, Token, Usage
-from .ports import BindingError, CapacityExceeded, Deps, InvalidModelInput, ModelNotFound
-
-RETRY_AFTER_SECONDS = 5
+from . import errors
+from .errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
+from .capabilities import capabilities_of, missing
+from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
+from .ports import BindingError, Deps, ModelNotFound
+from .structured import response_text, tool_call_deltas
 
 
 def candidate_models(deps: Deps, model: str) -> list[str]:
@@ -21,30 +22,24 @@ def candidate_models(deps: Deps, model: str) -> list[str]:
     return list(dict.fromkeys((model, *deps.config.fallback_models)))
 
 
+def capable_models(deps: Deps, request: GenerationRequest) -> list[str]:
+    """The candidates that can honour what the request asks (JSON mode, tools, logprobs): a
+    fallback that cannot is skipped rather than answering prose to a request for JSON. The
+    requested model itself was checked before inference (`capabilities.enforce`)."""
+    candidates = candidate_models(deps, request.model)
+    return [m for m in candidates if m == request.model
+            or missing(capabilities_of(m, deps.config.model_capabilities, deps.ai.describe(m)), request.inputs) is None]
+
+
 def binding_error(exc: BindingError, model: str) -> GatewayError:
-    """Translate a binding failure in exactly one place."""
-    if isinstance(exc, InvalidModelInput):
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"The model rejected the input: {exc}", code="invalid_model_input")
-    if isinstance(exc, CapacityExceeded):
-        return GatewayError(
-            ErrorKind.UNAVAILABLE, f"Inference capacity exceeded for {model}: {exc}", code="capacity_exceeded",
-            retry_after=RETRY_AFTER_SECONDS,
-        )
-    if isinstance(exc, ModelNotFound):
-        return GatewayError(
-            ErrorKind.UPSTREAM, f"No configured model is available (last tried {model}: {exc}).",
-            code="model_unavailable", retry_after=60,
-        )
-    return GatewayError(
-        ErrorKind.UPSTREAM, f"The AI binding failed for {model}: {exc}", code="upstream_error",
-        retry_after=RETRY_AFTER_SECONDS,
-    )
+    """An AI binding failure for `model`, through the gateway's one translator."""
+    return errors.binding_error(exc, "The AI binding", "upstream", model)
 
 
 async def start_generation(deps: Deps, request: GenerationRequest) -> Generation:
     """Start generating on the first model that accepts the request."""
     last: BindingError | None = None
-    for model in candidate_models(deps, request.model):
+    for model in capable_models(deps, request):
         try:
             if request.stream:
                 events = await deps.ai.stream(model, {**request.inputs, "stream": True})
@@ -72,27 +67,41 @@ def finish_reason(usage: Usage, max_tokens: int) -> str:
     return "length" if usage.completion_tokens >= max_tokens else "stop"
 
 
+def _with_tool_calls(reason: str, called: bool) -> str:
+    """An answer that calls tools finishes with "tool_calls", unless it was cut by max_tokens."""
+    return "tool_calls" if called and reason != "length" else reason
+
+
 async def _from_result(result: dict[str, Any], max_tokens: int) -> AsyncIterator[Event]:
-    text = result.get("response")
-    if not isinstance(text, str):
+    text = response_text(result.get("response"))
+    calls = tool_call_deltas(result.get("tool_calls"))
+    if text is None and not calls:
         raise GatewayError(ErrorKind.UPSTREAM, "The AI binding returned no text.", code="upstream_error", retry_after=RETRY_AFTER_SECONDS)
     usage = Usage.from_json(result.get("usage"))
-    if text:
-        yield Token(text)
-    yield Finish(finish_reason(usage, max_tokens), usage)
+    logprobs = result.get("logprobs")
+    if text or logprobs:
+        yield Token(text or "", tuple(logprobs) if isinstance(logprobs, list) else None)
+    for call in calls:
+        yield call
+    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), bool(calls)), usage)
 
 
 async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -> AsyncIterator[Event]:
     usage: Usage | None = None
     count = 0
+    called = False
     try:
         async for event in events:
-            text = event.get("response") or ""
+            text = response_text(event.get("response")) or ""
             if event.get("usage"):
                 usage = Usage.from_json(event["usage"])
-            if text:
+            logprobs = event.get("logprobs")
+            if text or logprobs:
                 count += 1
-                yield Token(text)
+                yield Token(text, tuple(logprobs) if isinstance(logprobs, list) else None)
+            for call in tool_call_deltas(event.get("tool_calls")):
+                called = True
+                yield call
     except BindingError as exc:
         raise binding_error(exc, "the stream") from exc
     except GatewayError:
@@ -102,7 +111,7 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -
     finally:
         await _aclose(events)
     usage = usage or Usage(0, count)  # a stream without a usage event: one event per token
-    yield Finish(finish_reason(usage, max_tokens), usage)
+    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), called), usage)
 
 
 async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, live: bool = True) -> AsyncIterator[Event]:
@@ -126,6 +135,9 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
                     yield Token(pending)
                 yield event
                 return
+            if not isinstance(event, Token):  # a tool call is not text: nothing to cut
+                yield event
+                continue
             received += 1
             pending += event.text
             cut = min((i for i in (pending.find(s) for s in stops) if i >= 0), default=-1)

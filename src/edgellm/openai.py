@@ -12,11 +12,16 @@ from typing import Any, AsyncIterator
 from . import sse
 from .config import Config
 from .errors import ErrorKind, GatewayError, invalid
-from .generation import Finish, Generation, GenerationRequest, Token
+from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
+from .structured import parse_extensions, refuse_chat_only
 from .validation import as_bool, as_int, as_str
-from .workers_ai import validate_messages, validate_sampling
+from .workers_ai import validate_messages, validate_options, validate_sampling
 
 MAX_STOP_SEQUENCES = 4
+# OpenAI request parameters no backend of this gateway can honour (the legacy `functions` API:
+# send `tools`; audio; predicted outputs; logit bias, which Workers AI lacks).
+UNSUPPORTED_PARAMETERS = ("functions", "function_call", "logit_bias", "audio", "modalities", "prediction",
+                          "web_search_options")
 _ROLE_ALIASES = {"developer": "system"}
 
 
@@ -26,6 +31,7 @@ def resolve_model(body: dict[str, Any], config: Config) -> str:
         return config.model
     if not isinstance(model, str):
         raise invalid("'model' must be a string.", "model", "invalid_type")
+    model = config.aliases.get(model, model)
     if model not in config.models:
         raise GatewayError(
             ErrorKind.NOT_FOUND,
@@ -80,19 +86,16 @@ def _parse_common(body: Any, config: Config) -> tuple[str, dict[str, Any], dict[
     model = resolve_model(body, config)
     n = as_int(body, "n", 1)
     if n not in (None, 1):
-        raise invalid("Only n=1 is supported.", "n", "unsupported_value")
+        raise invalid("Only n=1 is supported: every backend here returns one choice per request; send n requests "
+                      "(with different seeds) for several answers.", "n", "unsupported_parameter")
+    for name in UNSUPPORTED_PARAMETERS:  # OpenAI parameters accepted nowhere here: refused, never dropped
+        if body.get(name) is not None:
+            raise invalid(f"'{name}' is not supported on this gateway.", name, "unsupported_parameter")
     sampling_body = dict(body)
     if body.get("max_completion_tokens") is not None:
         sampling_body["max_tokens"] = body["max_completion_tokens"]
     sampling = validate_sampling(sampling_body, config)
-    extras: dict[str, Any] = {}
-    raw = as_bool(body, "raw")
-    if raw is not None:
-        extras["raw"] = raw
-    lora = as_str(body, "lora", allow_empty=False)
-    if lora is not None:
-        extras["lora"] = lora
-    return model, sampling, extras
+    return model, sampling, validate_options(body)
 
 
 def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -108,9 +111,13 @@ def parse_chat_request(body: Any, config: Config) -> GenerationRequest:
     model, sampling, extras = _parse_common(body, config)
     if "messages" not in body:
         raise invalid("'messages' is required.", "messages", "missing_required_parameter")
-    inputs = {"messages": parse_messages(body["messages"]), **sampling, **extras}
+    inputs = {"messages": parse_messages(body["messages"]), **sampling, **extras,
+              **parse_extensions(body, openai_shape=True)}
     stream, include_usage = _stream_flags(body)
-    return GenerationRequest(model, inputs, _parse_stop(body), stream, include_usage)
+    stop = _parse_stop(body)
+    if stop and inputs.get("logprobs"):  # the gateway cuts at stop sequences; a cut token's logprob would be a lie
+        raise invalid("'logprobs' cannot be combined with 'stop' on this gateway.", "logprobs", "unsupported_parameter")
+    return GenerationRequest(model, inputs, stop, stream, include_usage)
 
 
 def parse_completion_request(body: Any, config: Config) -> GenerationRequest:
@@ -122,6 +129,10 @@ def parse_completion_request(body: Any, config: Config) -> GenerationRequest:
         raise invalid("'prompt' is required and must be a string.", "prompt", "invalid_type" if "prompt" in body else "missing_required_parameter")
     if not prompt:
         raise invalid("'prompt' must not be empty.", "prompt")
+    if body.get("logprobs") is not None:  # never silently dropped: no backend here returns them for completions
+        raise invalid("'logprobs' is not supported on /v1/completions; use /v1/chat/completions with 'logprobs': true.",
+                      "logprobs", "unsupported_parameter")
+    refuse_chat_only(body, "use /v1/chat/completions")
     # An OpenAI completion continues the text as given: no chat template unless asked.
     inputs = {"prompt": prompt, **sampling, "raw": True, **extras}
     stream, include_usage = _stream_flags(body)
@@ -136,14 +147,20 @@ def new_id(prefix: str) -> str:
 
 
 async def render_chat_json(generation: Generation, created: int) -> dict[str, Any]:
-    text, finish = await generation.collect()
+    answer = await generation.collect_answer()
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text}
+    if answer.tool_calls:
+        message["content"] = answer.text or None
+        message["tool_calls"] = [call.to_json() for call in answer.tool_calls]
+    logprobs = {"content": list(answer.logprobs), "refusal": None} if answer.logprobs is not None else None
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
         "created": created,
         "model": generation.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish.finish_reason}],
-        "usage": finish.usage.to_json(),
+        "system_fingerprint": generation.system_fingerprint,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": answer.finish.finish_reason}],
+        "usage": answer.finish.usage.to_json(),
     }
 
 
@@ -154,9 +171,23 @@ async def render_completion_json(generation: Generation, created: int) -> dict[s
         "object": "text_completion",
         "created": created,
         "model": generation.model,
+        "system_fingerprint": generation.system_fingerprint,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish.finish_reason}],
         "usage": finish.usage.to_json(),
     }
+
+
+def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
+    """OpenAI's `delta.tool_calls[]` item: id, type and name on a call's first fragment only."""
+    out: dict[str, Any] = {"index": delta.index}
+    if delta.id is not None:
+        out["id"] = delta.id
+        out["type"] = "function"
+    function: dict[str, Any] = {"arguments": delta.arguments}
+    if delta.name is not None:
+        function["name"] = delta.name
+    out["function"] = function
+    return out
 
 
 async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
@@ -168,11 +199,13 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
     cid = new_id("chatcmpl" if chat else "cmpl")
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choice: dict[str, Any] | None, usage: Any = None) -> bytes:
+    def chunk(choice: dict[str, Any] | None, usage: Any = None, route: str | None = None) -> bytes:
         data: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": generation.model,
-                                "choices": [choice] if choice else []}
+                                "system_fingerprint": generation.system_fingerprint, "choices": [choice] if choice else []}
         if include_usage:
             data["usage"] = usage
+        if route:  # the final chunk says where the answer ran (both routes after a mid-stream failover)
+            data["edgellm_route"] = route
         return sse.encode_event(data)
 
     def choice(delta_text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
@@ -186,9 +219,14 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
             yield chunk(choice(None, None, first=True))
         async for event in generation.events:
             if isinstance(event, Token):
-                yield chunk(choice(event.text, None))
+                piece = choice(event.text, None)
+                if event.logprobs is not None:
+                    piece["logprobs"] = {"content": list(event.logprobs), "refusal": None}
+                yield chunk(piece)
+            elif isinstance(event, ToolCallDelta) and chat:
+                yield chunk({"index": 0, "delta": {"tool_calls": [tool_call_delta_json(event)]}, "logprobs": None, "finish_reason": None})
             elif isinstance(event, Finish):
-                yield chunk(choice(None, event.finish_reason))
+                yield chunk(choice(None, event.finish_reason), route=event.route)
                 if include_usage:
                     yield chunk(None, event.usage.to_json())
     except GatewayError as exc:

@@ -193,6 +193,29 @@ class UsageSink(Protocol):
     async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]: ...
 
     async def tokens_spent(self, key_id: str) -> int: ...
+@dataclass
+class FetchResponse:
+    """An HTTP response whose body is still streaming; close `body` (aclose) to release it."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: AsyncIterator[bytes]
+
+
+class FetchError(BindingError):
+    """The request could not be sent or its response did not come (refused, reset, timed out)."""
+
+    retryable = True
+
+
+class HTTPFetch(Protocol):
+    """Outbound HTTP for origins: global `fetch` on the Worker, httpx on the local edge.
+
+    `timeout` (seconds) bounds the wait for the response headers; reading the body is bounded
+    by the caller. Failures to connect or to answer raise `FetchError`.
+    """
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> FetchResponse: ...
 
 
 class Clock(Protocol):
@@ -226,6 +249,7 @@ class Deps:
     state: IsolateState = field(default_factory=IsolateState)  # per isolate (coalescing, counters), never module-global
     rate_limiter: RateLimiter | None = None  # the Workers Rate Limiting binding; None: in-isolate windows only
     usage: UsageSink | None = None  # None: usage is not recorded
+    fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

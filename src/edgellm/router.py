@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .ports import Deps
 
 Handler = Callable[["Request", "Deps"], Awaitable["Response"]]
+ErrorRenderer = Callable[[GatewayError], "Response"]
 
 _PARAM = re.compile(r"\{(\w+)(?::(path))?\}")
 
@@ -38,22 +39,34 @@ class Route:
     methods: frozenset[str]
     template: str
     handler: Handler
+    # how this route's errors render (e.g. inside Cloudflare's envelope); None: the OpenAI error JSON
+    render_error: ErrorRenderer | None = None
     pattern: re.Pattern[str] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pattern", _compile(self.template))
 
 
-def route(methods: str | Iterable[str], template: str, handler: Handler) -> Route:
+def route(methods: str | Iterable[str], template: str, handler: Handler, *, render_error: ErrorRenderer | None = None) -> Route:
     names = {methods} if isinstance(methods, str) else set(methods)
     if "GET" in names:
         names.add("HEAD")
-    return Route(frozenset(names), template, handler)
+    return Route(frozenset(names), template, handler, render_error)
 
 
 @dataclass(frozen=True)
 class Router:
     routes: tuple[Route, ...]
+
+    def error_renderer(self, path: str) -> ErrorRenderer | None:
+        """How errors on `path` render: as the first route whose template matches it says
+        (whatever the method, so a 405 renders like the route's own errors); None for no route."""
+        return next((r.render_error for r in self.routes if r.pattern.match(path)), None)
+
+    def has_path(self, path: str) -> bool:
+        """Whether any route's template matches `path`, whatever the method: the local edge asks
+        before probing the filesystem for a static asset (no asset shares a route's path)."""
+        return any(r.pattern.match(path) for r in self.routes)
 
     def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
         allowed: set[str] = set()

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .routing.state import RoutingState
+
 
 @dataclass
 class CacheCounters:
@@ -39,3 +41,4 @@ class IsolateState:
     generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # namespace purge generations
     cache: CacheCounters = field(default_factory=CacheCounters)
     access: AccessState = field(default_factory=AccessState)
+    routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers

@@ -7,12 +7,15 @@ are the same request everywhere downstream (the binding, the cache key).
 
 from __future__ import annotations
 
+import json
 from typing import Any, AsyncIterator
 
 from . import sse
 from .config import Config
 from .errors import GatewayError, invalid
-from .generation import Finish, Generation, Token
+from .generation import Finish, Generation, Token, ToolCallDelta
+from .http import Response
+from .structured import is_tool_message, parse_extensions, refuse_chat_only, validate_tool_message
 from .validation import as_bool, as_float, as_int, as_str
 
 DEFAULT_MAX_TOKENS = 256
@@ -41,6 +44,9 @@ def validate_messages(value: Any, param: str = "messages") -> list[dict[str, str
         where = f"{param}[{i}]"
         if not isinstance(message, dict):
             raise invalid(f"'{where}' must be an object with 'role' and 'content'.", where, "invalid_type")
+        if is_tool_message(message):  # a tool result, or an assistant turn that called tools
+            messages.append(validate_tool_message(message, where))
+            continue
         role = message.get("role")
         if role not in ROLES:
             raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role", "invalid_role")
@@ -64,6 +70,18 @@ def validate_sampling(body: dict[str, Any], config: Config) -> dict[str, Any]:
     return out
 
 
+def validate_options(body: dict[str, Any]) -> dict[str, Any]:
+    """`raw` (no chat template) and `lora` (an adapter name), only when given."""
+    options: dict[str, Any] = {}
+    raw = as_bool(body, "raw")
+    if raw is not None:
+        options["raw"] = raw
+    lora = as_str(body, "lora", allow_empty=False)
+    if lora is not None:
+        options["lora"] = lora
+    return options
+
+
 def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
     """A Workers AI input object -> (inputs with defaults, stream flag)."""
     if not isinstance(body, dict):
@@ -77,12 +95,11 @@ def validate_inputs(body: Any, config: Config) -> tuple[dict[str, Any], bool]:
     else:
         inputs["messages"] = validate_messages(body["messages"])
     inputs.update(validate_sampling(body, config))
-    raw = as_bool(body, "raw")
-    if raw is not None:
-        inputs["raw"] = raw
-    lora = as_str(body, "lora", allow_empty=False)
-    if lora is not None:
-        inputs["lora"] = lora
+    inputs.update(validate_options(body))
+    if has_messages:  # JSON mode, tools and logprobs (Workers AI's shapes), checked alike
+        inputs.update(parse_extensions(body, openai_shape=False))
+    else:
+        refuse_chat_only(body, "send 'messages' instead of 'prompt'")
     return inputs, bool(as_bool(body, "stream"))
 
 
@@ -94,9 +111,25 @@ def result_envelope(result: Any, *, success: bool = True, errors: list[Any] | No
     return {"result": result, "success": success, "errors": errors or [], "messages": []}
 
 
+def error_response(error: GatewayError) -> Response:
+    """The REST route's errors: the OpenAI error JSON inside Cloudflare's envelope, which
+    Workers-AI-style clients read (`success: false, errors: [...]`)."""
+    return error.to_response(result_envelope(None, success=False, errors=[{"code": error.status, "message": error.message}]))
+
+
 async def render_json(generation: Generation) -> dict[str, Any]:
-    text, finish = await generation.collect()
-    return result_envelope({"response": text, "usage": finish.usage.to_json()})
+    answer = await generation.collect_answer()
+    result: dict[str, Any] = {"response": answer.text, "usage": answer.finish.usage.to_json()}
+    if answer.tool_calls:  # Workers AI's function-calling output: [{name, arguments: <object>}]
+        result["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": _arguments(c.arguments)} for c in answer.tool_calls]
+    return result_envelope(result)
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
@@ -110,8 +143,14 @@ async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
             if isinstance(event, Token):
                 if event.text:
                     yield sse.encode_event({"response": event.text})
+            elif isinstance(event, ToolCallDelta):
+                yield sse.encode_event({"response": "", "tool_calls": [{"index": event.index, "id": event.id, "name": event.name,
+                                                                          "arguments": event.arguments}]})
             elif isinstance(event, Finish):
-                yield sse.encode_event({"response": "", "usage": event.usage.to_json()})
+                final: dict[str, Any] = {"response": "", "usage": event.usage.to_json()}
+                if event.route:
+                    final["edgellm_route"] = event.route
+                yield sse.encode_event(final)
     except GatewayError as exc:
         yield sse.encode_event(exc.to_json())
         return

@@ -1,18 +1,24 @@
-"""Browser fixtures: Debian's Chromium under Playwright, a local edge with SmolLM2's artifacts
-published in its R2, and screenshots at desktop and phone widths.
+"""Browser fixtures: Debian's Chromium under Playwright's async API, a local edge with SmolLM2's
+artifacts published in its R2, and screenshots at desktop and phone widths.
 
 Playwright's own browser download does not work here (nor on CI without network), so the
 launch points at `/usr/bin/chromium` (`make setup-test` installs it) with the flags a headless
 Chromium needs in a container.
+
+The async API, on pytest-asyncio's session loop (every browser test module sets
+`pytestmark = BROWSER_LOOP`), runs that loop only while a browser test or fixture runs. Playwright's
+sync API instead keeps a loop running on the main thread from the first browser test to the end of
+the session, which breaks `asyncio.run` in every test after it: test order no longer matters.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
-from playwright.sync_api import Page
+import pytest_asyncio
+from playwright.async_api import Browser, Page, async_playwright
 
 from edgellm.ports import BlobStore
 from edgellm_local.ai import default_model_path
@@ -20,6 +26,8 @@ from edgellm_local.r2 import FileR2
 from edgellm_local.server import EdgeServer
 
 from .publishing import TokenizerFiles, publish_model, published_tokenizer
+
+BROWSER_LOOP = pytest.mark.asyncio(loop_scope="session")  # one loop for the browser and its pages
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -33,15 +41,28 @@ PUBLISHED_NAME = "smollm2-135m"
 TINY_NAME = "tiny-bpe"
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def browser() -> AsyncIterator[Browser]:
     assert Path(CHROMIUM).exists(), "Debian's chromium is missing: `make setup-test` installs it (apt-get install chromium)"
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        await browser.close()
 
 
-@pytest.fixture(scope="session")
-def browser_context_args(browser_context_args: dict[str, Any]) -> dict[str, Any]:
-    return {**browser_context_args, "viewport": DESKTOP}
+@pytest_asyncio.fixture(loop_scope="session")
+async def page(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Page]:
+    """A page in a fresh browser context (no cache or storage shared between tests). Every test
+    leaves a screenshot of where it ended, passed or failed (CI keeps `artifacts/` so a failure
+    can be seen, not just read)."""
+    context = await browser.new_context(viewport=DESKTOP)
+    page = await context.new_page()
+    try:
+        yield page
+        if not page.is_closed():
+            await _shoot(page, request, "end")
+    finally:
+        await context.close()
 
 
 @pytest.fixture(scope="session")
@@ -70,34 +91,17 @@ def artifact_edge(start_edge: Callable[..., EdgeServer], published_r2: BlobStore
     return start_edge(r2=published_r2)
 
 
-def _shoot(page: Page, request: pytest.FixtureRequest, label: str) -> None:
+async def _shoot(page: Page, request: pytest.FixtureRequest, label: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     stem = f"{request.node.name}-{label}".replace("[", "-").replace("]", "")
     size = page.viewport_size or DESKTOP
-    page.screenshot(path=str(SCREENSHOTS / f"{stem}-desktop.png"), full_page=True)
-    page.set_viewport_size(PHONE)
-    page.screenshot(path=str(SCREENSHOTS / f"{stem}-phone.png"), full_page=True)
-    page.set_viewport_size(size)
+    await page.screenshot(path=str(SCREENSHOTS / f"{stem}-desktop.png"), full_page=True)
+    await page.set_viewport_size(PHONE)
+    await page.screenshot(path=str(SCREENSHOTS / f"{stem}-phone.png"), full_page=True)
+    await page.set_viewport_size(size)
 
 
 @pytest.fixture
-def screenshot(page: Page, request: pytest.FixtureRequest) -> Callable[[str], None]:
+def screenshot(page: Page, request: pytest.FixtureRequest) -> Callable[[str], Awaitable[None]]:
     """Save the page mid-test at desktop and phone widths: `artifacts/screenshots/<test>-<label>-*.png`."""
     return lambda label: _shoot(page, request, label)
-
-
-@pytest.fixture(autouse=True)
-def screenshot_at_end(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every browser test leaves a screenshot of where it ended, passed or failed (CI keeps
-    `artifacts/` so a failure can be seen, not just read)."""
-    page = request.getfixturevalue("page") if "page" in request.fixturenames else None
-    yield
-    if page is not None and not page.is_closed():
-        _shoot(page, request, "end")
-
-
-@pytest.fixture(scope="session")
-def base_url() -> None:
-    """Tests open the URL of the edge they started; this replaces pytest-base-url's fixture,
-    which is written in a form pytest deprecates."""
-    return None

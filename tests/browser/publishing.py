@@ -33,8 +33,8 @@ class TokenizerFiles:
 
 
 def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine from synchronous test code, on its own thread: Playwright's sync API
-    already runs an event loop on the main one."""
+    """Run a coroutine from synchronous fixtures, on its own thread, so it works whether or not
+    the calling thread has a loop running (an async browser test's may be)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
 

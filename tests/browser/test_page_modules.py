@@ -6,9 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page
+import pytest_asyncio
+from playwright.async_api import Page
 
 from edgellm_local.server import EdgeServer
+
+from .conftest import BROWSER_LOOP
+
+pytestmark = BROWSER_LOOP
 
 SSE_CASES = [
     ("one event", ["data: a\n\n"], ["a"]),
@@ -44,36 +49,36 @@ VISIBLE_CASES = [
 ]
 
 
-@pytest.fixture
-def modules_page(page: Page, edge: EdgeServer) -> Page:
-    page.goto(edge.url + "/")
+@pytest_asyncio.fixture(loop_scope="session")
+async def modules_page(page: Page, edge: EdgeServer) -> Page:
+    await page.goto(edge.url + "/")
     return page
 
 
-def run_module(page: Page, module: str, body: str, arg: Any) -> Any:
-    return page.evaluate(f"async (arg) => {{ const m = await import('{module}'); {body} }}", arg)
+async def run_module(page: Page, module: str, body: str, arg: Any) -> Any:
+    return await page.evaluate(f"async (arg) => {{ const m = await import('{module}'); {body} }}", arg)
 
 
 @pytest.mark.parametrize(("case", "chunks", "expected"), SSE_CASES, ids=[c[0] for c in SSE_CASES])
-def test_sse_decoder(modules_page: Page, case: str, chunks: list[str], expected: list[str]) -> None:
+async def test_sse_decoder(modules_page: Page, case: str, chunks: list[str], expected: list[str]) -> None:
     body = "const d = new m.SSEDecoder(); const out = []; for (const c of arg) out.push(...d.feed(c)); out.push(...d.flush()); return out;"
-    assert run_module(modules_page, "/js/sse.mjs", body, chunks) == expected
+    assert await run_module(modules_page, "/js/sse.mjs", body, chunks) == expected
 
 
 @pytest.mark.parametrize(("case", "entry", "kind"), DELIVERY_CASES, ids=[c[0] for c in DELIVERY_CASES])
-def test_classify_delivery(modules_page: Page, case: str, entry: dict[str, int] | None, kind: str) -> None:
-    result = run_module(modules_page, "/js/artifacts.mjs", "return m.classifyDelivery(arg ?? undefined);", entry)
+async def test_classify_delivery(modules_page: Page, case: str, entry: dict[str, int] | None, kind: str) -> None:
+    result = await run_module(modules_page, "/js/artifacts.mjs", "return m.classifyDelivery(arg ?? undefined);", entry)
     assert result["kind"] == kind
     assert result["status"] == {"network": entry and entry["responseStatus"], "revalidated": 304}.get(kind)
 
 
 @pytest.mark.parametrize(("case", "text", "shown"), VISIBLE_CASES, ids=[c[0] for c in VISIBLE_CASES])
-def test_visible_text(modules_page: Page, case: str, text: str, shown: str) -> None:
-    assert run_module(modules_page, "/js/pieces.mjs", "return m.visibleText(arg);", text) == shown
+async def test_visible_text(modules_page: Page, case: str, text: str, shown: str) -> None:
+    assert await run_module(modules_page, "/js/pieces.mjs", "return m.visibleText(arg);", text) == shown
 
 
-def test_byte_level_hex(modules_page: Page) -> None:
+async def test_byte_level_hex(modules_page: Page) -> None:
     # "你" is E4 BD A0; GPT-2's byte-level alphabet spells E4 BD as "ä½" and A0 as "ł"
-    assert run_module(modules_page, "/js/pieces.mjs", "return [m.byteLevelHex('ä½'), m.byteLevelHex('ł'), m.byteLevelHex('Ġ'), m.byteLevelHex('<0xE4>x中')];", None) == [
+    assert await run_module(modules_page, "/js/pieces.mjs", "return [m.byteLevelHex('ä½'), m.byteLevelHex('ł'), m.byteLevelHex('Ġ'), m.byteLevelHex('<0xE4>x中')];", None) == [
         "E4 BD", "A0", "20", None,
     ]

@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
-from playwright.sync_api import Page, expect
+from playwright.async_api import Page, expect
 
 from edgellm.ports import BlobStore, R2Conditional, R2Object, R2Range
 from edgellm_local.server import EdgeServer
 
-from .conftest import PUBLISHED_NAME, TINY_NAME
+from .conftest import BROWSER_LOOP, PUBLISHED_NAME, TINY_NAME
 from .publishing import TokenizerFiles
+
+pytestmark = BROWSER_LOOP
 
 # Everything a user may paste: scripts, emoji sequences, digits, whitespace runs, code, specials.
 # (No CR: a textarea's value turns CRLF and lone CR into LF, so a user cannot tokenize one here.)
@@ -62,52 +64,52 @@ KNOWN_DIFFERENCES = {
 }
 
 
-def open_tokenizer(page: Page, edge: EdgeServer, model: str = PUBLISHED_NAME) -> None:
-    page.goto(f"{edge.url}/tokenizer?model={model}")
-    expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=30_000)
+async def open_tokenizer(page: Page, edge: EdgeServer, model: str = PUBLISHED_NAME) -> None:
+    await page.goto(f"{edge.url}/tokenizer?model={model}")
+    await expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=30_000)
 
 
-def shown_ids(page: Page, text: str) -> list[int]:
+async def shown_ids(page: Page, text: str) -> list[int]:
     """Type `text` and read the ids the page shows, after checking it tokenized exactly `text`."""
-    page.locator("#text").fill(text)
-    assert page.locator("#text").input_value() == text
-    pieces = page.locator("#pieces .piece").evaluate_all("els => els.map(e => Number(e.dataset.id))")
-    listed = json.loads(page.locator("#ids").text_content() or "[]")
+    await page.locator("#text").fill(text)
+    assert await page.locator("#text").input_value() == text
+    pieces = await page.locator("#pieces .piece").evaluate_all("els => els.map(e => Number(e.dataset.id))")
+    listed = json.loads(await page.locator("#ids").text_content() or "[]")
     assert pieces == listed, "the pieces and the id list disagree"
-    assert page.locator("#token-count").text_content() == f"{len(listed):,}"
+    assert await page.locator("#token-count").text_content() == f"{len(listed):,}"
     return listed
 
 
-def test_ids_equal_python_tokenizers(
-    page: Page, artifact_edge: EdgeServer, smollm2_files: TokenizerFiles, screenshot: Callable[[str], None]
+async def test_ids_equal_python_tokenizers(
+    page: Page, artifact_edge: EdgeServer, smollm2_files: TokenizerFiles, screenshot: Callable[[str], Awaitable[None]]
 ) -> None:
     reference = smollm2_files.tokenizer()
-    open_tokenizer(page, artifact_edge)
-    expect(page.locator("#vocab-size")).to_have_text(f"{reference.get_vocab_size(with_added_tokens=True):,}")
-    expect(page.locator("#load-time")).to_have_text(re.compile(r"^\d+ ms$"))
+    await open_tokenizer(page, artifact_edge)
+    await expect(page.locator("#vocab-size")).to_have_text(f"{reference.get_vocab_size(with_added_tokens=True):,}")
+    await expect(page.locator("#load-time")).to_have_text(re.compile(r"^\d+ ms$"))
 
     mismatches = []
     for text in CORPUS + ["\n".join(CORPUS)]:
         expected = reference.encode(text, add_special_tokens=False).ids
-        if shown_ids(page, text) != expected:
+        if await shown_ids(page, text) != expected:
             mismatches.append(text)
     assert not mismatches, f"the browser's ids differ from Python tokenizers for {mismatches!r}"
 
     # special tokens show as specials, and a partial UTF-8 character shows its bytes
-    shown_ids(page, "<|im_start|>user 你")
-    expect(page.locator("#pieces .piece.special")).to_have_count(1)
-    expect(page.locator("#pieces .piece").last).to_contain_text(re.compile(r"<[0-9A-F]{2}( [0-9A-F]{2})*>"))
-    page.locator("#text").fill("Hello, world! 1234 café 你好 🙂\n    def f(x): return x * 2")
-    screenshot("tokens")
+    await shown_ids(page, "<|im_start|>user 你")
+    await expect(page.locator("#pieces .piece.special")).to_have_count(1)
+    await expect(page.locator("#pieces .piece").last).to_contain_text(re.compile(r"<[0-9A-F]{2}( [0-9A-F]{2})*>"))
+    await page.locator("#text").fill("Hello, world! 1234 café 你好 🙂\n    def f(x): return x * 2")
+    await screenshot("tokens")
 
 
-def test_known_library_differences_keep_the_text(page: Page, artifact_edge: EdgeServer, smollm2_files: TokenizerFiles) -> None:
+async def test_known_library_differences_keep_the_text(page: Page, artifact_edge: EdgeServer, smollm2_files: TokenizerFiles) -> None:
     """The named differences are real (if a library release fixes one, move it into CORPUS), and
     harmless: the browser's tokens decode to exactly the text typed."""
     reference = smollm2_files.tokenizer()
-    open_tokenizer(page, artifact_edge)
+    await open_tokenizer(page, artifact_edge)
     for what, text in KNOWN_DIFFERENCES.items():
-        ids = shown_ids(page, text)
+        ids = await shown_ids(page, text)
         assert ids != reference.encode(text, add_special_tokens=False).ids, f"{what}: the browser now agrees; move it to CORPUS"
         assert reference.decode(ids) == text, f"{what}: the browser's tokens do not spell the text"
 
@@ -136,55 +138,55 @@ class R2Spy:
         return await self.inner.list(prefix, **kwargs)
 
 
-def test_reload_revalidates_with_304(
+async def test_reload_revalidates_with_304(
     page: Page, start_edge: Callable[..., EdgeServer], published_r2: BlobStore, smollm2_files: TokenizerFiles
 ) -> None:
     spy = R2Spy(published_r2)
     edge = start_edge(r2=spy)
     key = f"models/{PUBLISHED_NAME}/tokenizer.json"
 
-    open_tokenizer(page, edge)
-    expect(page.locator("#fetch-tokenizer")).to_have_attribute("data-delivery", "network")
-    expect(page.locator("#fetch-tokenizer")).to_contain_text("200 downloaded")
+    await open_tokenizer(page, edge)
+    await expect(page.locator("#fetch-tokenizer")).to_have_attribute("data-delivery", "network")
+    await expect(page.locator("#fetch-tokenizer")).to_contain_text("200 downloaded")
     assert spy.reads.count(key) == 1
 
-    page.reload()
-    expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=30_000)
+    await page.reload()
+    await expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=30_000)
     for file in ("#fetch-tokenizer", "#fetch-config"):
-        expect(page.locator(file)).to_have_attribute("data-delivery", "revalidated")
-        expect(page.locator(file)).to_contain_text("304 revalidated")
+        await expect(page.locator(file)).to_have_attribute("data-delivery", "revalidated")
+        await expect(page.locator(file)).to_contain_text("304 revalidated")
     assert spy.reads.count(key) == 1, "the edge sent tokenizer.json again instead of a 304"
     text = "revalidated, and still tokenizing"
-    assert shown_ids(page, text) == smollm2_files.tokenizer().encode(text, add_special_tokens=False).ids
+    assert await shown_ids(page, text) == smollm2_files.tokenizer().encode(text, add_special_tokens=False).ids
 
 
-def test_model_picker_lists_published_models(page: Page, artifact_edge: EdgeServer, tiny_files: TokenizerFiles) -> None:
-    published = [m["name"] for m in page.request.get(f"{artifact_edge.url}/models").json()["data"]]
+async def test_model_picker_lists_published_models(page: Page, artifact_edge: EdgeServer, tiny_files: TokenizerFiles) -> None:
+    published = [m["name"] for m in (await (await page.request.get(f"{artifact_edge.url}/models")).json())["data"]]
     assert sorted(published) == sorted([PUBLISHED_NAME, TINY_NAME])
 
-    page.goto(f"{artifact_edge.url}/tokenizer")
-    expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=30_000)
-    options = page.locator("#model option").evaluate_all("els => els.map(e => e.value)")
+    await page.goto(f"{artifact_edge.url}/tokenizer")
+    await expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=30_000)
+    options = await page.locator("#model option").evaluate_all("els => els.map(e => e.value)")
     assert options == published
 
-    page.get_by_label("Model").select_option(TINY_NAME)
+    await page.get_by_label("Model").select_option(TINY_NAME)
     tiny = tiny_files.tokenizer()
-    expect(page.locator("#vocab-size")).to_have_text(f"{tiny.get_vocab_size(with_added_tokens=True):,}")
+    await expect(page.locator("#vocab-size")).to_have_text(f"{tiny.get_vocab_size(with_added_tokens=True):,}")
     assert page.url.endswith(f"?model={TINY_NAME}")
     text = "Hello tiny model, 42!"
-    assert shown_ids(page, text) == tiny.encode(text, add_special_tokens=False).ids
+    assert await shown_ids(page, text) == tiny.encode(text, add_special_tokens=False).ids
 
 
-def test_no_published_models_says_how_to_publish(page: Page, start_edge: Callable[..., EdgeServer]) -> None:
+async def test_no_published_models_says_how_to_publish(page: Page, start_edge: Callable[..., EdgeServer]) -> None:
     edge = start_edge()  # an empty R2
-    page.goto(f"{edge.url}/tokenizer")
-    expect(page.locator("body")).to_have_attribute("data-state", "empty")
-    expect(page.locator("#status")).to_contain_text("edgellm publish")
+    await page.goto(f"{edge.url}/tokenizer")
+    await expect(page.locator("body")).to_have_attribute("data-state", "empty")
+    await expect(page.locator("#status")).to_contain_text("edgellm publish")
 
 
-def test_missing_model_shows_the_api_message(page: Page, artifact_edge: EdgeServer) -> None:
-    page.goto(f"{artifact_edge.url}/tokenizer?model=no-such-model")
-    expect(page.locator("body")).to_have_attribute("data-state", "error")
-    api = page.request.get(f"{artifact_edge.url}/models/no-such-model/tokenizer.json")
+async def test_missing_model_shows_the_api_message(page: Page, artifact_edge: EdgeServer) -> None:
+    await page.goto(f"{artifact_edge.url}/tokenizer?model=no-such-model")
+    await expect(page.locator("body")).to_have_attribute("data-state", "error")
+    api = await page.request.get(f"{artifact_edge.url}/models/no-such-model/tokenizer.json")
     assert api.status == 404
-    expect(page.locator("#error")).to_contain_text(api.json()["error"]["message"])
+    await expect(page.locator("#error")).to_contain_text((await api.json())["error"]["message"])

@@ -77,6 +77,15 @@ def test_dev_serves_the_model_and_stops_on_ctrl_c(running: tuple[subprocess.Pope
     assert process.returncode in (0, 130)
     assert "Traceback" not in err
     assert url in out and tiny_model.name in out  # the banner says where and what
+    assert "serving on the uvloop.Loop event loop" in err  # `dev` lets uvicorn set up its loop
+
+
+def test_dev_help_shows_the_defaults() -> None:
+    done = run_to_exit([sys.executable, "-m", "edgellm_local.cli", "dev", "--help"])
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0
+    for default in ("(default: 8787)", "(default: 127.0.0.1)", "(default: .state)", "(default: fast)"):
+        assert default in text, default
 
 
 def test_port_already_taken(tiny_model: Path, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ small so that valid requests finish in milliseconds on the tiny model.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import string
 from typing import Any, Callable, Iterator, Mapping
@@ -33,6 +34,7 @@ from schemathesis import GenerationMode
 from edgellm.config import Config
 from edgellm.sse import SSEDecoder
 from edgellm_local.edge import DEFAULT_PUBLIC
+from edgellm_local.manifest import Manifest, ModelFile, Shard
 from edgellm_local.server import EdgeServer
 from edgellm_local.usage import SqliteUsage
 
@@ -60,7 +62,15 @@ GET_ROUTES = ["/v1/models", "/healthz", "/models", "/admin/cache/stats", "/admin
 
 MODEL = "tiny"
 BLOB = bytes(range(256)) * 8
-MANIFEST = json.dumps({"format": "edgellm.manifest/1", "name": MODEL}).encode()
+BLOB_SHA256 = hashlib.sha256(BLOB).hexdigest()
+# built with the manifest's own dataclasses, so the fixture is a manifest `edgellm pull` accepts
+MANIFEST = Manifest(
+    name=MODEL,
+    model=ModelFile("tiny.gguf", len(BLOB), BLOB_SHA256),
+    shard_size=len(BLOB),
+    shards=(Shard(0, 0, len(BLOB), BLOB_SHA256, f"blobs/sha256-{BLOB_SHA256}"),),
+    files=(),
+)
 
 
 # --- the document ------------------------------------------------------------------------
@@ -164,7 +174,7 @@ def fuzz_edge(start_edge: Callable[..., EdgeServer]) -> EdgeServer:
     assert r2 is not None and edge.loop is not None
 
     async def publish() -> None:
-        await r2.put(f"models/{MODEL}/manifest.json", MANIFEST)
+        await r2.put(f"models/{MODEL}/manifest.json", json.dumps(MANIFEST.to_json()).encode())
         await r2.put(f"models/{MODEL}/blobs/sha256-{_sha256(BLOB)}", BLOB)
 
     asyncio.run_coroutine_threadsafe(publish(), edge.loop).result(10)
@@ -319,6 +329,7 @@ def test_artifact_paths_and_conditional_headers_answer_as_documented(openapi: Op
     template = "/models/{path}"
     blob_path = f"/models/{MODEL}/blobs/sha256-{_sha256(BLOB)}"
     etag = httpx.head(fuzz_edge.url + blob_path).headers["etag"]
+    assert Manifest.parse(httpx.get(fuzz_edge.url + f"/models/{MODEL}/manifest.json").content) == MANIFEST
     optional = lambda strategy: st.one_of(st.none(), strategy)  # noqa: E731
     seldom = lambda strategy: st.one_of(st.none(), st.none(), st.none(), strategy)  # noqa: E731
     statuses: set[int] = set()

@@ -8,12 +8,7 @@ import asyncio
 import hashlib
 import json
 import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -21,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 import pytest
 
+from edgellm.errors import RETRY_AFTER_SECONDS
 from edgellm.ports import BindingError, BlobStore, Deps, R2Object
 from edgellm_local.cli import main
 from edgellm_local.pull import Downloader
@@ -96,72 +92,68 @@ def test_publish_then_pull_gives_the_same_bytes(start_edge: Callable[..., EdgeSe
     assert summary.startswith(f"pulled {out / 'model.gguf'}: {model_file.stat().st_size:,} bytes") and "0/13 shards reused" in summary
 
 
-class GatedR2:
-    """R2 whose blobs from shard `gate_from` on send their first chunk, then wait for `opened`:
-    a pull stalls there with some shards verified and others half received."""
-
-    def __init__(self, inner: BlobStore, gated_keys: set[str]) -> None:
-        self.inner, self.gated_keys, self.opened = inner, gated_keys, threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def get(self, key: str, **options: Any) -> R2Object | None:
-        obj = await self.inner.get(key, **options)
-        if obj is not None and obj.body is not None and key in self.gated_keys:
-            obj.body = self._gated(obj.body)
-        return obj
-
-    async def _gated(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        first = True
-        async for chunk in body:
-            yield chunk
-            if first:
-                first = False
-                deadline = time.monotonic() + 60
-                while not self.opened.is_set() and time.monotonic() < deadline:
-                    await asyncio.sleep(0.02)
+class Interrupted(BaseException):
+    """What a Ctrl-C is to the pull: not an error it may retry."""
 
 
-def test_a_killed_pull_resumes_without_fetching_verified_bytes_again(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], model_file: Path, tmp_path: Path) -> None:
-    deps = make_deps()
-    manifest = publish(tmp_path, model_file, deps.r2)
-    gated = GatedR2(deps.r2, {f"models/{NAME}/{s['path']}" for s in manifest["shards"][4:]})
-    edge = start_edge(deps=replace(deps, r2=gated))
+class CuttingTransport(RecordingTransport):
+    """pull's own transport that lets `budget` bytes of shard bodies through, then interrupts
+    the pull mid-body: exactly where it stops is decided by the byte count, not by timing."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.budget = budget
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if "/blobs/" in request.url.path:
+            response.stream = self._cut(response.stream)  # type: ignore[arg-type]
+        return response
+
+    class _Cut(httpx.AsyncByteStream):
+        def __init__(self, owner: "CuttingTransport", inner: Any) -> None:
+            self.owner, self.inner = owner, inner
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self.inner:
+                if len(chunk) >= self.owner.budget:
+                    if self.owner.budget:
+                        yield bytes(chunk[: self.owner.budget])
+                    self.owner.budget = 0
+                    raise Interrupted()
+                self.owner.budget -= len(chunk)
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    def _cut(self, inner: Any) -> "CuttingTransport._Cut":
+        return self._Cut(self, inner)
+
+
+def test_an_interrupted_pull_resumes_a_half_received_shard_without_fetching_verified_bytes_again(
+    start_edge: Callable[..., EdgeServer], model_file: Path, tmp_path: Path
+) -> None:
+    edge = start_edge()
+    manifest = publish(tmp_path, model_file, edge.app.deps.r2)
     out = tmp_path / "pulled"
-    state_file = out / "model.gguf.partial.state"
-
-    command = [sys.executable, "-m", "edgellm_local.cli", "pull", edge.url, NAME, "--out", str(out), "--parallel", "2"]
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if state_file.exists() and len(json.loads(state_file.read_text())["verified"]) == 4:
-                break
-            time.sleep(0.05)
-        time.sleep(1.5)  # the pull saves partial progress every second; let it record the stalled shards
-        child.send_signal(signal.SIGKILL)  # no chance to clean up: only what is on disk counts
-        child.wait(10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        gated.opened.set()
-    state = json.loads(state_file.read_text())
-    assert state["verified"] == [0, 1, 2, 3]
-    assert set(state["received"]) <= {"4", "5"} and all(n > 0 for n in state["received"].values())
+    half = SHARD_SIZE // 2 + 1234
+    with pytest.raises(Interrupted):  # one stream at a time: shards 0-3 whole, then `half` bytes of shard 4
+        pull_with(edge, out, CuttingTransport(4 * SHARD_SIZE + half), parallel=1)
+    state = json.loads((out / "model.gguf.partial.state").read_text())
+    assert state["verified"] == [0, 1, 2, 3] and state["received"] == {"4": half}
+    assert (out / "model.gguf.partial").read_bytes()[: 4 * SHARD_SIZE + half] == model_file.read_bytes()[: 4 * SHARD_SIZE + half]
 
     transport = RecordingTransport()
     result = pull_with(edge, out, transport)
 
     assert (out / "model.gguf").read_bytes() == model_file.read_bytes()
     asked = {r.url.path.rsplit("/", 1)[1]: r.headers["range"] for r in blob_requests(transport.requests)}
-    expected = {
-        s["path"].split("/")[1]: f"bytes={state['received'].get(str(s['index']), 0)}-{s['size'] - 1}" for s in manifest["shards"][4:]
-    }
-    assert asked == expected  # shards 0-3 never asked for; 4 and 5 only for the bytes not on disk
+    expected = {s["path"].split("/")[1]: f"bytes={half if s['index'] == 4 else 0}-{s['size'] - 1}" for s in manifest["shards"][4:]}
+    assert asked == expected  # shards 0-3 never asked for; shard 4 only for the bytes not on disk
     assert result.shards_reused == 4
-    assert result.fetched == model_file.stat().st_size - 4 * SHARD_SIZE - sum(state["received"].values())
-    assert not state_file.exists() and not (out / "model.gguf.partial").exists()
+    assert result.fetched == model_file.stat().st_size - 4 * SHARD_SIZE - half
+    assert not (out / "model.gguf.partial.state").exists() and not (out / "model.gguf.partial").exists()
 
 
 class R2Hiccup(BindingError):
@@ -196,7 +188,7 @@ def test_an_edge_503_is_retried_after_the_time_it_asks_for(start_edge: Callable[
 
     transport = RecordingTransport()
     pull_with(edge, tmp_path / "pulled", transport, sleep=sleep)
-    assert sleeps == [1.0, 1.0]  # the edge's Retry-After, for the manifest and for shard 2
+    assert sleeps == [float(RETRY_AFTER_SECONDS)] * 2  # the edge's Retry-After, for the manifest and for shard 2
     assert (tmp_path / "pulled" / "model.gguf").read_bytes() == model_file.read_bytes()
 
 

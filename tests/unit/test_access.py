@@ -77,3 +77,21 @@ async def test_the_rate_limit_binding_refusing_is_a_429(clock) -> None:
     no_key = Request("POST", "http://edge.test/v1/completions", {}, json.dumps({"prompt": "x"}).encode())
     assert (await handle(no_key, open_deps)).status == 200  # open mode: no key, no per-key limit
     assert (await handle(replace(no_key, principal=None), deps)).status == 401
+
+
+async def test_open_mode_ignores_a_foreign_api_key_but_not_a_bad_edgellm_key(clock) -> None:
+    """SDKs must send some api_key: in open mode a value that is no EdgeLLM key is no key, while
+    an `el-` key that is malformed, unknown or revoked is refused in every mode."""
+    kv = SqliteKV(clock=clock)
+    made = new_key("acme", clock.now())
+    await KeyRing(kv).put(replace(made.record, revoked=clock.now()))
+    open_deps = Deps(config=Config(open_access=True), ai=ScriptedAI(), kv=kv, clock=clock, log=logging.getLogger("edgellm.test"))
+    keyed_deps = replace(open_deps, config=Config())
+
+    def call(key: str) -> Request:
+        return Request("POST", "http://edge.test/v1/completions", {"authorization": f"Bearer {key}"}, json.dumps({"prompt": "x"}).encode())
+
+    assert (await handle(call("sk-unused-locally"), open_deps)).status == 200
+    assert (await handle(call("sk-unused-locally"), keyed_deps)).status == 401
+    for bad in (made.api_key, "el-short", "el-abcdefghijkl." + "x" * 30):
+        assert (await handle(call(bad), open_deps)).status == 401, bad

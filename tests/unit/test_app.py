@@ -155,13 +155,14 @@ async def test_failing_binding_is_502_or_503_with_retry_after(ai: ScriptedAI, st
 async def test_models() -> None:
     data = body_json(await handle(get("/v1/models"), deps_with()))
     assert data["object"] == "list"
-    assert [m["id"] for m in data["data"]] == [PRIMARY, FALLBACK]
-    assert [m["edgellm"]["role"] for m in data["data"]] == ["primary", "fallback"]
+    assert [m["id"] for m in data["data"]] == [PRIMARY, FALLBACK, "gpt-4o-mini", "gpt-3.5-turbo"]
+    assert [m["edgellm"]["role"] for m in data["data"]] == ["primary", "fallback", "alias", "alias"]
     assert data["data"][0]["edgellm"]["backend"] == "scripted"  # what the binding says backs the id
+    assert data["data"][2]["edgellm"]["alias_of"] == PRIMARY  # the default aliases name the primary model
 
 
 async def test_models_follow_the_config() -> None:
-    data = body_json(await handle(get("/v1/models"), deps_with(model="@cf/a", fallback_models=("@cf/b", "@cf/a"))))
+    data = body_json(await handle(get("/v1/models"), deps_with(model="@cf/a", fallback_models=("@cf/b", "@cf/a"), model_aliases={})))
     assert [m["id"] for m in data["data"]] == ["@cf/a", "@cf/b"]
 
 
@@ -227,3 +228,20 @@ async def test_api_cors_follows_the_allow_list_and_artifacts_stay_open(origin: s
     assert ("access-control-allow-origin" in response.headers) is allowed
     artifact = await handle(get("/models", "GET", {"origin": origin}), deps_with())
     assert artifact.headers["access-control-allow-origin"] == "*"
+
+
+async def test_a_route_that_declares_an_error_renderer_renders_its_errors_with_it() -> None:
+    """The envelope belongs to the route, not to a path prefix: a new route chooses its own."""
+    from edgellm.errors import invalid
+    from edgellm.workers_ai import error_response
+
+    async def fails(request: Request, deps: Deps) -> Response:
+        raise invalid("bad", "x")
+
+    router = Router((route("POST", "/elsewhere", fails, render_error=error_response), route("POST", "/client/v4/plain", fails)))
+    enveloped = body_json(await handle(post("/elsewhere", {}), deps_with(), router))
+    assert enveloped["success"] is False and enveloped["errors"][0]["code"] == 400
+    plain = body_json(await handle(post("/client/v4/plain", {}), deps_with(), router))
+    assert "success" not in plain and plain["error"]["param"] == "x"
+    wrong_method = body_json(await handle(get("/elsewhere"), deps_with(), router))
+    assert wrong_method["success"] is False and wrong_method["errors"][0]["code"] == 405

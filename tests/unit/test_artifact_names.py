@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgellm.artifacts.names import ArtifactPath, name_from_prefix, parse_artifact_path, validate_name
@@ -91,3 +93,24 @@ def test_validate_name_refuses(name: str) -> None:
 ])
 def test_name_from_prefix(prefix: str, name: str | None) -> None:
     assert name_from_prefix(prefix) == name
+
+
+@pytest.mark.parametrize(
+    "name", ["m", "0", "llama-2.7b_q4", "n" * 64, "n" * 65, "", "SmolLM", "-lead", ".hidden", "a..b", "a b", "a/b", "é"]
+)
+def test_a_manifest_takes_exactly_the_names_the_routes_serve(name: str) -> None:
+    """One model-name rule: `edgellm pull` never accepts a manifest the edge could not serve."""
+    from edgellm_local.manifest import Manifest, ManifestError, ModelFile
+
+    try:
+        validate_name(name)
+        served = True
+    except GatewayError:
+        served = False
+    raw = json.dumps(Manifest(name, ModelFile("m.gguf", 0, DIGEST), 1, (), ()).to_json())
+    try:
+        Manifest.parse(raw)
+        parsed = True
+    except ManifestError:
+        parsed = False
+    assert parsed is served

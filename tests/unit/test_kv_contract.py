@@ -212,3 +212,10 @@ async def test_state_persists_across_reopen(tmp_path: Path, clock: ManualClock) 
         assert await second.get("expiring") is None  # expiry is stored as a time, not a timer
     finally:
         second.close()
+
+
+@pytest.mark.parametrize("operation", ["GET", "PUT", "DELETE"])
+async def test_a_refused_key_names_the_operation(kv: SqliteKV, operation: str) -> None:
+    calls = {"GET": lambda: kv.get("a" * 513), "PUT": lambda: kv.put("a" * 513, b"v"), "DELETE": lambda: kv.delete("a" * 513)}
+    with pytest.raises(KVLimitError, match=f"^KV {operation} failed: 414 "):
+        await calls[operation]()

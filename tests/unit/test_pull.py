@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -15,7 +16,7 @@ import pytest
 
 from edgellm_local.manifest import Manifest, ManifestError
 from edgellm_local.progress import Progress, format_bar
-from edgellm_local.pull import Downloader, PullError
+from edgellm_local.pull import check_arguments, Downloader, PullError
 from edgellm_local.resume import ResumeState, RetryPolicy, parse_content_range, parse_retry_after, range_header
 
 BASE = "http://edge.test"
@@ -113,14 +114,14 @@ class Harness:
     sleeps: list[float] = field(default_factory=list)
     stderr: io.StringIO = field(default_factory=io.StringIO)
 
-    async def pull(self, parallel: int = 2, retry: RetryPolicy = RetryPolicy()) -> Any:
+    async def pull(self, parallel: int = 2, retry: RetryPolicy = RetryPolicy(), name: str = NAME, **options: Any) -> Any:
         async def sleep(seconds: float) -> None:
             self.sleeps.append(seconds)
 
         transport = httpx.MockTransport(self.edge.handle)
         async with httpx.AsyncClient(transport=transport) as client:
-            downloader = Downloader(client, parallel=parallel, chunk_size=1500, retry=retry, sleep=sleep, rand=lambda: 0.0, stderr=self.stderr)
-            return await downloader.pull(BASE, NAME, self.out)
+            downloader = Downloader(client, parallel=parallel, chunk_size=1500, retry=retry, sleep=sleep, rand=lambda: 0.0, stderr=self.stderr, **options)
+            return await downloader.pull(BASE, name, self.out)
 
 
 @pytest.fixture
@@ -365,8 +366,50 @@ async def test_a_manifest_whose_shards_do_not_make_the_model_is_caught(tmp_path:
     objects = {**objects, key: json.dumps(manifest).encode()}
     h = harness(tmp_path, objects)
     with pytest.raises(PullError, match="whole file's sha256 does not match"):
-        await h.pull()
+        await h.pull(verify_full=True)
     assert not (h.out / "model.gguf").exists() and not (h.out / "model.gguf.partial").exists()
+
+
+async def test_every_byte_is_hashed_once_unless_verify_full(tmp_path: Path, model_and_objects: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shard is checked as it arrives; only --verify-full reads the file back for a second hash."""
+    import edgellm_local.model_download as download_module
+
+    model, objects = model_and_objects
+    reread: list[int] = []
+    real = download_module.hash_range
+
+    def spy(fd: int, offset: int, length: int, hasher: Any, *args: Any) -> Any:
+        reread.append(length)
+        return real(fd, offset, length, hasher, *args)
+
+    monkeypatch.setattr(download_module, "hash_range", spy)
+    h = harness(tmp_path, objects)
+    await h.pull()
+    assert (h.out / "model.gguf").read_bytes() == model and reread == []
+    shutil.rmtree(h.out)
+    await harness(tmp_path, objects).pull(verify_full=True)
+    assert sum(reread) == len(model)
+
+
+async def test_limit_rate_paces_the_whole_download(tmp_path: Path, model_and_objects: Any) -> None:
+    model, objects = model_and_objects
+    now = [0.0]
+    h = harness(tmp_path, objects)
+
+    def clock() -> float:
+        return now[0]
+
+    async def sleep(seconds: float) -> None:
+        h.sleeps.append(seconds)
+        now[0] += seconds
+
+    transport = httpx.MockTransport(h.edge.handle)
+    async with httpx.AsyncClient(transport=transport) as client:
+        downloader = Downloader(client, parallel=2, chunk_size=1500, sleep=sleep, clock=clock, stderr=h.stderr, limit_rate=1000.0)
+        await downloader.pull(BASE, NAME, h.out)
+    assert (h.out / "model.gguf").read_bytes() == model
+    # 10,000 bytes at 1,000 B/s with a quarter-second burst: 9.75 s of waiting, never much more
+    assert 9.7 <= now[0] <= 9.8, now[0]
 
 
 # --- resume -----------------------------------------------------------------------------------
@@ -496,10 +539,67 @@ async def test_a_malformed_manifest_stops_the_pull_before_any_write(tmp_path: Pa
     assert [r.url.path for r in h.edge.requests] == [f"/models/{NAME}/manifest.json"]
 
 
-async def test_an_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
-    h = harness(tmp_path, {})
-    with pytest.raises(PullError, match=r"manifest.json: not found \(HTTP 404\)"):
+async def test_an_unknown_model_is_a_clear_error_listing_the_published_names(tmp_path: Path) -> None:
+    index = json.dumps({"object": "list", "data": [{"name": "smollm2-135m"}, {"name": "other"}]}).encode()
+    h = harness(tmp_path, {"/models": index})
+    with pytest.raises(PullError, match=r"no model 'tiny' is published on http://edge.test; published: smollm2-135m, other$"):
         await h.pull()
+    empty = harness(tmp_path, {"/models": b'{"object": "list", "data": []}'})
+    with pytest.raises(PullError, match="publishes no models yet"):
+        await empty.pull()
+
+
+@pytest.mark.parametrize("name, message", [("Tiny", "lowercase"), ("../x", "lowercase"), ("", "empty"), ("a" * 65, "longer than 64")])
+async def test_a_bad_model_name_is_refused_before_any_request(tmp_path: Path, name: str, message: str) -> None:
+    h = harness(tmp_path, {})
+    with pytest.raises(PullError, match=message):
+        await h.pull(name=name)
+    assert h.edge.requests == []
+
+
+async def test_out_pointing_at_a_file_is_a_clear_error(tmp_path: Path, model_and_objects: Any) -> None:
+    h = harness(tmp_path, model_and_objects[1])
+    h.out.write_text("not a directory")
+    with pytest.raises(PullError, match="is a file; give a directory"):
+        await h.pull()
+    h.out = tmp_path / "out" / "deeper"
+    with pytest.raises(PullError, match="is a file, not a directory"):
+        await h.pull()
+    assert h.edge.requests == []
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8787", "localhost", "ftp://edge.test", "http://"])
+def test_a_url_without_a_scheme_or_host_is_refused(tmp_path: Path, url: str) -> None:
+    with pytest.raises(PullError, match="is not an edge URL"):
+        check_arguments(url, NAME, tmp_path / "out")
+
+
+async def test_a_refused_connection_fails_at_once_without_retrying(tmp_path: Path) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("cannot connect to edge.test:80: [Errno 111] Connection refused", request=request)
+
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
+        with pytest.raises(PullError, match="cannot reach the edge: .*Connection refused; is it running"):
+            await Downloader(client, sleep=sleep, stderr=io.StringIO()).pull(BASE, NAME, tmp_path / "out")
+    assert sleeps == []
+
+
+def test_the_command_reports_pull_errors_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from edgellm_local.cli import main
+
+    (tmp_path / "file").write_text("x")
+    assert main(["pull", "http://127.0.0.1:9", NAME, "--out", str(tmp_path / "file")]) == 1
+    assert main(["pull", "127.0.0.1:8787", NAME, "--out", str(tmp_path / "o")]) == 1
+    assert main(["pull", "http://127.0.0.1:9", NAME, "--out", str(tmp_path / "o"), "--limit-rate", "fast"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("edgellm pull: error: --out") and "is a file" in err[0]
+    assert "is not an edge URL" in err[1] and "--limit-rate 'fast'" in err[2]
+    assert len(err) == 3 and "Traceback" not in "".join(err)
 
 
 async def test_a_manifest_for_another_name_is_refused(tmp_path: Path, model_and_objects: Any) -> None:
@@ -509,7 +609,7 @@ async def test_a_manifest_for_another_name_is_refused(tmp_path: Path, model_and_
         await harness(tmp_path, objects).pull()
 
 
-async def test_memory_per_stream_is_bounded_by_the_chunk_size(tmp_path: Path) -> None:
+async def test_memory_per_stream_is_bounded_by_the_chunk_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Writes land in chunk-sized pieces however large the shard: nothing holds a shard."""
     model, objects = build_model(size=200_000, shard_size=100_000)
     h = harness(tmp_path, objects)
@@ -522,11 +622,8 @@ async def test_memory_per_stream_is_bounded_by_the_chunk_size(tmp_path: Path) ->
         sizes.append(sum(map(len, pieces)))
         return real(fd, pieces, offset, hasher)
 
-    pull_module._write_and_hash = spy  # type: ignore[assignment]
-    try:
-        await h.pull()
-    finally:
-        pull_module._write_and_hash = real  # type: ignore[assignment]
+    monkeypatch.setattr(pull_module, "_write_and_hash", spy)
+    await h.pull()
     assert (h.out / "model.gguf").read_bytes() == model
     assert max(sizes) < 1500 + 1000 and sum(sizes) >= 200_000
 
@@ -550,3 +647,18 @@ def test_progress_redraws_in_place_on_a_tty_and_prints_lines_in_a_log() -> None:
     assert tty.getvalue().count("\r") == 4 and "\n" not in tty.getvalue()
     assert log.getvalue().count("\n") == 1  # the first draw; the next is due after 5 s
     assert "4.0/4.0 MiB" in bars[0].line() and "1.0 MB/s" in bars[0].line()
+
+
+def test_a_dead_port_fails_at_once_through_the_real_transport(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing listening: one line, exit 1, no retries (the old pull retried for ~12 s)."""
+    import socket
+
+    from edgellm_local.cli import main
+
+    with socket.socket() as s:  # a port that was free a moment ago and has no listener now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["pull", f"http://127.0.0.1:{port}", NAME, "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the edge: cannot connect to 127.0.0.1:{port}" in err and "is it running" in err
+    assert "retrying" not in err and "Traceback" not in err

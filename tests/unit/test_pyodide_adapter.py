@@ -7,6 +7,7 @@ misses are `jsnull`, options objects and bytes need `to_js`, errors arrive as `J
 from __future__ import annotations
 
 import email.message
+import importlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -240,3 +241,90 @@ async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
     bare = adapter.pyodide.build_deps(SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=fp.jsnull),
                                       SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
     assert bare.rate_limiter is None and bare.usage is None
+class FakeFetchResponse:
+    def __init__(self, status: int, chunks: list[bytes]) -> None:
+        self.status, self.headers = status, {"content-type": "text/event-stream"}
+        self.body = FakeJsStream(chunks)
+
+
+class FakeJsStream:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks, self.cancelled = list(chunks), False
+
+    def getReader(self) -> "FakeJsStream":
+        return self
+
+    async def read(self) -> Any:
+        if not self.chunks:
+            return SimpleNamespace(done=True, value=None)
+        return SimpleNamespace(done=False, value=fp.Uint8Array(self.chunks.pop(0)))
+
+    async def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeAbortController:
+    def __init__(self) -> None:
+        self.signal, self.aborted = object(), False
+
+    @classmethod
+    def new(cls) -> "FakeAbortController":
+        return cls()
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def test_origin_fetch_sends_a_js_init_and_streams_the_body(adapter) -> None:
+    pyodide_fetch = importlib.import_module("edgellm.runtime.pyodide_fetch")  # this test's fake `js`, not a stale one
+
+    sent: list[Any] = []
+
+    async def fetch(url: str, init: Any) -> Any:
+        sent.append((url, fp.require_js_object(init)))
+        return FakeFetchResponse(200, [b"data: {}\n\n", b"data: [DONE]\n\n"])
+
+    js = __import__("js")
+    js.fetch, js.AbortController = fetch, FakeAbortController
+    response = await pyodide_fetch.WorkersFetch().post("https://o/v1/chat/completions", b'{"a":1}', {"authorization": "Bearer t"}, 5)
+    assert response.status == 200 and [c async for c in response.body] == [b"data: {}\n\n", b"data: [DONE]\n\n"]
+    url, init = sent[0]
+    assert url == "https://o/v1/chat/completions" and init["method"] == "POST" and init["body"] == '{"a":1}'
+    assert init["headers"] == {"authorization": "Bearer t"}
+
+
+async def test_origin_fetch_failures_and_timeouts_are_fetch_errors(adapter) -> None:
+    import asyncio
+
+    from edgellm.ports import FetchError
+    pyodide_fetch = importlib.import_module("edgellm.runtime.pyodide_fetch")  # this test's fake `js`, not a stale one
+
+    js = __import__("js")
+    controllers: list[FakeAbortController] = []
+
+    class Recording(FakeAbortController):
+        @classmethod
+        def new(cls) -> "Recording":
+            controllers.append(cls())
+            return controllers[-1]
+
+    async def refused(url: str, init: Any) -> Any:
+        raise fp.JsException("TypeError: Network connection lost.")
+
+    async def silent(url: str, init: Any) -> Any:
+        await asyncio.Event().wait()
+
+    js.AbortController = Recording
+    js.fetch = refused
+    with pytest.raises(FetchError, match="Network connection lost"):
+        await pyodide_fetch.WorkersFetch().post("https://o", b"{}", {}, 5)
+    js.fetch = silent
+    with pytest.raises(FetchError, match="no response"):
+        await pyodide_fetch.WorkersFetch().post("https://o", b"{}", {}, 0.01)
+    assert controllers[-1].aborted  # the abandoned fetch is aborted, not left running
+
+
+async def test_request_cf_country_and_continent_reach_the_core(adapter) -> None:
+    request = SimpleNamespace(method="GET", url="https://x/healthz", headers={}, cf=SimpleNamespace(country="DE", continent="EU"))
+    core = await adapter.pyodide.to_core_request(request, 1024)
+    assert core.cf == {"country": "DE", "continent": "EU"}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgellm.artifacts.conditional import ByteRange, none_match, parse_etags, parse_range, range_applies
+from edgellm.artifacts.conditional import (
+    ByteRange, etag_listed, none_match, parse_content_range, parse_etags, parse_range, range_applies, range_header,
+)
 from edgellm.errors import GatewayError
 
 SIZE = 1000
@@ -86,6 +88,16 @@ def test_parse_etags() -> None:
     assert parse_etags("*") == [(False, "*")]
     assert parse_etags('"a" junk') is None
     assert parse_etags(" ") is None
+    assert parse_etags('abc, W/"b", c', bare=True) == [(False, '"abc"'), (True, '"b"'), (False, '"c"')]
+    assert parse_etags("a b", bare=True) is None
+
+
+@pytest.mark.parametrize(
+    "header, listed",
+    [("abc", True), ('"abc"', True), ("x, abc", True), ('W/abc', True), ("*", True), ("x", False), ("abcd", False), ("", False)],
+)
+def test_etag_listed_takes_bare_tags_as_r2_does(header: str, listed: bool) -> None:
+    assert etag_listed(header, ETAG, bare=True) is listed
 
 
 IF_RANGE = [
@@ -102,3 +114,23 @@ IF_RANGE = [
 @pytest.mark.parametrize("header, applies", IF_RANGE)
 def test_range_applies(header: str | None, applies: bool) -> None:
     assert range_applies(header, ETAG) is applies
+
+
+@pytest.mark.parametrize(
+    "offset, length, suffix, header",
+    [(None, None, 5, "bytes=-5"), (10, None, None, "bytes=10-"), (10, 5, None, "bytes=10-14"), (None, 3, None, "bytes=0-2")],
+)
+def test_range_header_is_what_parse_range_reads_back(offset: int | None, length: int | None, suffix: int | None, header: str) -> None:
+    assert range_header(offset, length, suffix) == header
+    size = 100
+    asked = parse_range(header, size)
+    assert asked is not None
+    first = size - suffix if suffix is not None else offset or 0
+    assert (asked.first, asked.length) == (first, length or suffix or size - first)
+
+
+def test_parse_content_range_reads_what_byte_range_writes() -> None:
+    assert parse_content_range(ByteRange(10, 19).content_range(100)) == (10, 19, 100)
+    assert parse_content_range(" bytes 5-9/* ") == (5, 9, None)
+    assert parse_content_range("bytes */100") is None  # a 416 names no bytes
+    assert parse_content_range("bytes 1-2/3 junk") is None and parse_content_range(None) is None

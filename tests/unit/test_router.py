@@ -106,3 +106,16 @@ def test_405_merges_methods_of_every_route_on_the_path() -> None:
     with pytest.raises(GatewayError) as info:
         router.match("PATCH", "/x")
     assert info.value.headers["allow"] == "GET, HEAD, OPTIONS, POST"
+
+
+def test_a_route_says_how_its_errors_render() -> None:
+    def envelope(error: GatewayError):  # type: ignore[no-untyped-def]
+        return "enveloped"
+
+    router = Router((
+        route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", run, render_error=envelope),
+        route("POST", "/v1/chat/completions", chat),
+    ))
+    assert router.error_renderer("/client/v4/accounts/a/ai/run/@cf/m") is envelope  # any method: 405s too
+    assert router.error_renderer("/v1/chat/completions") is None
+    assert router.error_renderer("/client/v4/accounts/a/ai/runs/m") is None  # a path prefix alone chooses nothing

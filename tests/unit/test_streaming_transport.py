@@ -31,6 +31,12 @@ def canned(path: str) -> tuple[bytes, bool]:
         return b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 55\r\n\r\n", False
     if path == "/continue":
         return b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", False
+    if path.startswith("/length/"):  # a hostile or odd Content-Length, given in the path
+        value = bytes.fromhex(path.removeprefix("/length/"))
+        return b"HTTP/1.1 200 OK\r\n" + b"".join(b"Content-Length: " + v + b"\r\n" for v in value.split(b"|")) + b"\r\nabc", True
+    if path.startswith("/chunk/"):
+        size = bytes.fromhex(path.removeprefix("/chunk/"))
+        return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + size + b"\r\nabc\r\n0\r\n\r\n", True
     if path == "/garbage":
         return b"SPDY/9 what\r\n\r\n", True
     if path == "/then-close":  # answers, then drops the kept-alive connection
@@ -155,3 +161,21 @@ async def test_requests_with_a_body_go_through_httpx_own_transport(server: Serve
     response = await client.post(f"http://127.0.0.1:{server.port}/anything", content=b"payload")
     assert (response.status_code, response.content) == (201, b"posted!")
     assert server.requests[-1].startswith(b"POST /anything HTTP/1.1")
+
+
+@pytest.mark.parametrize("value, body", [(b"3", b"abc"), (b" 3 ", b"abc"), (b"3, 3", b"abc"), (b"3|3", b"abc"), (b"0", b"")])
+async def test_content_lengths_that_are_one_number_frame_the_body(server: Server, client: httpx.AsyncClient, value: bytes, body: bytes) -> None:
+    response = await client.get(f"http://127.0.0.1:{server.port}/length/{value.hex()}")
+    assert response.content == body
+
+
+@pytest.mark.parametrize("value", [b"abc", b"-1", b"+3", b"0x3", b"3 3", b"3, 4", b"3|4", b"", b"1" * 20, "\u0663".encode(), b"3_0", b"3.0"])
+async def test_a_hostile_content_length_is_a_protocol_error_not_a_traceback(server: Server, client: httpx.AsyncClient, value: bytes) -> None:
+    with pytest.raises(httpx.RemoteProtocolError, match="malformed Content-Length"):
+        await client.get(f"http://127.0.0.1:{server.port}/length/{value.hex()}")
+
+
+@pytest.mark.parametrize("size", [b"0x3", b"-3", b"+3", b"3_0", b"", b"g", b"1" * 16])
+async def test_a_hostile_chunk_size_is_a_protocol_error(server: Server, client: httpx.AsyncClient, size: bytes) -> None:
+    with pytest.raises(httpx.RemoteProtocolError, match="malformed chunk size"):
+        await client.get(f"http://127.0.0.1:{server.port}/chunk/{size.hex()}")

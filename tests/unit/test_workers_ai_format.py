@@ -149,3 +149,23 @@ async def test_render_stream_failure_is_an_error_event_without_done() -> None:
     assert events[0] == {"response": "a"}
     assert events[-1]["error"]["type"] == "upstream_error"
     assert "[DONE]" not in events
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"raw": True}, {"raw": False, "lora": "adapter"}, {"raw": "no"}, {"raw": 1}, {"lora": ""}, {"lora": 3}]
+)
+def test_both_wire_formats_read_raw_and_lora_alike(options: dict[str, Any]) -> None:
+    """`raw` and `lora` are Workers AI options the OpenAI routes accept as extensions: one parser."""
+    from edgellm.openai import parse_chat_request
+
+    def outcome(parse: Any) -> Any:
+        try:
+            inputs = parse()
+        except GatewayError as exc:
+            return exc.status, exc.param
+        return {k: inputs[k] for k in ("raw", "lora") if k in inputs}
+
+    workers = outcome(lambda: validate_inputs({"messages": MESSAGES, **options}, CONFIG)[0])
+    openai = outcome(lambda: parse_chat_request({"messages": MESSAGES, **options}, CONFIG).inputs)
+    assert workers == openai
+    assert workers == options if isinstance(workers, dict) else workers[0] == 400

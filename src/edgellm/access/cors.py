@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 from ..config import Config
 from ..http import Request
 
-EXPOSE = "cf-aig-cache-status, age, x-edgellm-model, x-edgellm-cache-key, etag, content-length, content-range, accept-ranges, retry-after"
+EXPOSE = ("cf-aig-cache-status, age, x-edgellm-model, x-edgellm-route, x-edgellm-cache-key, etag, content-length, content-range,"
+          " accept-ranges, retry-after, x-repo-commit, x-linked-etag, x-linked-size, x-error-code")
 _LOCALHOST = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?$")
 
 
@@ -26,8 +27,13 @@ def origin_allowed(origin: str, request: Request, config: Config) -> bool:
     return origin == own_origin(request) or bool(_LOCALHOST.match(origin)) or origin in config.cors_origins
 
 
+def is_artifact_path(path: str) -> bool:
+    """Artifacts keep their open policy: `/models/...` and the Hugging Face layout's `/api/models/...`."""
+    return path == "/models" or path.startswith("/models/") or path.startswith("/api/models/")
+
+
 def cors_headers(request: Request, config: Config) -> dict[str, str]:
-    if request.path == "/models" or request.path.startswith("/models/"):
+    if is_artifact_path(request.path):
         return {"access-control-allow-origin": "*", "access-control-expose-headers": EXPOSE}
     origin = request.header("origin")
     headers = {"vary": "Origin"}

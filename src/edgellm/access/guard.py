@@ -89,13 +89,16 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
     token = deps.config.admin_token
     if given and token and hmac.compare_digest(given.encode(), token.encode()):
         return Principal(deps.config.tenant, ADMIN_KEY_ID, admin=True)
-    if given is None:
+    parsed = parse_api_key(given) if given else None
+    foreign = given is not None and parsed is None and not given.startswith("el-")
+    if given is None or (foreign and deps.config.open_access and is_api_path(path)):
+        # Open mode: no key, or a value that is no EdgeLLM key at all (SDKs must send some
+        # api_key); a malformed, unknown or revoked `el-` key is still refused below.
         if deps.config.open_access and is_api_path(path):
             return Principal(deps.config.tenant, OPEN_KEY_ID)
         if is_admin_path(path):
             return None  # the admin handlers answer (404 without ADMIN_TOKEN, else 401)
         raise unauthenticated("An API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", "missing_api_key")
-    parsed = parse_api_key(given)
     record = await _record(deps, parsed[0]) if parsed else None
     if record is None or parsed is None or not record.matches(parsed[1]):
         if is_admin_path(path):

@@ -18,6 +18,8 @@ from ..errors import ErrorKind, GatewayError
 _RANGE = re.compile(r"\s*bytes\s*=\s*(.*)", re.IGNORECASE | re.DOTALL)
 _SPEC = re.compile(r"(\d*)-(\d*)")
 _ETAG = re.compile(r'\s*(W/)?("[^"]*")\s*(?:,|$)')
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_BARE_ETAG = re.compile(r'\s*(W/)?("[^"]*"|[^\s",]+)\s*(?:,|$)')  # R2's `onlyIf` also takes unquoted tags
 
 
 @dataclass(frozen=True)
@@ -77,30 +79,57 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
     return ByteRange(start, end)
 
 
-def parse_etags(header: str) -> list[tuple[bool, str]] | None:
-    """The `(weak, '"tag"')` pairs of an ETag list (`*` is `[(False, "*")]`); None if malformed."""
+def range_header(offset: int | None = None, length: int | None = None, suffix: int | None = None) -> str:
+    """The `Range` value asking for what an `R2Range` asks R2 for: `length` bytes from `offset`
+    (to the end without a length), or the last `suffix` bytes."""
+    if suffix is not None:
+        return f"bytes=-{suffix}"
+    first = offset or 0
+    return f"bytes={first}-" if length is None else f"bytes={first}-{first + length - 1}"
+
+
+def parse_content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """(first, last, total) of `Content-Range: bytes first-last/total`; total None for `*`;
+    None when `value` is absent or not that form (an unsatisfied `bytes */size` included)."""
+    match = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if not match:
+        return None
+    first, last, total = match.groups()
+    return int(first), int(last), None if total == "*" else int(total)
+
+
+def parse_etags(header: str, *, bare: bool = False) -> list[tuple[bool, str]] | None:
+    """The `(weak, '"tag"')` pairs of an ETag list (`*` is `[(False, "*")]`); None if malformed.
+
+    `bare` also accepts unquoted tags (R2's `onlyIf` does), returned quoted like the rest."""
     if header.strip() == "*":
         return [(False, "*")]
+    pattern = _BARE_ETAG if bare else _ETAG
     tags: list[tuple[bool, str]] = []
     pos = 0
     while pos < len(header):
         if not header[pos:].strip():
             break
-        match = _ETAG.match(header, pos)
+        match = pattern.match(header, pos)
         if not match:
             return None
-        tags.append((bool(match.group(1)), match.group(2)))
+        tag = match.group(2)
+        tags.append((bool(match.group(1)), tag if tag.startswith('"') else f'"{tag}"'))
         pos = match.end()
     return tags or None
+
+
+def etag_listed(header: str, etag: str, *, bare: bool = False) -> bool:
+    """True when the ETag list `header` is `*` or names the quoted `etag` under the weak
+    comparison (RFC 9110 8.8.3.2: `W/` is ignored). A malformed list names nothing."""
+    tags = parse_etags(header, bare=bare)
+    return tags is not None and any(tag in (etag, "*") for _weak, tag in tags)
 
 
 def none_match(header: str | None, etag: str) -> bool:
     """True when `If-None-Match` matches the current quoted `etag` (weak comparison), i.e. the
     client's copy is current and the answer is 304."""
-    if header is None:
-        return False
-    tags = parse_etags(header)
-    return tags is not None and any(tag in (etag, "*") for _weak, tag in tags)
+    return header is not None and etag_listed(header, etag)
 
 
 def range_applies(if_range: str | None, etag: str) -> bool:

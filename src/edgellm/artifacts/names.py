@@ -58,20 +58,25 @@ class ArtifactPath:
         return IMMUTABLE if self.is_blob else REVALIDATE
 
 
+def is_model_name(name: str) -> bool:
+    """The model-name rule, here once: 1..64 of `[a-z0-9][a-z0-9._-]*`, and no `..`."""
+    return len(name) <= MAX_NAME_LENGTH and ".." not in name and NAME.fullmatch(name) is not None
+
+
 def validate_name(name: str) -> str:
-    """Return `name` if it is a model name (1..64 of `[a-z0-9][a-z0-9._-]*`, no `..`), else 400."""
+    """Return `name` if it is a model name (`is_model_name`), else a 400 saying which part is wrong."""
+    if is_model_name(name):
+        return name
     if not name:
         raise invalid("The model name is empty.", "name", "invalid_model_name")
     if len(name) > MAX_NAME_LENGTH:
         raise invalid(f"The model name is longer than {MAX_NAME_LENGTH} characters.", "name", "invalid_model_name")
-    if ".." in name or not NAME.fullmatch(name):
-        raise invalid(
-            "The model name must be lowercase letters, digits, '.', '_' or '-', start with a letter or digit, "
-            "and contain no '..'.",
-            "name",
-            "invalid_model_name",
-        )
-    return name
+    raise invalid(
+        "The model name must be lowercase letters, digits, '.', '_' or '-', start with a letter or digit, "
+        "and contain no '..'.",
+        "name",
+        "invalid_model_name",
+    )
 
 
 def _not_found(path: str) -> GatewayError:

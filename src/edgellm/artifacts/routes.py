@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, TypeVar
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, binding_error
 from ..http import Request, Response, json_response
 from ..ports import BindingError, BlobStore, Deps, R2Conditional, R2Object, R2Range
 from .conditional import ByteRange, none_match, parse_range, range_applies
@@ -39,9 +39,7 @@ async def _call(operation: Awaitable[T]) -> T:
     try:
         return await operation
     except BindingError as exc:
-        if exc.retryable:
-            raise GatewayError(ErrorKind.UNAVAILABLE, f"R2 is unavailable: {exc}", code="r2_unavailable", retry_after=1) from exc
-        raise GatewayError(ErrorKind.UPSTREAM, f"R2 failed: {exc}", code="r2_error", retry_after=1) from exc
+        raise binding_error(exc, "R2", "r2") from exc
 
 
 def _not_found(path: ArtifactPath) -> GatewayError:

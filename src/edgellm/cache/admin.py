@@ -13,11 +13,11 @@ import re
 from typing import Any, Awaitable
 
 from .. import openai
-from ..errors import ErrorKind, GatewayError, invalid
+from ..errors import ErrorKind, GatewayError, binding_error, invalid
 from ..generation import GenerationRequest
 from ..http import Request, Response, json_response
 from ..inference import start_generation
-from ..ports import BindingError, Deps, KVLimitError, KVRateLimited
+from ..ports import BindingError, Deps
 from ..validation import read_json
 from .entry import record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
@@ -56,12 +56,8 @@ async def _kv_write(operation: Awaitable[Any]) -> None:
     caller's to respect (429), an outage is a 503; both say when to retry."""
     try:
         await operation
-    except KVRateLimited as exc:
-        raise GatewayError(ErrorKind.RATE_LIMITED, f"Too soon: {exc}", code="kv_rate_limited", retry_after=1) from exc
-    except KVLimitError as exc:
-        raise GatewayError(ErrorKind.INVALID_REQUEST, f"KV refused the write: {exc}", code="kv_limit") from exc
     except BindingError as exc:
-        raise GatewayError(ErrorKind.UNAVAILABLE, f"KV refused the write: {exc}", code="kv_unavailable", retry_after=1) from exc
+        raise binding_error(exc, "KV", "kv") from exc
 
 
 def _admin_body(request: Request, deps: Deps, *, tenant_allowed: bool = False) -> tuple[dict[str, Any], str | None]:
@@ -171,7 +167,7 @@ async def _purge_namespace(deps: Deps, namespace: Any, tenant: str) -> Response:
     try:
         current = await deps.kv.get(kv_key)
     except BindingError as exc:
-        raise GatewayError(ErrorKind.UNAVAILABLE, f"KV is unavailable: {exc}", code="kv_unavailable", retry_after=1) from exc
+        raise binding_error(exc, "KV", "kv") from exc
     generation = (int(current.value) if current is not None else 0) + 1
     await _kv_write(deps.kv.put(kv_key, str(generation).encode()))
     deps.state.generations[(tenant, namespace)] = (generation, deps.clock.now())

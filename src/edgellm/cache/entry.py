@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
-from ..generation import Event, Finish, Token, Usage
+from ..generation import Event, Finish, Token, ToolCall, ToolCallDelta, Usage, merge_tool_calls
 
 ENTRY_VERSION = 1
-CACHEABLE_FINISH = ("stop", "length")
+CACHEABLE_FINISH = ("stop", "length", "tool_calls")
 
 
 class CorruptEntry(ValueError):
@@ -23,16 +23,25 @@ class CachedAnswer:
     finish_reason: str
     usage: Usage
     created: float
+    # A tool-call answer replays its calls (whole, one fragment each); a logprobs answer its
+    # logprobs, one tuple per token. Both are absent from plain entries, which read as before.
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[tuple[dict[str, Any], ...] | None, ...] | None = None
 
     @property
     def text(self) -> str:
         return "".join(self.tokens)
 
     def encode(self) -> bytes:
-        return json.dumps({
+        data: dict[str, Any] = {
             "v": ENTRY_VERSION, "model": self.model, "tokens": list(self.tokens),
             "finish_reason": self.finish_reason, "usage": self.usage.to_json(), "created": self.created,
-        }, ensure_ascii=False, separators=(",", ":")).encode()
+        }
+        if self.tool_calls:
+            data["tool_calls"] = [call.to_json() for call in self.tool_calls]
+        if self.logprobs is not None:
+            data["logprobs"] = [list(lp) if lp is not None else None for lp in self.logprobs]
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> "CachedAnswer":
@@ -43,15 +52,26 @@ class CachedAnswer:
             tokens = obj["tokens"]
             if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens) or not isinstance(obj["model"], str):
                 raise CorruptEntry("malformed tokens or model")
-            return cls(obj["model"], tuple(tokens), obj["finish_reason"], Usage.from_json(obj["usage"]), float(obj["created"]))
+            calls = tuple(ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in obj.get("tool_calls") or ())
+            if not all(isinstance(v, str) for c in calls for v in (c.id, c.name, c.arguments)):
+                raise CorruptEntry("malformed tool calls")
+            logprobs = obj.get("logprobs")
+            if logprobs is not None:
+                if not isinstance(logprobs, list) or len(logprobs) != len(tokens):
+                    raise CorruptEntry("malformed logprobs")
+                logprobs = tuple(tuple(lp) if isinstance(lp, list) else None for lp in logprobs)
+            return cls(obj["model"], tuple(tokens), obj["finish_reason"], Usage.from_json(obj["usage"]), float(obj["created"]),
+                       calls, logprobs)
         except CorruptEntry:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptEntry(str(exc)) from exc
 
     async def replay(self) -> AsyncIterator[Event]:
-        for token in self.tokens:
-            yield Token(token)
+        for i, token in enumerate(self.tokens):
+            yield Token(token, self.logprobs[i] if self.logprobs is not None else None)
+        for index, call in enumerate(self.tool_calls):
+            yield ToolCallDelta(index, call.id, call.name, call.arguments)
         yield Finish(self.finish_reason, self.usage)
 
 
@@ -60,6 +80,10 @@ def record(model: str, events: list[Event], created: float) -> CachedAnswer | No
     (no Finish: aborted or failed; or a finish reason that is not a complete answer)."""
     if not events or not isinstance(events[-1], Finish) or events[-1].finish_reason not in CACHEABLE_FINISH:
         return None
+    if not events[-1].cacheable:  # stitched from two routes (failover mid-stream): never cached
+        return None
     finish = events[-1]
-    tokens = tuple(e.text for e in events if isinstance(e, Token))
-    return CachedAnswer(model, tokens, finish.finish_reason, finish.usage, created)
+    texts = [e for e in events if isinstance(e, Token)]
+    calls = merge_tool_calls([e for e in events if isinstance(e, ToolCallDelta)])
+    logprobs = tuple(e.logprobs for e in texts) if any(e.logprobs is not None for e in texts) else None
+    return CachedAnswer(model, tuple(e.text for e in texts), finish.finish_reason, finish.usage, created, calls, logprobs)

@@ -28,6 +28,7 @@ class Flight:
     started: asyncio.Future[str] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     producer: asyncio.Task[Any] | None = None
+    route: str | None = None  # where the generation runs (routing's `x-edgellm-route`)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -39,6 +40,7 @@ class Flight:
         try:
             generation = await start()
             self.model = generation.model
+            self.route = generation.route
             self.started.set_result(generation.model)
             async for event in generation.events:
                 self.events.append(event)

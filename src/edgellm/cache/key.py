@@ -21,6 +21,16 @@ _SAFE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # Sampling parameters and their types. Anything here changes the output; `stream` does not.
 SHAPING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty",
            "frequency_penalty", "presence_penalty", "raw", "lora")
+# Structured outputs, tools and logprobs (structured.py): each changes the answer or its shape.
+# Keyed only when present, so a plain request keeps the key it always had.
+EXTENSIONS = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs")
+# Message fields of a tool conversation, beside role and content.
+MESSAGE_EXTRAS = ("tool_calls", "tool_call_id")
+
+
+def _message(message: dict[str, Any]) -> list[Any]:
+    extras = {name: message[name] for name in MESSAGE_EXTRAS if message.get(name) is not None}
+    return [message["role"], message["content"], extras] if extras else [message["role"], message["content"]]
 
 
 @dataclass(frozen=True)
@@ -62,12 +72,15 @@ def canonical_request(request: GenerationRequest) -> dict[str, Any]:
     inputs = request.inputs
     body: dict[str, Any] = {"v": FORMAT_VERSION, "model": request.model}
     if "messages" in inputs:
-        body["messages"] = [[m["role"], m["content"]] for m in inputs["messages"]]
+        body["messages"] = [_message(m) for m in inputs["messages"]]
     else:
         body["prompt"] = inputs["prompt"]
     body["params"] = {name: _number(inputs[name]) for name in SHAPING if inputs.get(name) is not None}
     if request.stop:
         body["stop"] = list(request.stop)
+    extensions = {name: inputs[name] for name in EXTENSIONS if inputs.get(name) is not None}
+    if extensions:
+        body["extensions"] = extensions
     return body
 
 

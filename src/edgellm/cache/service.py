@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from ..generation import Generation, GenerationRequest
 from ..http import Request
-from ..inference import start_generation
+from ..routing.policy import start_routed
+from ..routing.regions import regional_cache
 from ..ports import Deps
 from ..state import CacheCounters
 from .entry import CachedAnswer, CorruptEntry, record
@@ -100,6 +101,9 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
     scope = await current_scope(deps, scope_tenant(request))
+    policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
+    if scope is None:
+        return CacheDecision(policy, None)
     key = build_custom_key(policy.custom_key, scope) if policy.custom_key else build_cache_key(gen_request, scope)
     return CacheDecision(policy, key)
 
@@ -110,7 +114,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters = counters_of(deps)
     if decision.key is None:
         counters.bypasses += 1
-        generation = await start_generation(deps, gen_request)
+        generation = await start_routed(deps, request, gen_request)
         generation.cache_status = "BYPASS"
         return generation
     key, policy = decision.key, decision.policy
@@ -122,13 +126,13 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             age = max(0, int(deps.clock.now() - answer.created))
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest)
     counters.misses += 1
-    flight = join_or_start(deps, key, policy, gen_request)
+    flight = join_or_start(deps, key, policy, gen_request, request)
     events = flight.join()
     model = await asyncio.shield(flight.started)
-    return Generation(model, events, cache_status="MISS", cache_key=key.digest)
+    return Generation(model, events, cache_status="MISS", cache_key=key.digest, route=flight.route)
 
 
-def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: GenerationRequest) -> Flight:
+def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: GenerationRequest, request: Request) -> Flight:
     """Requests share a flight only if they would store its answer the same way (write or
     not, for how long): a `no-store` or short-TTL request never decides for another."""
     inflight = deps.state.inflight
@@ -147,6 +151,6 @@ def join_or_start(deps: Deps, key: CacheKey, policy: CachePolicy, gen_request: G
         if answer is not None and policy.write:
             deps.wait_until(store(deps, key, answer, policy.ttl))
 
-    flight.producer = asyncio.ensure_future(flight.run(lambda: start_generation(deps, gen_request), on_done))
+    flight.producer = asyncio.ensure_future(flight.run(lambda: start_routed(deps, request, gen_request), on_done))
     deps.wait_until(flight.producer)  # on the Worker, keeps the isolate alive until the answer is complete
     return flight

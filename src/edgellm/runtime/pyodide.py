@@ -25,6 +25,7 @@ from ..ports import (
     UsageEvent,
 )
 from ..sse import decode_events
+from ..structured import for_workers_ai_binding
 from ..state import IsolateState
 
 
@@ -83,6 +84,7 @@ class WorkersAI:
         return None
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        inputs = for_workers_ai_binding(inputs)
         try:
             result = await self.binding.run(model, js_options(inputs))
         except JsException as exc:
@@ -90,11 +92,20 @@ class WorkersAI:
         return result.to_py()
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        if inputs.get("response_format") is not None:
+            # Workers AI's JSON mode does not stream (Cloudflare's JSON mode docs): run it whole
+            # and hand the answer on as a one-event stream
+            return _one_event(await self.run(model, inputs))
+        inputs = for_workers_ai_binding(inputs)
         try:
             stream = await self.binding.run(model, js_options({**inputs, "stream": True}))
         except JsException as exc:
             raise ai_error(exc) from exc
         return decode_events(read_stream(stream))
+
+
+async def _one_event(result: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield result
 
 
 # --- KV -----------------------------------------------------------------------------------
@@ -162,7 +173,16 @@ async def to_core_request(request: Any, max_body: int) -> Request:
     declared = headers.get("content-length", "")
     too_big = declared.isdigit() and int(declared) > max_body
     body = b"" if too_big or request.method in ("GET", "HEAD") else await request.bytes()
-    return Request(request.method, str(request.url), headers, bytes(body))
+    return Request(request.method, str(request.url), headers, bytes(body), cf=_cf(request))
+
+
+def _cf(request: Any) -> dict[str, str]:
+    """Where the request came from (`request.cf`, set by Cloudflare: the client cannot forge it)."""
+    cf = getattr(request, "cf", None)
+    if is_missing(cf):
+        return {}
+    values = {name: getattr(cf, name, None) for name in ("country", "continent")}
+    return {name: str(value) for name, value in values.items() if not is_missing(value)}
 
 
 async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
@@ -254,7 +274,14 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         state=state,
         rate_limiter=WorkersRateLimit(_optional(env, "RATE_LIMITER")) if _optional(env, "RATE_LIMITER") else None,
         usage=AnalyticsEngineUsage(_optional(env, "USAGE")) if _optional(env, "USAGE") else None,
+        fetch=_fetch() if state.config.routing.origins else None,
     )
+
+
+def _fetch() -> Any:
+    from .pyodide_fetch import WorkersFetch
+
+    return WorkersFetch()
 
 
 def _r2(binding: Any, wait_until: Any) -> Any:

@@ -17,7 +17,6 @@ reads are not cached (the Cache API refuses to store a 206).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 from urllib.parse import quote
@@ -25,6 +24,7 @@ from urllib.parse import quote
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, to_js  # type: ignore[import-not-found]
 
+from ..artifacts.conditional import parse_content_range, range_header
 from ..ports import BindingError, R2Conditional, R2Object, R2Range
 from .pyodide import is_missing, js_options, read_stream
 
@@ -35,7 +35,6 @@ CACHE_HOST = "https://r2.edgellm.internal/"
 # small shards); larger shards stream from R2 every time.
 CACHE_MAX_BYTES = 8 * 1024 * 1024
 _RETRYABLE = ("(10001)", "(10043)", "(10058)")  # internal error, unavailable, too many requests
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
 def r2_error(exc: BaseException) -> BindingError:
@@ -227,7 +226,7 @@ class WorkersR2:
     async def _cache_match(self, key: str, etag: str, rng: R2Range | None) -> R2Object | None:
         headers = {}
         if rng is not None:
-            headers["range"] = _http_range(rng)
+            headers["range"] = range_header(rng.offset, rng.length, rng.suffix)
         try:
             cache = await js.caches.open(self.cache_name)
             request = js.Request.new(self._cache_url(key, etag), js_options({"headers": headers}))
@@ -237,7 +236,7 @@ class WorkersR2:
         if hit is None or is_missing(hit):
             return None
         described = hit.headers.get("x-edgellm-r2-object")
-        partial = _CONTENT_RANGE.fullmatch(str(hit.headers.get("content-range") or ""))
+        partial = parse_content_range(str(hit.headers.get("content-range") or ""))
         try:
             if is_missing(described) or (rng is not None and (hit.status != 206 or not partial)):
                 raise ValueError("no description, or the cache ignored the range")
@@ -246,7 +245,7 @@ class WorkersR2:
             await R2Body(hit.body).aclose()
             return None
         if partial:
-            first, last = int(partial.group(1)), int(partial.group(2))
+            first, last, _total = partial
             obj.range = (first, last - first + 1)
         obj.body = R2Body(hit.body)
         return obj
@@ -280,10 +279,3 @@ async def _put_in_cache(cache_name: str | None, url: str, response: Any) -> None
         await cache.put(url, response)
     except JsException:
         pass  # a full or unavailable cache costs a later R2 read, nothing else
-
-
-def _http_range(rng: R2Range) -> str:
-    if rng.suffix is not None:
-        return f"bytes=-{rng.suffix}"
-    first = rng.offset or 0
-    return f"bytes={first}-" if rng.length is None else f"bytes={first}-{first + rng.length - 1}"

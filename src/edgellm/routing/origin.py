@@ -1,0 +1,155 @@
+"""An OpenAI-compatible origin (llama.cpp's server, vLLM, a second EdgeLLM, any `/v1` URL).
+
+The client speaks OpenAI over the `HTTPFetch` port and turns the origin's SSE stream into the
+gateway's own events, so an origin answer renders exactly like an edge one. It always
+streams (a JSON answer is collected from the events): one code path, and a stalled origin is
+noticed between tokens rather than after the whole answer.
+
+Continuing a cut edge answer: a chat request is resent with the partial answer as a final
+assistant message (assistant prefill: llama.cpp continues a trailing assistant message; vLLM
+is told so by `continue_final_message`); a raw prompt is resent as prompt + partial answer to
+`/v1/completions`, which is a plain continuation on every server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from ..errors import ErrorKind, GatewayError
+from ..generation import Event, Finish, GenerationRequest, Token, Usage
+from ..http import json_bytes
+from ..ports import FetchError, HTTPFetch
+from ..sse import DONE, SSEDecoder
+from .config import OriginConfig
+
+RETRY_AFTER_SECONDS = 5
+_SAMPLING = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
+
+
+def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: str = "", max_tokens: int | None = None) -> tuple[str, dict[str, Any]]:
+    """(path, OpenAI request body) for this generation on this origin."""
+    inputs = request.inputs
+    body: dict[str, Any] = {"model": origin.model_for(request.model), "stream": True, "stream_options": {"include_usage": True},
+                            "max_tokens": max_tokens if max_tokens is not None else request.max_tokens}
+    body.update({name: inputs[name] for name in _SAMPLING if inputs.get(name) is not None})
+    if inputs.get("repetition_penalty") is not None:
+        body["repetition_penalty"] = inputs["repetition_penalty"]
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if "prompt" in inputs and inputs.get("raw"):
+        body["prompt"] = inputs["prompt"] + prefill
+        return "/completions", body
+    messages = list(inputs["messages"]) if "messages" in inputs else [{"role": "user", "content": inputs["prompt"]}]
+    if prefill:
+        messages.append({"role": "assistant", "content": prefill})
+        body.update(continue_final_message=True, add_generation_prompt=False)
+    body["messages"] = messages
+    return "/chat/completions", body
+
+
+def _status_error(origin: OriginConfig, status: int, detail: str) -> GatewayError:
+    if status in (400, 422):
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} rejected the request: {detail}", code="origin_rejected")
+    if status in (429, 503):
+        return GatewayError(ErrorKind.UNAVAILABLE, f"The origin {origin.name} is over capacity ({status}): {detail}",
+                            code="origin_unavailable", retry_after=RETRY_AFTER_SECONDS)
+    return GatewayError(ErrorKind.UPSTREAM, f"The origin {origin.name} failed ({status}): {detail}", code="origin_error",
+                        retry_after=RETRY_AFTER_SECONDS)
+
+
+def _detail(data: bytes) -> str:
+    try:
+        error = json.loads(data).get("error")
+        return str(error.get("message") if isinstance(error, dict) else error)[:500]
+    except Exception:
+        return data[:200].decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class OriginClient:
+    origin: OriginConfig
+    fetch: HTTPFetch
+
+    @property
+    def timeout(self) -> float:
+        return self.origin.timeout_ms / 1000
+
+    async def start(self, request: GenerationRequest, *, prefill: str = "", max_tokens: int | None = None) -> AsyncIterator[Event]:
+        """Send the request; once the origin answered 200, return its events (Token..., Finish).
+        Raises `GatewayError` if the origin cannot be reached or refuses."""
+        path, body = origin_body(self.origin, request, prefill=prefill, max_tokens=max_tokens)
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        if self.origin.token:
+            headers["authorization"] = f"Bearer {self.origin.token}"
+        try:
+            response = await self.fetch.post(self.origin.base_url + path, json_bytes(body), headers, self.timeout)
+        except FetchError as exc:
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} is unreachable: {exc}", code="origin_unreachable",
+                               retry_after=RETRY_AFTER_SECONDS) from exc
+        if response.status != 200:
+            try:
+                data = b""
+                async for chunk in response.body:
+                    data += chunk
+                    if len(data) > 4096:
+                        break
+            except Exception:
+                data = b""
+            finally:
+                await _aclose(response.body)
+            raise _status_error(self.origin, response.status, _detail(data))
+        return self._events(response.body, chat=path == "/chat/completions", max_tokens=body["max_tokens"])
+
+    async def _events(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int) -> AsyncIterator[Event]:
+        decoder = SSEDecoder()
+        usage: Usage | None = None
+        reason, count = None, 0
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stalled mid-answer.", code="origin_stalled",
+                                       retry_after=RETRY_AFTER_SECONDS) from None
+                except FetchError as exc:
+                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} broke off: {exc}", code="origin_error",
+                                       retry_after=RETRY_AFTER_SECONDS) from exc
+                for data in decoder.feed(chunk):
+                    if data == DONE:
+                        usage = usage or Usage(0, count)
+                        yield Finish(_reason(reason, usage, max_tokens), usage)
+                        return
+                    event = json.loads(data)
+                    if event.get("error"):
+                        raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} failed mid-answer: {_detail(data.encode())}",
+                                           code="origin_error", retry_after=RETRY_AFTER_SECONDS)
+                    if event.get("usage"):
+                        usage = Usage.from_json(event["usage"])
+                    for choice in event.get("choices") or []:
+                        text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        reason = choice.get("finish_reason") or reason
+                        if text:
+                            count += 1
+                            yield Token(text)
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stream ended before [DONE].", code="origin_error",
+                               retry_after=RETRY_AFTER_SECONDS)
+        finally:
+            await _aclose(chunks)
+
+
+def _reason(reason: str | None, usage: Usage, max_tokens: int) -> str:
+    if reason in ("stop", "length"):
+        return reason
+    return "length" if usage.completion_tokens >= max_tokens else "stop"
+
+
+async def _aclose(iterator: Any) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,0 +1,316 @@
+"""Where each generation runs, and failing over when the edge fails.
+
+    request ─▶ region (cf country/continent) ─▶ count prompt tokens (tokenizer.json from R2)
+        too long for every route ─▶ 400 context_length_exceeded (no inference)
+        resident region, only foreign origins could answer ─▶ 503 residency (nothing leaves)
+        breaker open ─▶ origin (reason=breaker)
+        too long for the edge / region without edge ─▶ origin
+        else edge first (model fallback ids first), budget to the first token
+            binding error / capacity / no first token in time ─▶ edge closed, origin
+            stall past the stall budget or failure after tokens ─▶ origin continues the text
+                already sent; one stream; final event says route=edge,origin; never cached
+
+Everything one request starts (the edge stream, the origin request) is awaited by that request
+only; the breaker and counters are plain per-isolate data (`IsolateState.routing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator
+
+from ..errors import ErrorKind, GatewayError
+from ..generation import Event, Finish, Generation, GenerationRequest, Token, Usage
+from ..http import Request
+from ..inference import apply_stop, start_generation
+from ..ports import Deps
+from .breaker import CircuitBreaker
+from .config import OriginConfig, RegionConfig, RoutingConfig
+from .counting import count_prompt_tokens
+from .origin import OriginClient
+from .state import RoutingState
+
+FAILOVER_KINDS = (ErrorKind.UPSTREAM, ErrorKind.UNAVAILABLE)
+TIMEOUT_HEADER = "cf-aig-request-timeout"
+_REASONS = {"capacity_exceeded": "capacity", "model_unavailable": "model-unavailable"}
+
+
+def routing_state(deps: Deps) -> RoutingState:
+    state = deps.state.routing
+    if state.breaker is None:
+        state.breaker = CircuitBreaker(deps.config.routing.breaker)
+    return state
+
+
+def resolve_region(config: RoutingConfig, request: Request) -> RegionConfig | None:
+    """The region policy for this request: its country's, else its continent's. On Cloudflare
+    the adapter fills `request.cf` (not spoofable); the local edge reads `cf-ipcountry` /
+    `cf-ipcontinent` headers, as sent by Cloudflare's proxy."""
+    if not config.regions:
+        return None
+    cf = request.cf
+    if cf:
+        country, continent = cf.get("country"), cf.get("continent")
+    else:
+        country, continent = request.header("cf-ipcountry"), request.header("cf-ipcontinent")
+    for code in (country, continent):
+        if code and str(code).upper() in config.regions:
+            return config.regions[str(code).upper()]
+    return None
+
+
+def first_token_budget(config: RoutingConfig, request: Request) -> float:
+    raw = request.header(TIMEOUT_HEADER)
+    if raw is None:
+        return config.first_token_ms / 1000
+    try:
+        ms = int(raw.strip())
+    except ValueError:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"'{TIMEOUT_HEADER}' must be a whole number of milliseconds, got {raw!r}.",
+                           param=TIMEOUT_HEADER, code="invalid_header") from None
+    if ms <= 0:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"'{TIMEOUT_HEADER}' must be positive.", param=TIMEOUT_HEADER, code="invalid_header")
+    return ms / 1000
+
+
+@dataclass(frozen=True)
+class Plan:
+    edge: bool
+    origins: tuple[OriginConfig, ...]
+    reason: str  # why the edge is skipped, or "primary"
+    probe: bool = False
+    prompt_tokens: int | None = None
+
+
+def _context_error(tokens: int, max_tokens: int, largest: int) -> GatewayError:
+    return GatewayError(
+        ErrorKind.INVALID_REQUEST,
+        f"This request needs {tokens} prompt tokens plus up to {max_tokens} completion tokens, more than the largest context "
+        f"window of any route ({largest} tokens). Shorten the messages or lower max_tokens.",
+        param="messages", code="context_length_exceeded",
+    )
+
+
+async def plan_route(deps: Deps, request: Request, gen_request: GenerationRequest) -> Plan:
+    config, routing = deps.config, deps.config.routing
+    state = routing_state(deps)
+    region = resolve_region(routing, request)
+    serving = [o for o in routing.origins if o.serves(gen_request.model)] if deps.fetch is not None else []
+    allowed = [o for o in serving if region is None or region.admits(o)]
+    blocked = [o for o in serving if o not in allowed]
+    if region is not None and region.origin:
+        allowed.sort(key=lambda o: o.name != region.origin)  # the region's own origin first
+    tokens = await count_prompt_tokens(deps, gen_request)
+    out = gen_request.max_tokens
+
+    def fits(window: int) -> bool:
+        return tokens is None or tokens + out <= window
+
+    edge_fits = fits(config.context_window) and (
+        tokens is None or routing.edge_max_prompt_tokens is None or tokens <= routing.edge_max_prompt_tokens
+    ) and (routing.edge_max_output_tokens is None or out <= routing.edge_max_output_tokens)
+    edge_ok = region is None or region.edge
+    origins = tuple(o for o in allowed if fits(o.context_window))
+    if not (edge_ok and edge_fits) and not origins:
+        if tokens is not None and not fits(config.context_window) and not any(fits(o.context_window) for o in serving):
+            state.counters.context_length_exceeded += 1
+            raise _context_error(tokens, out, max([config.context_window, *(o.context_window for o in serving)]))
+        if region is not None and region.resident and blocked:
+            state.counters.residency_refusals += 1
+            raise GatewayError(
+                ErrorKind.UNAVAILABLE,
+                f"Requests from region {region.name} must stay in it, and no origin inside it can take this one "
+                f"({'the edge cannot' if edge_ok else 'the edge is not allowed for this region'}; "
+                f"origins outside: {', '.join(o.name for o in blocked)}). Nothing was sent.",
+                code="residency_unavailable", retry_after=60,
+            )
+        if not edge_ok:
+            raise GatewayError(ErrorKind.UNAVAILABLE, f"No route serves region {region.name if region else '?'}.",
+                               code="no_route", retry_after=60)
+        if tokens is not None:
+            state.counters.context_length_exceeded += 1
+            raise _context_error(tokens, out, config.context_window)
+    if not edge_ok:
+        return Plan(False, origins, "region", prompt_tokens=tokens)
+    if not edge_fits:
+        state.counters.too_long_for_edge += 1
+        return Plan(False, origins, "too-long-for-edge", prompt_tokens=tokens)
+    if origins:
+        admitted = state.breaker.admit(deps.clock.now())  # type: ignore[union-attr]
+        if admitted == "skip":
+            state.counters.breaker_skips += 1
+            return Plan(False, origins, "breaker", prompt_tokens=tokens)
+        return Plan(True, origins, "primary", probe=admitted == "probe", prompt_tokens=tokens)
+    return Plan(True, (), "primary", prompt_tokens=tokens)
+
+
+async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
+    """Start the generation on the route the policy picks; the edge-only gateway when routing
+    is not configured."""
+    if not deps.config.routing.active:
+        generation = await start_generation(deps, gen_request)
+        generation.route = "edge; reason=primary"
+        return generation
+    plan = await plan_route(deps, request, gen_request)
+    state = routing_state(deps)
+    if not plan.edge:
+        return await _from_origins(deps, gen_request, plan.origins, plan.reason)
+    if not plan.origins:  # nowhere to fail over to: no budgets, exactly as before
+        generation = await start_generation(deps, gen_request)
+        generation.route = "edge; reason=primary"
+        state.counters.edge += 1
+        return generation
+    budget = first_token_budget(deps.config.routing, request)
+    breaker = state.breaker
+    assert breaker is not None
+    started: list[Generation] = []
+    try:
+        async with asyncio.timeout(budget):
+            generation = await start_generation(deps, replace(gen_request, stream=True))
+            started.append(generation)
+            first = await anext(generation.events)
+    except TimeoutError:
+        reason = "edge-timeout"
+    except StopAsyncIteration:
+        reason = "edge-error"
+    except GatewayError as exc:
+        if exc.kind not in FAILOVER_KINDS:
+            breaker.abandon()
+            raise
+        reason = _REASONS.get(exc.code or "", "edge-error")
+    except asyncio.CancelledError:  # the client left: no verdict on the edge, free a probe slot
+        breaker.abandon()
+        for generation in started:
+            await _aclose(generation.events)
+        raise
+    else:
+        state.counters.edge += 1
+        routed = Generation(generation.model, _empty(), route="edge; reason=primary")
+        routed.events = _follow_edge(deps, gen_request, routed, first, generation.events, plan)
+        return routed
+    for generation in started:  # the first attempt is closed, never left running
+        await _aclose(generation.events)
+    breaker.failure(deps.clock.now())
+    state.counters.failovers_before_first_token += 1
+    deps.log.warning("edge failed before its first token (%s); asking the origin", reason)
+    return await _from_origins(deps, gen_request, plan.origins, reason)
+
+
+async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...], reason: str) -> Generation:
+    state = routing_state(deps)
+    last: GatewayError | None = None
+    for origin in origins:
+        assert deps.fetch is not None
+        try:
+            events = await OriginClient(origin, deps.fetch).start(gen_request)
+        except GatewayError as exc:
+            if exc.kind not in FAILOVER_KINDS:
+                raise
+            state.counters.origin_errors += 1
+            deps.log.warning("origin %s failed: %s", origin.name, exc.message)
+            last = exc
+            continue
+        state.counters.origin += 1
+        route = f"origin; reason={reason}; origin={origin.name}"
+        return Generation(origin.model_for(gen_request.model), _tagged(apply_stop(events, gen_request.stop), route), route=route)
+    if last is not None:
+        raise last
+    raise GatewayError(ErrorKind.UNAVAILABLE, f"The edge is unavailable ({reason}) and no origin is configured for this request.",
+                       code="no_route", retry_after=30)
+
+
+async def _tagged(events: AsyncIterator[Event], route: str) -> AsyncIterator[Event]:
+    try:
+        async for event in events:
+            yield replace(event, route=route) if isinstance(event, Finish) else event
+    finally:
+        await _aclose(events)
+
+
+async def _empty() -> AsyncIterator[Event]:
+    return
+    yield  # pragma: no cover
+
+
+async def _follow_edge(
+    deps: Deps, gen_request: GenerationRequest, routed: Generation, first: Event, events: AsyncIterator[Event], plan: Plan
+) -> AsyncIterator[Event]:
+    """Relay the edge stream; on a stall or a failure after tokens, let an origin continue it."""
+    state = routing_state(deps)
+    breaker = state.breaker
+    assert breaker is not None
+    stall = deps.config.routing.stall_ms / 1000
+    sent: list[str] = []
+    reason = None
+    verdict = False
+    try:
+        event: Event | None = first
+        while reason is None:
+            if event is None:
+                try:
+                    async with asyncio.timeout(stall):
+                        event = await anext(events)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    reason = "stall"
+                    break
+                except GatewayError as exc:
+                    if exc.kind not in FAILOVER_KINDS:
+                        raise
+                    reason = "edge-failed-mid-stream"
+                    break
+            if isinstance(event, Finish):
+                breaker.success(deps.clock.now())
+                verdict = True
+                yield replace(event, route="edge")
+                return
+            sent.append(event.text)
+            yield event
+            event = None
+        await _aclose(events)  # stop the edge generation before asking the origin
+        stalled_at = time.perf_counter()
+        breaker.failure(deps.clock.now())
+        verdict = True
+        state.counters.failovers_mid_stream += 1
+        route = f"edge,origin; reason={reason}"
+        routed.route = route
+        deps.log.warning("edge %s after %d tokens; the origin continues", reason, len(sent))
+        continuation = await _continue(deps, gen_request, plan.origins, "".join(sent), len(sent))
+        origin_tokens = 0
+        async for event in apply_stop(continuation, gen_request.stop):
+            if isinstance(event, Token):
+                if origin_tokens == 0:
+                    state.last_stall_to_origin_ms = (time.perf_counter() - stalled_at) * 1000
+                origin_tokens += 1
+                yield event
+            else:
+                usage = Usage(plan.prompt_tokens or 0, len(sent) + event.usage.completion_tokens)
+                yield Finish(event.finish_reason, usage, route=route, cacheable=False)
+                return
+    finally:
+        if not verdict:
+            breaker.abandon()
+        await _aclose(events)
+
+
+async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...], text: str, sent: int) -> AsyncIterator[Event]:
+    last: GatewayError | None = None
+    remaining = max(1, gen_request.max_tokens - sent)
+    for origin in origins:
+        assert deps.fetch is not None
+        try:
+            return await OriginClient(origin, deps.fetch).start(gen_request, prefill=text, max_tokens=remaining)
+        except GatewayError as exc:
+            routing_state(deps).counters.origin_errors += 1
+            last = exc
+    assert last is not None
+    raise last
+
+
+async def _aclose(iterator: Any) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,0 +1,47 @@
+"""The Worker's `HTTPFetch` for origins: global `fetch`, streamed, with an abort on timeout.
+
+The request belongs to the Worker request that made it (an origin call is never shared with
+another request). `timeout` bounds the wait for the response headers (AbortController); the
+body streams as `Uint8Array` chunks, and a read error becomes `FetchError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping
+
+import js  # type: ignore[import-not-found]
+from pyodide.ffi import JsException  # type: ignore[import-not-found]
+
+from ..ports import FetchError, FetchResponse
+from .pyodide import _message, is_missing, js_options, read_stream
+
+
+@dataclass(frozen=True)
+class WorkersFetch:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> FetchResponse:
+        controller = js.AbortController.new()
+        init = js_options({"method": "POST", "headers": dict(headers), "body": body.decode(), "signal": controller.signal})
+        try:
+            async with asyncio.timeout(timeout):
+                response = await js.fetch(url, init)
+        except TimeoutError:
+            controller.abort()
+            raise FetchError(f"no response from {url} within {timeout:g} s") from None
+        except JsException as exc:
+            raise FetchError(_message(exc)) from exc
+        content_type = response.headers.get("content-type")
+        stream = response.body
+        return FetchResponse(int(response.status), {"content-type": "" if is_missing(content_type) else str(content_type)},
+                             _chunks(None if is_missing(stream) else stream))
+
+
+async def _chunks(stream: Any) -> AsyncIterator[bytes]:
+    if stream is None:
+        return
+    try:
+        async for chunk in read_stream(stream):
+            yield chunk
+    except JsException as exc:
+        raise FetchError(_message(exc)) from exc

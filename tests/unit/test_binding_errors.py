@@ -1,0 +1,39 @@
+"""One translator for every binding's failures: the failure decides the answer, not the binding."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgellm.errors import KV_WRITE_INTERVAL_SECONDS, RETRY_AFTER_SECONDS, binding_error
+from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
+
+BINDINGS = [("The AI binding", "upstream"), ("KV", "kv"), ("R2", "r2")]
+
+
+def _retryable(message: str) -> BindingError:
+    error = BindingError(message)
+    error.retryable = True
+    return error
+
+
+@pytest.mark.parametrize(("binding", "code"), BINDINGS)
+@pytest.mark.parametrize(
+    ("failure", "status", "expected_code", "retry_after"),
+    [
+        (BindingError("boom"), 502, "{code}_error", RETRY_AFTER_SECONDS),
+        (_retryable("(10043) unavailable"), 503, "{code}_unavailable", RETRY_AFTER_SECONDS),
+        (CapacityExceeded("3040: Capacity temporarily exceeded"), 503, "capacity_exceeded", RETRY_AFTER_SECONDS),
+        (ModelNotFound("5007: No such model"), 502, "model_unavailable", RETRY_AFTER_SECONDS),
+        (InvalidModelInput("5006: bad input"), 400, "invalid_model_input", None),
+        (KVLimitError("KV PUT failed: 414 key too long"), 400, "kv_limit", None),
+        (KVRateLimited("KV PUT failed: 429 Too Many Requests"), 429, "kv_rate_limited", KV_WRITE_INTERVAL_SECONDS),
+    ],
+)
+def test_a_failure_is_answered_the_same_whichever_binding_failed(
+    binding: str, code: str, failure: BindingError, status: int, expected_code: str, retry_after: int | None
+) -> None:
+    error = binding_error(failure, binding, code, "the subject")
+    assert (error.status, error.code, error.retry_after) == (status, expected_code.format(code=code), retry_after)
+    response = error.to_response()
+    assert response.headers.get("retry-after") == (None if retry_after is None else str(retry_after))
+    assert str(failure) in error.message

@@ -1,0 +1,215 @@
+"""Structured outputs, tools and logprobs in the core, against a Workers AI binding double: what
+is sent to Workers AI (its JSON-mode and function-calling shapes), how its answers render, what
+each model's capabilities refuse, and how the cache keys and records them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Mapping
+
+import pytest
+
+from edgellm.app import handle
+from edgellm.cache.entry import CachedAnswer, record
+from edgellm.cache.key import CacheScope, build_cache_key, canonical_request
+from edgellm.capabilities import Capabilities, capabilities_of
+from edgellm.config import Config
+from edgellm.generation import Finish, Token, ToolCall, ToolCallDelta, Usage
+from edgellm.openai import parse_chat_request
+from edgellm.ports import Deps, ModelNotFound
+from tests.support.fake_ai import ScriptedAI
+from tests.unit.test_app import assert_error, body_json, post, sse_events
+
+HERMES = "@hf/nousresearch/hermes-2-pro-mistral-7b"  # JSON mode and tools, per Cloudflare's lists
+LLAMA2 = "@cf/meta/llama-2-7b-chat-int8"  # neither
+ASK = [{"role": "user", "content": "weather in Paris?"}]
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@dataclass
+class FunctionCallingAI(ScriptedAI):
+    """A Workers AI function-calling model: `tool_calls` as `[{name, arguments: <object>}]`."""
+
+    tool_calls: list[dict[str, Any]] | None = None
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        return None  # like the real binding: capabilities come from config or Cloudflare's lists
+
+    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        result = await super().run(model, inputs)
+        if self.tool_calls is not None:
+            result.update(response=None, tool_calls=self.tool_calls)
+        return result
+
+    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        self._call(model, inputs)
+        return self._tool_events() if self.tool_calls is not None else self._events()
+
+    async def _tool_events(self) -> AsyncIterator[dict[str, Any]]:
+        yield {"response": "", "tool_calls": self.tool_calls}
+        yield {"response": "", "usage": {"prompt_tokens": 3, "completion_tokens": 9}}
+
+
+def deps(ai: Any, **config: Any) -> Deps:
+    return Deps(config=Config(**{"open_access": True, **config}), ai=ai, kv=None, log=logging.getLogger("edgellm.test"))
+
+
+async def test_json_schema_goes_to_workers_ai_in_its_json_mode_shape() -> None:
+    ai = FunctionCallingAI(response={"city": "Paris"})  # Workers AI's JSON mode answers an object
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA, "strict": True}}
+    response = await handle(post("/v1/chat/completions", {"model": HERMES, "messages": ASK, "response_format": fmt}), deps(ai, model=HERMES))
+    assert ai.calls[0][1]["response_format"] == {"type": "json_schema", "json_schema": SCHEMA}
+    assert json.loads(body_json(response)["choices"][0]["message"]["content"]) == {"city": "Paris"}
+
+
+async def test_workers_ai_tool_calls_render_as_openai_tool_calls_json_and_stream() -> None:
+    ai = FunctionCallingAI(tool_calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}])
+    body = {"model": HERMES, "messages": ASK, "tools": [TOOL]}
+    data = body_json(await handle(post("/v1/chat/completions", body), deps(ai, model=HERMES)))
+    assert ai.calls[0][1]["tools"] == [TOOL]
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city":"Paris"}'}
+    events = await sse_events(await handle(post("/v1/chat/completions", {**body, "stream": True}), deps(ai, model=HERMES)))
+    deltas = [d for e in events[:-1] for d in e["choices"][0]["delta"].get("tool_calls", [])]
+    assert deltas == [{"index": 0, "id": deltas[0]["id"], "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls" and events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize(("model", "extra", "param"), [
+    (LLAMA2, {"response_format": {"type": "json_object"}}, "response_format"),
+    (LLAMA2, {"tools": [TOOL]}, "tools"),
+    (HERMES, {"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),  # Workers AI cannot force a call
+    (HERMES, {"tools": [TOOL], "parallel_tool_calls": False}, "parallel_tool_calls"),
+    (HERMES, {"logprobs": True}, "logprobs"),
+])
+async def test_what_the_model_cannot_honour_is_refused_before_inference(model: str, extra: dict[str, Any], param: str) -> None:
+    ai = FunctionCallingAI()
+    response = await handle(post("/v1/chat/completions", {"model": model, "messages": ASK, **extra}), deps(ai, model=model))
+    error = assert_error(response, 400, "unsupported_parameter")
+    assert error["param"] == param and model in error["message"]
+    assert ai.calls == []  # no inference spent
+
+
+async def test_the_workers_ai_route_takes_its_own_shapes_and_is_held_to_the_same_capabilities() -> None:
+    ai = FunctionCallingAI(response={"city": "Paris"})
+    fmt = {"type": "json_schema", "json_schema": SCHEMA}
+    response = await handle(post(f"/client/v4/accounts/a/ai/run/{HERMES}", {"messages": ASK, "response_format": fmt}), deps(ai, model=HERMES))
+    assert ai.calls[0][1]["response_format"] == fmt and body_json(response)["success"] is True
+    refused = await handle(post(f"/client/v4/accounts/a/ai/run/{LLAMA2}", {"messages": ASK, "response_format": fmt}), deps(ai))
+    assert_error(refused, 400, "unsupported_parameter")
+
+
+async def test_a_fallback_that_cannot_honour_the_request_is_not_tried() -> None:
+    ai = FunctionCallingAI(unknown=frozenset({HERMES}))  # the primary is retired
+    response = await handle(post("/v1/chat/completions", {"messages": ASK, "tools": [TOOL]}),
+                            deps(ai, model=HERMES, fallback_models=(LLAMA2,)))
+    assert_error(response, 502, "model_unavailable")
+    assert [model for model, _ in ai.calls] == [HERMES]  # never llama-2, which would answer prose
+
+
+def test_capabilities_come_from_config_then_backend_then_cloudflare_lists() -> None:
+    assert capabilities_of(LLAMA2, {}, None) == Capabilities()
+    assert capabilities_of(HERMES, {}, None).tools and not capabilities_of(HERMES, {}, None).logprobs
+    assert capabilities_of(LLAMA2, {}, {"capabilities": ["logprobs"]}) == Capabilities(logprobs=True)
+    assert capabilities_of(HERMES, {HERMES: []}, None) == Capabilities()  # configuration wins
+    config = Config.from_env({"MODEL_CAPABILITIES": json.dumps({LLAMA2: ["json_mode", "tools"]}), "MODEL_ALIASES": '{"gpt-4o": ""}'})
+    assert capabilities_of(LLAMA2, config.model_capabilities, None) == Capabilities(json_mode=True, tools=True)
+    assert config.aliases == {"gpt-4o": LLAMA2}
+    assert Config.from_env({"MODEL_ALIASES": ""}).aliases == {}
+    assert Config.from_env({}).aliases == {"gpt-4o-mini": LLAMA2, "gpt-3.5-turbo": LLAMA2}
+    with pytest.raises(ValueError):
+        Capabilities.parse(["telepathy"])
+    with pytest.raises(ValueError):  # a misspelt var fails when the vars are read, not per request
+        Config.from_env({"MODEL_CAPABILITIES": json.dumps({LLAMA2: ["json-mode"]})})
+
+
+def test_the_cache_key_covers_every_new_field_and_keeps_plain_keys() -> None:
+    scope = CacheScope("t", "n")
+    config = Config()
+    plain = parse_chat_request({"messages": ASK, "temperature": 0}, config)
+    assert "extensions" not in canonical_request(plain)
+    keys = {build_cache_key(parse_chat_request({"messages": ASK, "temperature": 0, **extra}, config), scope).digest for extra in [
+        {}, {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}},
+        {"tools": [TOOL]}, {"tools": [TOOL], "tool_choice": "required"}, {"tools": [TOOL], "parallel_tool_calls": False},
+        {"logprobs": True}, {"logprobs": True, "top_logprobs": 2},
+    ]}
+    assert len(keys) == 8
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    turn = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    other = [*turn[:2], {"role": "tool", "tool_call_id": "c1", "content": "rain"}]
+    k1, k2 = (build_cache_key(parse_chat_request({"messages": m, "temperature": 0}, config), scope).digest for m in (turn, other))
+    assert k1 != k2
+    # `tool_choice: none` shows the model no tools: the same answer as no tools at all
+    none = parse_chat_request({"messages": ASK, "temperature": 0, "tools": [TOOL], "tool_choice": "none"}, config)
+    assert build_cache_key(none, scope) == build_cache_key(plain, scope)
+
+
+async def test_an_entry_records_and_replays_tool_calls_and_logprobs() -> None:
+    lp = ({"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []},)
+    events = [Token("a", lp), ToolCallDelta(0, "c1", "f", '{"x"'), ToolCallDelta(0, None, None, ":1}"), Finish("tool_calls", Usage(2, 3))]
+    answer = record("m", events, 1.0)
+    assert answer is not None and answer.tool_calls == (ToolCall("c1", "f", '{"x":1}'),)
+    again = CachedAnswer.decode(answer.encode())
+    assert again == answer
+    replayed = [e async for e in again.replay()]
+    assert replayed == [Token("a", lp), ToolCallDelta(0, "c1", "f", '{"x":1}'), Finish("tool_calls", Usage(2, 3))]
+    plain = record("m", [Token("hi"), Finish("stop", Usage())], 1.0)
+    assert plain is not None and b"tool_calls" not in plain.encode() and b"logprobs" not in plain.encode()
+
+
+def test_the_local_tool_call_stream_yields_openai_fragments_as_generated() -> None:
+    from edgellm_local.structured import ToolCallStream
+
+    answer = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "a}\\"b", "n": [1, {"x": 2}]}}, {"name": "f", "arguments": {}}]}'
+    stream, events = ToolCallStream(), []
+    for i in range(0, len(answer), 3):  # three characters per "token"
+        events += stream.feed(answer[i:i + 3])
+    calls: dict[int, dict[str, str]] = {}
+    for event in events:
+        call = calls.setdefault(event["index"], {"name": "", "arguments": ""})
+        call["name"] += event["function"].get("name", "")
+        call["arguments"] += event["function"]["arguments"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": 'a}"b', "n": [1, {"x": 2}]}), ("f", {})]
+    assert [e["function"]["name"] for e in events if "id" in e] == ["get_weather", "f"]
+    assert sum(1 for e in events if e["index"] == 0 and e["function"]["arguments"]) > 5
+    assert ToolCallStream().feed('{"response": "hi"}') == []  # a text answer is not a call
+
+
+async def test_the_workers_ai_adapter_meets_its_function_calling_and_json_mode_quirks() -> None:
+    from tests.support import fake_pyodide as fp
+    from tests.unit.test_pyodide_adapter import FakeAIBinding
+
+    with fp.installed():
+        from edgellm.runtime import pyodide
+
+        binding = FakeAIBinding(fp.JsDict({"response": {"city": "Paris"}, "usage": {"prompt_tokens": 3}}))
+        ai = pyodide.WorkersAI(binding)
+        call = {"id": "call_abc123def456", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+        messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_abc123def456", "content": "sunny"}]
+        await ai.run(HERMES, {"messages": messages, "tools": [TOOL]})
+        sent = binding.calls[0][1]["messages"]  # JS objects: read as attributes
+        short = sent[1].tool_calls[0].id
+        assert len(short) == 9 and short.isalnum() and sent[2].tool_call_id == short  # a call and its result still match
+        assert sent[1].content == ""  # the binding refuses a null content
+        # JSON mode does not stream on Workers AI: run whole, handed on as one event
+        events = await ai.stream(HERMES, {"messages": ASK, "response_format": {"type": "json_object"}})
+        assert [e async for e in events] == [{"response": {"city": "Paris"}, "usage": {"prompt_tokens": 3}}]
+        assert "stream" not in binding.calls[1][1]
+
+
+async def test_prompt_requests_refuse_chat_only_parameters_by_name() -> None:
+    ai = FunctionCallingAI()
+    for path, body in [("/v1/completions", {"prompt": "x", "tools": [TOOL]}),
+                       (f"/client/v4/accounts/a/ai/run/{HERMES}", {"prompt": "x", "response_format": {"type": "json_object"}})]:
+        error = assert_error(await handle(post(path, body), deps(ai, model=HERMES)), 400, "unsupported_parameter")
+        assert error["param"] in ("tools", "response_format")
+    assert ai.calls == []

@@ -8,7 +8,6 @@ import logging
 import os
 import sqlite3
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from edgellm.config import Config
@@ -21,9 +20,8 @@ from .publish import add_parser as add_publish_parser
 def _dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
     from .ai import ModelFileError, default_model_path
-    from .edge import EdgeSettings, build_app
-    from .faults import FaultAdmin, FaultPlan, FaultyAI
-    from .request_log import RequestLog
+    from .edge import EdgeSettings, build_app, dev_stack
+    from .faults import FaultPlan
     from .server import PortInUse, bind_socket, make_server
 
     try:
@@ -50,11 +48,7 @@ def _dev(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
         print(f"edgellm: error: cannot use the state directory {args.state!r}: {exc}", file=sys.stderr)
         return 2
-    faulty = FaultyAI(app.deps.ai, plan)  # no faults unless asked; POST /admin/faults changes them
-    app.deps = replace(app.deps, ai=faulty)
-    served = FaultAdmin(app, faulty, config.admin_token)
-    if args.request_log:
-        served = RequestLog(served, Path(args.request_log))
+    served = dev_stack(app, plan, Path(args.request_log) if args.request_log else None)
     host, port = sock.getsockname()[:2]
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)

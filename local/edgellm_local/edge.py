@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from edgellm.config import Config
 from edgellm.ports import Clock, Deps, SystemClock
 from edgellm.state import IsolateState
 
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
+from .faults import FaultAdmin, FaultPlan, FaultyAI
 from .assets import StaticAssets
 from .kv import SqliteKV
 from .origin_fetch import HttpxFetch
 from .r2 import FileR2
+from .request_log import RequestLog
 from .server import EdgeApp
 from .usage import SqliteUsage
 
@@ -54,3 +57,15 @@ def build_app(settings: EdgeSettings, clock: Clock = SystemClock()) -> EdgeApp:
     runner.special_pattern  # read the control tokens now, not on the first request's event loop
     assets = StaticAssets(settings.public_dir) if settings.public_dir and settings.public_dir.is_dir() else None
     return EdgeApp(deps, assets)
+
+
+def dev_stack(app: EdgeApp, plan: FaultPlan, request_log: Path | None = None) -> Any:
+    """The ASGI app `edgellm dev` serves: the edge with its fault seam (no faults unless asked;
+    `POST /admin/faults` changes them) and, for an origin under test, a log of every request.
+    Tests of the HTTP server build the same stack."""
+    faulty = FaultyAI(app.deps.ai, plan)
+    app.deps = replace(app.deps, ai=faulty)
+    served: Any = FaultAdmin(app, faulty, app.deps.config.admin_token)
+    if request_log is not None:
+        served = RequestLog(served, request_log)
+    return served

@@ -34,6 +34,11 @@ class ServerLimits:
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
     max_connections: int = 512
+    max_request_line: int = 16 * 1024  # with max_header_bytes: how much of a head is read before it must end
+
+    @property
+    def max_head_bytes(self) -> int:
+        return self.max_request_line + self.max_header_bytes
 
 
 def valid_host(host: str) -> bool:
@@ -99,13 +104,26 @@ def _base_protocol(http: str) -> type:
     raise ValueError(f"unknown HTTP implementation {http!r}")
 
 
+def head_too_large(limits: ServerLimits) -> bytes:
+    """The 431 written straight to the socket for a head that does not end in time (in bytes)."""
+    response = _closing(GatewayError(ErrorKind.REQUEST_HEADERS_TOO_LARGE, f"The request head exceeds {limits.max_head_bytes} bytes.",
+                                     code="headers_too_large"))
+    body = bytes(response.body)  # type: ignore[arg-type]
+    headers = {**response.headers, "content-length": str(len(body))}
+    return (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()) + b"\r\n" + body)
+
+
 def guarded_protocol(limits: ServerLimits, base: type) -> type:
-    """uvicorn's HTTP protocol (httptools when installed, else h11) with a head deadline and a
+    """uvicorn's HTTP protocol (httptools or h11) with a head deadline, a head size cap and a
     connection cap. The deadline is armed when a connection opens and whenever bytes of a new
-    request arrive, and disarmed once the head is complete (the ASGI cycle has started)."""
+    request arrive, and disarmed once the head is complete (the ASGI cycle has started). The
+    bytes of an unfinished head are counted for both parsers: httptools keeps accepting header
+    lines for as long as they come (h11 stops at `h11_max_incomplete_event_size`)."""
 
     class GuardedProtocol(base):  # type: ignore[misc, valid-type]
         _head_timer: asyncio.TimerHandle | None = None
+        _head_bytes = 0
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -134,9 +152,14 @@ def guarded_protocol(limits: ServerLimits, base: type) -> type:
         def data_received(self, data: bytes) -> None:
             if self._between_requests():
                 self._arm()
+                self._head_bytes += len(data)
             super().data_received(data)
             if not self._between_requests():
                 self._disarm()
+                self._head_bytes = 0
+            elif self._head_bytes > limits.max_head_bytes and not self.transport.is_closing():
+                self.transport.write(head_too_large(limits))
+                self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

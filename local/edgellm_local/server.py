@@ -178,11 +178,11 @@ class EdgeServer:
     """Runs the local edge on a background thread: for tests and benchmarks that need a real
     HTTP server around their own `Deps` (an injected clock, a fault-injecting binding)."""
 
-    def __init__(self, app: EdgeApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: EdgeApp, host: str = "127.0.0.1", port: int = 0, kind: str = "fast") -> None:
         self.app = app
         self.sock = bind_socket(host, port)
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = make_server(app)
+        self.server = make_server(app, kind)  # "fast" is what `edgellm dev` serves
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 

@@ -5,17 +5,21 @@ headers, slow or never-finished heads)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import stat
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.server import EdgeServer
+from edgellm_local.edge import dev_stack
+from edgellm_local.faults import FaultPlan
+from edgellm_local.hardening import ServerLimits
+from edgellm_local.server import EdgeApp, EdgeServer
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 4}
 
@@ -74,9 +78,29 @@ def request_bytes(method: str, target: str, headers: dict[str, str] | list[tuple
     return head.encode("latin-1") + body
 
 
+ADMIN = "t0k3n"
+
+
+@pytest.fixture(params=["fast", "baseline"])
+def serve(request: pytest.FixtureRequest, make_deps) -> Iterator[Callable[..., EdgeServer]]:
+    """Start the ASGI stack `edgellm dev` serves (the edge, its fault seam and /admin/faults) on
+    uvicorn as `edgellm dev` runs it ("fast": httptools + uvloop) and on the h11 baseline: each
+    parser has its own limits, the guards must hold on both."""
+    servers: list[EdgeServer] = []
+
+    def start(**limits: float) -> EdgeServer:
+        app = EdgeApp(make_deps(config=Config(admin_token=ADMIN, open_access=True)), limits=ServerLimits(**limits))
+        servers.append(EdgeServer(dev_stack(app, FaultPlan()), kind=request.param).start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
 @pytest.fixture
-def admin_edge(start_edge: Callable[..., EdgeServer]) -> EdgeServer:
-    return start_edge(config=Config(admin_token="t0k3n", open_access=True))
+def admin_edge(serve: Callable[..., EdgeServer]) -> EdgeServer:
+    return serve()
 
 
 def test_the_host_header_never_changes_the_route(admin_edge: EdgeServer) -> None:
@@ -106,14 +130,16 @@ def test_a_lone_surrogate_in_a_cacheable_request_is_answered(edge: EdgeServer) -
     assert custom is None
 
 
-def test_transfer_encoding_with_content_length_is_refused_and_closed(edge: EdgeServer) -> None:
+def test_transfer_encoding_with_content_length_is_refused_and_closed(admin_edge: EdgeServer) -> None:
+    edge = admin_edge
     body = b"4\r\n{}  \r\n0\r\n\r\n"
     status, headers, _, closed = exchange(edge, request_bytes("POST", "/v1/chat/completions", {
         "Host": "localhost", "Transfer-Encoding": "chunked", "Content-Length": str(len(body)), "Content-Type": "application/json"}, body))
     assert status == 400 and closed and headers.get("connection") == "close"
 
 
-def test_headers_are_limited_in_size_and_count(edge: EdgeServer) -> None:
+def test_headers_are_limited_in_size_and_count(admin_edge: EdgeServer) -> None:
+    edge = admin_edge
     big = [("Host", "localhost"), ("X-Big", "a" * 64 * 1024)]
     status, _, _, closed = exchange(edge, request_bytes("GET", "/healthz", big))
     assert status == 431 or (status in (400, 0) and closed)
@@ -124,25 +150,52 @@ def test_headers_are_limited_in_size_and_count(edge: EdgeServer) -> None:
     assert exchange(edge, request_bytes("GET", "/healthz", fine))[0] == 200
 
 
-def test_a_declared_huge_body_is_refused_before_it_is_read(edge: EdgeServer) -> None:
-    with connect(edge) as sock:
-        sock.sendall(request_bytes("POST", "/v1/chat/completions", {
-            "Host": "localhost", "Content-Length": str(1024 ** 3), "Content-Type": "application/json"}, b'{"messages":'))
+def test_a_head_that_never_ends_is_cut_at_its_size_limit(serve: Callable[..., EdgeServer]) -> None:
+    """Header lines streamed without end: the connection is refused (431) once the head passes
+    its limit, long before the head deadline (60 s here) and long before 8 MiB are taken in."""
+    server = serve(head_timeout=60.0)
+    refused, answer = False, b""
+    with connect(server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+        line = b"X-Pad: " + b"p" * 1000 + b"\r\n"
+        try:
+            for _ in range(8 * 1024):  # 8 MiB of header lines
+                sock.sendall(line)
+        except (BrokenPipeError, ConnectionResetError):
+            refused = True  # the server closed while we were still sending
+        with contextlib.suppress(OSError):
+            answer = sock.recv(65536)
+    assert refused or answer.startswith(b"HTTP/1.1 431") or answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert httpx.get(server.url + "/healthz", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/admin/faults"])
+def test_a_declared_huge_body_is_refused_before_it_is_read(admin_edge: EdgeServer, path: str) -> None:
+    with connect(admin_edge) as sock:
+        sock.sendall(request_bytes("POST", path, {
+            "Host": "localhost", "Content-Length": str(1024 ** 3), "Content-Type": "application/json",
+            "Authorization": f"Bearer {ADMIN}"}, b'{"messages":'))
         answer = sock.recv(65536)  # nothing more is sent: the answer must come from the head alone
     assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
     assert b"connection: close" in answer.lower()
 
 
-def _limited_edge(make_deps, **limits: float) -> EdgeServer:
-    from edgellm_local.hardening import ServerLimits
-    from edgellm_local.server import EdgeApp
-    return EdgeServer(EdgeApp(make_deps(), limits=ServerLimits(**limits))).start()
+def test_admin_faults_holds_to_the_same_guards(admin_edge: EdgeServer) -> None:
+    """`/admin/faults` is answered before the edge's app (FaultAdmin): the Host, TE + CL and a
+    wrong token are refused there too, and the right token still works."""
+    status, _, body, _ = exchange(admin_edge, request_bytes("GET", "/admin/faults", {"Host": "x/admin?", "Authorization": f"Bearer {ADMIN}"}))
+    assert status == 400 and json.loads(body)["error"]["code"] == "invalid_host"
+    status, _, _, closed = exchange(admin_edge, request_bytes("POST", "/admin/faults", {
+        "Host": "localhost", "Transfer-Encoding": "chunked", "Content-Length": "5", "Authorization": f"Bearer {ADMIN}"}, b"0\r\n\r\n"))
+    assert status == 400 and closed
+    assert httpx.get(admin_edge.url + "/admin/faults", headers={"authorization": "Bearer nope"}).status_code == 401
+    assert httpx.get(admin_edge.url + "/admin/faults", headers={"authorization": f"Bearer {ADMIN}"}).status_code == 200
 
 
-def test_slowloris_connections_are_closed_and_the_edge_keeps_answering(make_deps) -> None:
+def test_slowloris_connections_are_closed_and_the_edge_keeps_answering(serve: Callable[..., EdgeServer]) -> None:
     """350 connections that never finish their head: each is closed by the head deadline (we wait
     for the close itself, not for a time), and a normal request is answered meanwhile."""
-    server = _limited_edge(make_deps, head_timeout=1.0)
+    server = serve(head_timeout=1.0)
     try:
         socks = []
         for _ in range(350):
@@ -161,8 +214,8 @@ def test_slowloris_connections_are_closed_and_the_edge_keeps_answering(make_deps
         server.stop()
 
 
-def test_a_silent_connection_and_a_stalled_body_are_closed(make_deps) -> None:
-    server = _limited_edge(make_deps, head_timeout=1.0, body_timeout=1.0)
+def test_a_silent_connection_and_a_stalled_body_are_closed(serve: Callable[..., EdgeServer]) -> None:
+    server = serve(head_timeout=1.0, body_timeout=1.0)
     try:
         with connect(server) as silent:
             silent.settimeout(60)
@@ -178,8 +231,8 @@ def test_a_silent_connection_and_a_stalled_body_are_closed(make_deps) -> None:
         server.stop()
 
 
-def test_connections_over_the_cap_are_refused(make_deps) -> None:
-    server = _limited_edge(make_deps, max_connections=20, head_timeout=60.0)
+def test_connections_over_the_cap_are_refused(serve: Callable[..., EdgeServer]) -> None:
+    server = serve(max_connections=20, head_timeout=60.0)
     try:
         held = [connect(server) for _ in range(20)]
         extra = connect(server)

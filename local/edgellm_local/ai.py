@@ -69,7 +69,9 @@ class LlamaCppRunner:
     n_ctx: int = 4096
     n_parallel: int = 2
     threads: int = max(1, os.cpu_count() or 1)
-    max_waiting: int | None = None  # generations in flight or queued (default 8 per slot)
+    # generations in flight or queued (default 4 per slot: with 8, misses admitted under bench_abuse's
+    # 200 clients on two busy cores waited past a client's 120 s; refused, they get a 503 + Retry-After)
+    max_waiting: int | None = None
     _server: Any = field(default=None, init=False, repr=False)
     _active: int = field(default=0, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -104,7 +106,7 @@ class LlamaCppRunner:
         """Hold a place in this runner's queue, or refuse as Workers AI does when it is full
         (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever."""
         with self._lock:
-            if self._active >= (self.max_waiting or 8 * max(1, self.n_parallel)):
+            if self._active >= (self.max_waiting or 4 * max(1, self.n_parallel)):
                 raise CapacityExceeded("3040: Capacity temporarily exceeded, please try again.")
             self._active += 1
 

@@ -55,7 +55,7 @@ def make_deps(tiny_runner: LlamaCppRunner, tmp_path: Path) -> Callable[..., Deps
     """Deps over the real local bindings; keyword overrides replace any of them."""
 
     def make(config: Config | None = None, clock: Clock | None = None, **overrides: Any) -> Deps:
-        config = config or Config()
+        config = config or Config(open_access=True)  # the API tests exercise the gateway, not keys (tests/edge/test_access.py does)
         clock = clock or SystemClock()
         deps = Deps(
             config=config,

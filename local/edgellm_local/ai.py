@@ -9,6 +9,7 @@ violation `InvalidModelInput`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import threading
@@ -22,12 +23,14 @@ from edgellm.capabilities import CAPABILITY_NAMES
 import jsonschema
 
 from edgellm.config import Config
-from edgellm.ports import BindingError, InvalidModelInput, ModelNotFound
+from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound
 
 from . import structured
 from .isolation import OwnedStream
 from .slots import SlotLease, SlotPool
 from .structured import ToolPlan
+
+from .control_tokens import defuse_messages, special_pattern, special_texts
 
 GGUF_MAGIC = b"GGUF"
 # The binding's published input schema, as data: inputs are checked the way Workers AI checks them,
@@ -72,7 +75,11 @@ class LlamaCppRunner:
     threads: int = max(1, os.cpu_count() or 1)
     slot_dir: Path | None = None  # where llama.cpp saves slot states (a SlotPool manages them)
     cache_ram_mib: int | None = None  # llama.cpp's own RAM prompt cache; 0 turns it off
+    # generations in flight or queued (default 4 per slot: with 8, misses admitted under bench_abuse's
+    # 200 clients on two busy cores waited past a client's 120 s; refused, they get a 503 + Retry-After)
+    max_waiting: int | None = None
     _server: Any = field(default=None, init=False, repr=False)
+    _active: int = field(default=0, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def load(self) -> "LlamaCppRunner":
@@ -118,6 +125,27 @@ class LlamaCppRunner:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             raise BindingError(f"llama.cpp slot {action} failed: {exc.code} {exc.read()[:200]!r}") from exc
+    def admit(self) -> None:
+        """Hold a place in this runner's queue, or refuse as Workers AI does when it is full
+        (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever."""
+        with self._lock:
+            if self._active >= (self.max_waiting or 4 * max(1, self.n_parallel)):
+                raise CapacityExceeded("3040: Capacity temporarily exceeded, please try again.")
+            self._active += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._active = max(0, self._active - 1)
+
+    @property
+    def slot_context(self) -> int:
+        """Tokens one request can hold: llama.cpp splits n_ctx evenly between its slots."""
+        return self.n_ctx // max(1, self.n_parallel)
+
+    @functools.cached_property
+    def special_pattern(self) -> Any:
+        """The model's control-token texts as one regex (read from the GGUF once)."""
+        return special_pattern(special_texts(self.path))
 
 
 _PARAMS = {
@@ -231,6 +259,9 @@ class LlamaCppAI:
         checked = self.inputs.check(inputs)
         if "lora" in checked:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
+        max_tokens = int(checked.get("max_tokens") or 0)
+        if max_tokens > runner.slot_context:
+            raise InvalidModelInput(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds")
         kind, body = to_llama_request(checked)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()
@@ -254,16 +285,25 @@ class LlamaCppAI:
             if lease is not None and self.slots is not None:
                 await self.slots.release(lease.slot)
 
+    @staticmethod
+    def _as_text(runner: LlamaCppRunner, body: dict[str, Any]) -> None:
+        """Message content reaches the model as text, never as control tokens (the model's own,
+        read from its GGUF); raw prompts are the caller's own."""
+        if "messages" in body:
+            body["messages"] = defuse_messages(body["messages"], runner.special_pattern)
+
     async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
         """The whole answer, generated through llama.cpp's streaming callback so that cancelling
         this (a client that left before its JSON answer) stops the generation at its next token."""
         runner, kind, body = self._prepare(model, inputs)
+        self._as_text(runner, body)
         plan, top = self._structure(inputs, kind, body)
         body.update(stream=True, stream_options={"include_usage": True})
         parts: list[str] = []
         usage: dict[str, Any] = {}
         logprobs: list[dict[str, Any]] = []
         async with self._held(session, body):
+            runner.admit()  # released when the events end (_stream_events)
             events = _stream_events(runner, kind, body)
             try:
                 async for event in events:
@@ -286,12 +326,20 @@ class LlamaCppAI:
 
     async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
+        self._as_text(runner, body)
         plan, top = self._structure(inputs, kind, body)
         body.update(stream=True, stream_options={"include_usage": True})
+        lease = await self._lease(session, body)  # may wait for a slot: before anything needs closing
+        try:
+            runner.admit()  # released when the stream's events end or are closed (_stream_events)
+        except BaseException:
+            if lease is not None and self.slots is not None:
+                await self.slots.release(lease.slot)
+            raise
         events = _stream_events(runner, kind, body)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)
-        events = _leased(self, await self._lease(session, body), events)
+        events = _leased(self, lease, events)
         # Like the real binding, refuse at the call (before any byte is sent) rather than
         # mid-stream: wait for the first event, so a rejected input (context too long) raises here.
         try:
@@ -377,7 +425,11 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
         except BaseException as exc:  # surfaced to the consumer, not lost in the thread
             loop.call_soon_threadsafe(queue.put_nowait, exc)
 
-    task = loop.run_in_executor(None, work)
+    try:
+        task = loop.run_in_executor(None, work)
+    except BaseException:
+        runner.release()
+        raise
     # llama.cpp streams `timings` (with `cache_n`, the prompt tokens it reused) and `usage` on
     # chunks of their own: the usage event goes out at the end, with both.
     usage: dict[str, Any] | None = None
@@ -402,5 +454,8 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
                     yield {"response": text}
     finally:
         cancelled.set()
-        if not task.done():
-            await asyncio.shield(task)  # the thread stops at its next token
+        try:
+            if not task.done():
+                await asyncio.shield(task)  # the thread stops at its next token
+        finally:
+            runner.release()

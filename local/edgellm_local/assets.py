@@ -24,18 +24,20 @@ class StaticAssets:
 
     def find(self, path: str) -> Path | None:
         relative = unquote(path).lstrip("/")
+        if relative in ("_headers", "_redirects"):  # configuration of the assets, never served (as on Cloudflare)
+            return None
         if any(part in ("..", "") for part in relative.split("/")[:-1]) or "\\" in relative or "\0" in relative:
             return None
         root = self.root.resolve()
         candidates = [root / relative] if relative else []
         candidates += [root / relative / "index.html", root / f"{relative}.html"] if relative else [root / "index.html"]
         for candidate in candidates:
-            try:
+            try:  # a segment longer than the filesystem allows (ENAMETOOLONG) is simply no file
                 resolved = candidate.resolve()
+                if resolved.is_file() and resolved.is_relative_to(root):
+                    return resolved
             except OSError:
                 continue
-            if resolved.is_file() and resolved.is_relative_to(root):
-                return resolved
         return None
 
     def _etag(self, file: Path) -> str:

@@ -6,27 +6,32 @@ import argparse
 import json
 import logging
 import os
+import sqlite3
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from edgellm.config import Config
 
+from .access_log import install as install_access_log
+from .keys_cli import add_parser as add_keys_parser
 from .publish import add_parser as add_publish_parser
 
 
 def _dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
     from .ai import ModelFileError, default_model_path
-    from .edge import EdgeSettings, build_app
-    from .faults import FaultAdmin, FaultPlan, FaultyAI
-    from .request_log import RequestLog
+    from .edge import EdgeSettings, build_app, dev_stack
+    from .faults import FaultPlan
     from .server import PortInUse, bind_socket, make_server
 
     try:
         model = Path(args.model) if args.model else default_model_path()
+        # Open mode on loopback by default (a developer's own machine; the README's curl lines work
+        # as they are), keys on any other address; --open / --require-keys decide explicitly.
+        open_access = args.open if args.open is not None else args.host in ("127.0.0.1", "localhost", "::1")
         env = dict(var.split("=", 1) for var in args.var)  # any [vars] value, as wrangler.toml would set it
-        env.update({"MODEL": args.model_id, "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN")})
+        env.update({"MODEL": args.model_id, "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
+                    "OPEN_ACCESS": "true" if open_access else "false"})
         if args.max_waiting_generations is not None:
             env["MAX_WAITING_GENERATIONS"] = str(args.max_waiting_generations)
         if args.origin:
@@ -44,17 +49,21 @@ def _dev(args: argparse.Namespace) -> int:
     except (ModelFileError, PortInUse, ValueError) as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
         return 2
-    faulty = FaultyAI(app.deps.ai, plan)  # no faults unless asked; POST /admin/faults changes them
-    app.deps = replace(app.deps, ai=faulty)
-    served = FaultAdmin(app, faulty, config.admin_token)
-    if args.request_log:
-        served = RequestLog(served, Path(args.request_log))
+    except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
+        print(f"edgellm: error: cannot use the state directory {args.state!r}: {exc}", file=sys.stderr)
+        return 2
+    served = dev_stack(app, plan, Path(args.request_log) if args.request_log else None)
     host, port = sock.getsockname()[:2]
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
     for origin in config.routing.origins:
         print(f"  origin {origin.name}: {origin.url}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
+    if config.open_access:
+        print("  WARNING: OPEN ACCESS: API calls need no key; anyone who can reach this port can spend inference.", flush=True)
+        print("  Use --require-keys and `edgellm keys create --tenant NAME` to require API keys.", flush=True)
+    else:
+        print("  API keys required (Authorization: Bearer <key>); make one with `edgellm keys create --tenant NAME`.", flush=True)
     try:
         make_server(served, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (isolating uvloop) event loop
     except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
@@ -84,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--slot-disk-mib", type=int, default=2048, help="disk budget for saved conversation slot states (default: %(default)s)")
     dev.add_argument("--max-waiting-generations", type=int, metavar="N",
                      help="admission control: generations in progress before a miss gets 503 + Retry-After (default 32)")
+    dev.add_argument("--open", dest="open", action="store_true", default=None, help="serve the API without keys (default on loopback)")
+    dev.add_argument("--require-keys", dest="open", action="store_false", help="require API keys (default off loopback)")
+    dev.add_argument("--log-json", action="store_true", help="log each request as a JSON record instead of an access line")
     dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
                      help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
                           "static files first (for benchmarks) (default: %(default)s)")
@@ -103,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     pull.add_argument("--limit-rate", metavar="RATE", help="at most RATE bytes per second, e.g. 500K, 10M (default: no limit)")
     pull.set_defaults(run=_pull)
     add_publish_parser(sub)
+    add_keys_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "dev":
+        install_access_log(as_json=args.log_json)
     return args.run(args)
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from edgellm.config import Config
 from edgellm.ports import Clock, Deps, SystemClock
@@ -12,13 +13,16 @@ from edgellm.state import IsolateState
 
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
 from .slots import DEFAULT_DISK_BUDGET, SlotPool
+from .faults import FaultAdmin, FaultPlan, FaultyAI
 from .assets import StaticAssets
 from .conversations import conversation_factory
 from .durable import LocalDurableObjectNamespace
 from .kv import SqliteKV
 from .origin_fetch import HttpxFetch
 from .r2 import FileR2
+from .request_log import RequestLog
 from .server import EdgeApp
+from .usage import SqliteUsage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PUBLIC = PROJECT_ROOT / "public"
@@ -51,12 +55,26 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
             conversation_factory(settings.state_dir / "conversations", settings.config, clock), class_name="Conversation"),
         log=logging.getLogger("edgellm"),
         state=IsolateState(),
+        usage=SqliteUsage(settings.state_dir / "usage.sqlite3"),
         fetch=HttpxFetch(),
     )
 
 
 def build_app(settings: EdgeSettings, clock: Clock = SystemClock()) -> EdgeApp:
     deps = build_deps(settings, clock)
-    deps.ai.models[settings.config.model].load()  # type: ignore[attr-defined]
+    runner = deps.ai.models[settings.config.model].load()  # type: ignore[attr-defined]
+    runner.special_pattern  # read the control tokens now, not on the first request's event loop
     assets = StaticAssets(settings.public_dir) if settings.public_dir and settings.public_dir.is_dir() else None
     return EdgeApp(deps, assets, compress=True)  # `edgellm dev`: what the platform adds, gzip included
+
+
+def dev_stack(app: EdgeApp, plan: FaultPlan, request_log: Path | None = None) -> Any:
+    """The ASGI app `edgellm dev` serves: the edge with its fault seam (no faults unless asked;
+    `POST /admin/faults` changes them) and, for an origin under test, a log of every request.
+    Tests of the HTTP server build the same stack."""
+    faulty = FaultyAI(app.deps.ai, plan)
+    app.deps = replace(app.deps, ai=faulty)
+    served: Any = FaultAdmin(app, faulty, app.deps.config.admin_token)
+    if request_log is not None:
+        served = RequestLog(served, request_log)
+    return served

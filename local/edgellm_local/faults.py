@@ -10,12 +10,16 @@ a stream the gateway gave up on was closed, not left running.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
+from edgellm.http import Response
 from edgellm.ports import AIBinding, BindingError, ModelNotFound
+
+from .hardening import ServerLimits, receive_body, refuse_head
 
 KINDS = ("fail", "retired", "delay_first", "stall", "fail_mid")
 
@@ -150,15 +154,21 @@ class FaultAdmin:
         if scope["type"] != "http" or scope["path"] != "/admin/faults":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        body = b""
-        more = True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        # the edge's own hostile-input guards hold here too (hardening.py): head, Host, body size and time
+        limits, max_body = getattr(self.app, "limits", ServerLimits()), self.app.deps.config.max_body_bytes
+        refusal = refuse_head(scope, max_body, limits)
+        body = await receive_body(receive, max_body, limits.body_timeout) if refusal is None else refusal
+        if body is None:
+            return  # the client left
+        if isinstance(body, Response):
+            await send({"type": "http.response.start", "status": body.status,
+                        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in body.headers.items()]})
+            await send({"type": "http.response.body", "body": bytes(body.body)})  # type: ignore[arg-type]
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         status, answer = 200, None
-        if not self.token or headers.get("authorization") != f"Bearer {self.token}":
+        given = headers.get("authorization", "").encode("latin-1")
+        if not self.token or not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
             status, answer = 401, {"error": {"message": "A valid admin bearer token is required.", "type": "authentication_error", "param": None, "code": "invalid_admin_token"}}
         elif scope["method"] == "POST":
             try:

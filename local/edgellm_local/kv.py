@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgellm.ports import Clock, KVEntry, KVLimitError, KVRateLimited, SystemClock
+from edgellm.ports import BindingError, Clock, KVEntry, KVLimitError, KVRateLimited, SystemClock
 
 MAX_KEY_BYTES = 512
 MAX_VALUE_BYTES = 25 * 1024 * 1024
@@ -23,6 +23,12 @@ MAX_METADATA_BYTES = 1024
 MIN_TTL_SECONDS = 60
 MAX_LIST_LIMIT = 1000
 MIN_SECONDS_BETWEEN_WRITES = 1.0  # KV allows one write per second to the same key
+
+
+class KVUnavailable(BindingError):
+    """The state directory cannot be written now (read-only, full): KV is down, a 503 to retry."""
+
+    retryable = True
 
 
 def check_key(key: str, operation: str = "PUT") -> None:
@@ -102,16 +108,22 @@ class SqliteKV:
                 raise KVRateLimited("KV PUT failed: 429 Too Many Requests (one write per second to the same key)")
             if len(self._last_write) > 4096:  # only the last second matters: forget older writes
                 self._last_write = {k: t for k, t in self._last_write.items() if now - t < MIN_SECONDS_BETWEEN_WRITES}
-            self._db.execute(
-                "INSERT OR REPLACE INTO kv (key, value, metadata, expiration) VALUES (?, ?, ?, ?)",
-                (key, sqlite3.Binary(value), meta, expires_at),
-            )
+            try:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO kv (key, value, metadata, expiration) VALUES (?, ?, ?, ?)",
+                    (key, sqlite3.Binary(value), meta, expires_at),
+                )
+            except sqlite3.Error as exc:  # a read-only or full state directory: KV is down, not a bug
+                raise KVUnavailable(f"KV PUT failed: 503 {exc}") from exc
             self._last_write[key] = now
 
     async def delete(self, key: str) -> None:
         check_key(key, "DELETE")
         with self._lock:
-            self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
+            try:
+                self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
+            except sqlite3.Error as exc:
+                raise KVUnavailable(f"KV DELETE failed: 503 {exc}") from exc
 
     async def list(self, prefix: str = "", limit: int = MAX_LIST_LIMIT, cursor: str | None = None) -> dict[str, Any]:
         if not 1 <= limit <= MAX_LIST_LIMIT:

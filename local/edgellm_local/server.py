@@ -17,6 +17,7 @@ from typing import Any, Awaitable
 
 import uvicorn
 
+from edgellm.access.logs import log_request
 from edgellm.app import ROUTES, handle
 from edgellm.http import Request, Response
 from edgellm.ports import Deps
@@ -25,6 +26,8 @@ from .assets import StaticAssets
 from .durable import local_flights
 from .isolation import as_runtime, request_context
 from .platform import encoded
+from .page_headers import HeaderRules
+from .hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
 
 
 class PortInUse(Exception):
@@ -42,9 +45,13 @@ class EdgeApp:
     # API paths skip the static-file lookup (its filesystem probing cost ~80 us on every request);
     # False is the old order, kept for the benchmark's baseline
     api_first: bool = True
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    page_headers: HeaderRules = field(default_factory=HeaderRules)
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not self.page_headers.rules and self.assets is not None:
+            self.page_headers = HeaderRules.load(self.assets.root)
         if self.coalesce and self.deps.flights is None:
             # objects get the edge's bindings as they are when first used: `edgellm dev` wraps the
             # AI binding in FaultyAI after building the app, and a flight must run that one too
@@ -92,7 +99,14 @@ class EdgeApp:
             await self._serve(scope, runtime_receive, runtime_send)
 
     async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        refusal = refuse_head(scope, self.deps.config.max_body_bytes, self.limits)
+        if refusal is not None:
+            await self._send(refusal, send)
+            return
         request = await self._read_request(scope, receive)
+        if isinstance(request, Response):  # too slow or too large: answered, connection closes
+            await self._send(request, send)
+            return
         if request is None:
             return  # the client left while sending its body: nothing to answer, nothing to start
         # From here the client may leave at any moment, before its JSON answer as well as
@@ -115,28 +129,24 @@ class EdgeApp:
         response = None
         if self.assets is not None and not (self.api_first and ROUTES.has_path(request.path)):
             response = self.assets.serve(request)
+        if response is not None:
+            response = self.page_headers.apply(request.path, response)
+            log_request(request, response, self.deps, self.deps.clock.now(), "asset")
         if response is None:
             response = await handle(request, self.deps.for_request(self.wait_until))
         await self._send(encoded(response, request, compress=self.compress), send)
 
-    async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | None:
-        limit = self.deps.config.max_body_bytes
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            if size <= limit:  # keep at most limit+1 bytes: enough for the core to say 413
-                chunks.append(chunk[: limit + 1 - size])
-            size += len(chunk)
-            more = message.get("more_body", False)
+    async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | Response | None:
+        body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits.body_timeout)
+        if body is None or isinstance(body, Response):
+            return body
         path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        host = headers.get("host", "localhost")
-        url = f"http://{host}{path}" + (f"?{query}" if query else "")
-        return Request(scope["method"], url, headers, b"".join(chunks))
+        # The route comes from the path alone: the Host is checked (refuse_head) and never parsed
+        # together with the path, so `Host: x/admin?` cannot move the request elsewhere.
+        url = f"http://{headers.get('host') or 'localhost'}{path}" + (f"?{query}" if query else "")
+        return Request(scope["method"], url, headers, body)
 
     async def _send(self, response: Response, send: Any) -> None:
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
@@ -186,9 +196,9 @@ def make_server(app: EdgeApp, kind: str = "fast") -> uvicorn.Server:
     """The uvicorn server. Run it with `server.run(sockets=...)` (or on a loop from
     `server.config.get_loop_factory()`): a bare `asyncio.run(server.serve())` skips uvicorn's loop
     choice and runs on the default asyncio loop whatever `loop` says."""
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3, **SERVER_KINDS[kind]
-    )
+    # both kinds get the hostile-input guards (hardening.py) around their own HTTP parser
+    options = {**SERVER_KINDS[kind], **uvicorn_options(app.limits, SERVER_KINDS[kind]["http"])}
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3, **options)
     return uvicorn.Server(config)
 
 
@@ -196,11 +206,11 @@ class EdgeServer:
     """Runs the local edge on a background thread: for tests and benchmarks that need a real
     HTTP server around their own `Deps` (an injected clock, a fault-injecting binding)."""
 
-    def __init__(self, app: EdgeApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: EdgeApp, host: str = "127.0.0.1", port: int = 0, kind: str = "fast") -> None:
         self.app = app
         self.sock = bind_socket(host, port)
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = make_server(app)
+        self.server = make_server(app, kind)  # "fast" is what `edgellm dev` serves
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 

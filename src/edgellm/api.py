@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import hashlib
 
-from . import openai, workers_ai
+from . import access, openai, workers_ai
 from .capabilities import capabilities_of, enforce
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
@@ -59,8 +59,10 @@ def system_fingerprint(deps: Deps, model: str) -> str | None:
 async def serve_generation(
     request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
 ) -> Response:
+    await access.admit_generation(request, deps, gen_request)
     enforce_capabilities(deps, gen_request)
     generation = await cached_generation(deps, request, gen_request)
+    access.observe(request, generation)
     generation.system_fingerprint = system_fingerprint(deps, generation.model)
     if gen_request.stream:
         headers = generation_headers(generation)
@@ -128,4 +130,7 @@ async def retrieve_model(request: Request, deps: Deps) -> Response:
 
 
 async def health(request: Request, deps: Deps) -> Response:
-    return json_response({"status": "ok", "model": deps.config.model})
+    body: dict[str, Any] = {"status": "ok", "model": deps.config.model, "access": "open" if deps.config.open_access else "keys"}
+    if deps.config.open_access:
+        body["warning"] = "OPEN ACCESS: API calls need no key; anyone who can reach this edge can spend inference."
+    return json_response(body)

@@ -5,7 +5,10 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
-from . import api, artifacts, model_catalog, responses_api
+from . import access, api, artifacts, model_catalog, responses_api
+from .access import report as usage_report
+from .access.cors import cors_headers
+from .access.logs import log_request
 from .artifacts import hf
 from .cache import admin as cache_admin
 from .routing import admin as routing_admin
@@ -36,19 +39,15 @@ ROUTES = Router((
     route("POST", "/admin/cache/preload", cache_admin.preload_cache),
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
     route("GET", "/admin/cache/stats", cache_admin.cache_stats),
+    route("GET", "/admin/usage", usage_report.get_usage),
     route("GET", "/admin/routing/stats", routing_admin.routing_stats),
 ))
 
-CORS_HEADERS = {
-    "access-control-allow-origin": "*",
-    "access-control-expose-headers": "cf-aig-cache-status, age, x-edgellm-model, x-edgellm-route, etag, content-length, content-range, accept-ranges, retry-after, x-repo-commit, x-linked-etag, x-linked-size, x-error-code",
-}
 
-
-def _preflight(request: Request, router: Router) -> Response:
+def _preflight(request: Request, router: Router, deps: Deps) -> Response:
     router.match("GET" if request.header("access-control-request-method") in (None, "HEAD") else request.header("access-control-request-method", "GET"), request.path)
     return Response(204, {
-        **CORS_HEADERS,
+        **cors_headers(request, deps.config),
         "access-control-allow-methods": "GET, HEAD, POST, DELETE, OPTIONS",
         "access-control-allow-headers": request.header("access-control-request-headers") or "*",
         "access-control-max-age": "86400",
@@ -62,19 +61,25 @@ def _error_response(request: Request, error: GatewayError, router: Router) -> Re
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
+    started, route_name = deps.clock.now(), "none"
     try:
         if request.method == "OPTIONS":
-            response = _preflight(request, router)
+            route_name = "preflight"
+            response = _preflight(request, router, deps)
         else:
             handler, params = router.match(request.method, request.path)
+            route_name = getattr(handler, "__name__", "handler")
             request.path_params = params
+            request.principal = await access.authenticate(request, deps)
             response = await handler(request, deps)
     except GatewayError as error:
         response = _error_response(request, error, router)
     except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"), router)
-    for name, value in CORS_HEADERS.items():
+    response = access.account(request, response, deps, started)
+    log_request(request, response, deps, started, route_name)
+    for name, value in cors_headers(request, deps.config).items():
         response.headers.setdefault(name, value)
     if request.method == "HEAD" and not response.is_streaming:
         response.headers.setdefault("content-length", str(len(response.body)))

@@ -14,6 +14,22 @@ from .routing.config import RoutingConfig
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
 MAX_BODY_BYTES = 1024 * 1024
+# Workers AI's published prices, USD per million (input, output) tokens; MODEL_PRICES overrides.
+DEFAULT_PRICES = {
+    "@cf/meta/llama-2-7b-chat-int8": (0.556, 6.667),
+    "@cf/meta/llama-2-7b-chat-hf-lora": (0.556, 6.667),
+}
+
+
+def _flag(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _prices(value: Any) -> dict[str, tuple[float, float]]:
+    if value is None or value == "":
+        return dict(DEFAULT_PRICES)
+    data = value if isinstance(value, Mapping) else json.loads(str(value))
+    return {**DEFAULT_PRICES, **{str(k): (float(v[0]), float(v[1])) for k, v in data.items()}}
 # OpenAI names clients hard-code, answered by the primary model ("" = whatever MODEL is).
 DEFAULT_MODEL_ALIASES = {"gpt-4o-mini": "", "gpt-3.5-turbo": ""}
 
@@ -69,6 +85,14 @@ class Config:
     conversation_ttl: int = 30 * 86400  # seconds a stored response lives (CONVERSATION_TTL)
     conversation_max_bytes: int = 1024 * 1024  # stored size cap per conversation (CONVERSATION_MAX_BYTES)
     max_waiting_generations: int = 32  # admission control: generations in progress per isolate
+    # Access (see access/): without OPEN_ACCESS every API call needs a key; open mode is only
+    # ever configured, and said loudly (start banner, /healthz).
+    open_access: bool = False
+    cors_origins: tuple[str, ...] = ()  # besides the edge's own origin and localhost
+    max_messages: int = 256
+    max_message_chars: int = 64 * 1024
+    # USD per million tokens (input, output), for the usage API's estimated cost.
+    model_prices: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     # model id -> what it can honour (see capabilities.py); unlisted ids use the backend's word
     # or Cloudflare's published lists. `MODEL_CAPABILITIES` var: {"id": ["json_mode", ...]}.
     model_capabilities: dict[str, Any] = field(default_factory=dict)
@@ -108,6 +132,9 @@ class Config:
             conversation_ttl=int(get("CONVERSATION_TTL") or base.conversation_ttl),
             conversation_max_bytes=int(get("CONVERSATION_MAX_BYTES") or base.conversation_max_bytes),
             max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
+            open_access=_flag(get("OPEN_ACCESS") or "false"),
+            cors_origins=_list(get("CORS_ORIGINS")),
+            model_prices=_prices(get("MODEL_PRICES")),
             model_capabilities=_capabilities(get("MODEL_CAPABILITIES")),
             # present but empty turns aliases off; absent keeps the default ones
             model_aliases=({str(k): str(v) for k, v in _json_object(get("MODEL_ALIASES")).items()}

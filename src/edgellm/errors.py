@@ -22,11 +22,13 @@ KV_WRITE_INTERVAL_SECONDS = 1  # KV takes one write per second per key: the wait
 class ErrorKind(enum.Enum):
     INVALID_REQUEST = (400, "invalid_request_error")
     AUTHENTICATION = (401, "authentication_error")
+    PERMISSION = (403, "permission_error")  # a valid key that may not do this (model, admin route)
     NOT_FOUND = (404, "not_found_error")
     METHOD_NOT_ALLOWED = (405, "invalid_request_error")
     REQUEST_TOO_LARGE = (413, "invalid_request_error")
     RANGE_NOT_SATISFIABLE = (416, "invalid_request_error")
     RATE_LIMITED = (429, "rate_limit_error")
+    REQUEST_HEADERS_TOO_LARGE = (431, "invalid_request_error")
     SERVER = (500, "server_error")
     UPSTREAM = (502, "upstream_error")
     UNAVAILABLE = (503, "unavailable_error")

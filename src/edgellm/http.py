@@ -27,6 +27,8 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
     path_params: dict[str, str] = field(default_factory=dict)
+    principal: Any = None  # access.Principal, set by app.handle once the caller is known
+    observed: Any = None  # access.usage.Observation of the generation served, for the usage record
     cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
 
     @property

@@ -166,6 +166,44 @@ class BlobStore(Protocol):
     ) -> dict[str, Any]: ...
 
 
+class RateLimiter(Protocol):
+    """The Workers Rate Limiting binding's shape: `limit(key)` spends one unit of the key's
+    window and says whether it was allowed. Its limit and period are the binding's own
+    configuration (`[[ratelimits]]` in wrangler.toml); the gateway also keeps per-key limits in
+    the isolate (access.ratelimit)."""
+
+    async def limit(self, key: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class UsageEvent:
+    """One answered request, as the usage port records it (no prompt or answer text)."""
+
+    time: float
+    tenant: str
+    key_id: str
+    model: str
+    route: str
+    cache_status: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float
+    status: int
+
+
+class UsageSink(Protocol):
+    """Where usage goes: Workers Analytics Engine on Cloudflare (`writeDataPoint`), SQLite locally.
+
+    `query` answers `GET /admin/usage`: rows of totals grouped by any of tenant, model, day,
+    route, cache_status. A sink that cannot be queried from the Worker raises `NotImplementedError`."""
+
+    async def record(self, event: UsageEvent) -> None: ...
+
+    async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]: ...
+
+    async def tokens_spent(self, key_id: str) -> int: ...
+
+
 @dataclass
 class CachedResponse:
     """An answer of the edge cache: a stored 200, or the 206 it cut from one for a Range."""
@@ -242,6 +280,8 @@ class Deps:
     state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission, routing), never module-global
     flights: DurableObjectNamespace | None = None  # the coalescing Durable Object (cache.coalescing); None: no coalescing
     conversations: DurableObjectNamespace | None = None  # one object per conversation (Responses API state)
+    rate_limiter: RateLimiter | None = None  # the Workers Rate Limiting binding; None: in-isolate windows only
+    usage: UsageSink | None = None  # None: usage is not recorded
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":

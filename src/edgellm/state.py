@@ -27,9 +27,20 @@ class CacheCounters:
 
 
 @dataclass
+class AccessState:
+    """Per-isolate access data: recently read key records and the in-isolate rate windows
+    (plain data; the Workers Rate Limiting binding, when bound, is the cross-isolate limit)."""
+
+    keys: Any = None  # access.keys.KeyCache, created on first use
+    windows: dict[str, tuple[float, int]] = field(default_factory=dict)  # limit key -> (window start, used)
+    spent: dict[str, int] = field(default_factory=dict)  # key id -> tokens this isolate charged
+
+
+@dataclass
 class IsolateState:
     config: Config | None = None  # the Worker's parsed Config, set on the isolate's first request
     generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # (tenant, namespace) -> (purge generation, read at)
     cache: CacheCounters = field(default_factory=CacheCounters)
     admission: Admission = field(default_factory=Admission)  # generations in progress in this isolate
+    access: AccessState = field(default_factory=AccessState)
     routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers

@@ -145,12 +145,15 @@ def test_workers_ai_rest_route_streams(api: httpx.Client) -> None:
 
 
 class HeldRunner:
-    """The real llama.cpp runner, its callback held at the first chunk with text until `release`:
+    """The real llama.cpp runner, its callback held at the first chunk with text until `resume`:
     the generation is provably mid-run, inside llama.cpp's thread, for as long as a test wants."""
 
     def __init__(self, inner: LlamaCppRunner) -> None:
         self.inner, self.path = inner, inner.path
-        self.holding, self.release = threading.Event(), threading.Event()
+        self.holding, self.resume = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:  # the queue bound, slot context, control tokens: the real runner's
+        return getattr(self.inner, name)
 
     def _held(self, callback: Any) -> Any:
         def on_chunk(chunk: Any) -> bool:
@@ -159,7 +162,7 @@ class HeldRunner:
                 return callback(chunk)
             self.holding.set()  # before the chunk is passed on: a client that sees it sees the hold
             stop = callback(chunk)
-            self.release.wait(60)
+            self.resume.wait(60)
             return stop
 
         return on_chunk
@@ -181,13 +184,13 @@ def test_healthz_answers_while_a_generation_is_running(start_edge: Callable[...,
             with api.stream("POST", "/v1/chat/completions", json=chat_body(max_tokens=40, stream=True)) as response:
                 chunks = response.iter_raw()
                 first = next(chunks)
-                assert runner.holding.is_set() and not runner.release.is_set()  # llama.cpp is mid-generation
+                assert runner.holding.is_set() and not runner.resume.is_set()  # llama.cpp is mid-generation
                 health = api.get("/healthz")
                 assert health.status_code == 200 and health.json()["status"] == "ok"
-                runner.release.set()
+                runner.resume.set()
                 rest = b"".join(chunks)
     finally:
-        runner.release.set()
+        runner.resume.set()
     events = sse((first + rest).decode())
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"  # it went on afterwards
 

@@ -97,7 +97,7 @@ def case_id(case: Case) -> str:
 @pytest.fixture(scope="module")
 def client(tiny_runner: LlamaCppRunner) -> Iterator[httpx.Client]:
     """One server for the whole table: every request is rejected before (or at) the model."""
-    config = Config()
+    config = Config(open_access=True)
     deps = Deps(config=config, ai=LlamaCppAI.for_config(config, tiny_runner), log=logging.getLogger("edgellm.test"))
     with EdgeServer(EdgeApp(deps)) as server, httpx.Client(base_url=server.url, timeout=30) as http:
         yield http

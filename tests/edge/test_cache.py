@@ -49,10 +49,13 @@ class CountingAI:
 class GatedAI:
     """Wraps the real local binding: every generation waits at a gate the test opens, so that
     concurrent requests are known to overlap (the test waits for the flight's subscriber count
-    or `waiting`, never for time). Counts calls, and streams the consumer closed."""
+    or `waiting`, never for time). Counts calls, and streams the consumer closed. With
+    `hold_after_first`, a stream stops after its first event until it is closed, so that a test
+    knows the generation is still running when its clients leave (however fast the model is)."""
 
     inner: Any
     gate: threading.Event = field(default_factory=threading.Event)
+    hold_after_first: bool = False
     calls: int = 0
     waiting: int = 0
     closed: int = 0
@@ -78,6 +81,8 @@ class GatedAI:
             try:
                 async for event in upstream:
                     yield event
+                    if self.hold_after_first:
+                        await asyncio.Event().wait()  # ends only when the consumer cancels it
             finally:
                 await upstream.aclose()
                 self.closed += 1
@@ -143,7 +148,7 @@ class FailingKV:
 
 @pytest.fixture
 def cache_edge(start_edge, make_deps, clock) -> tuple[EdgeServer, Deps, CountingAI]:
-    deps = make_deps(config=Config(admin_token=TOKEN), clock=clock)
+    deps = make_deps(config=Config(admin_token=TOKEN, open_access=True), clock=clock)
     ai = CountingAI(deps.ai)
     deps = type(deps)(**{**deps.__dict__, "ai": ai})
     return start_edge(deps), deps, ai
@@ -279,7 +284,7 @@ def test_bad_cache_headers_are_400(cache_edge) -> None:
 
 def test_aborted_stream_leaves_no_entry(cache_edge) -> None:
     server, deps, ai = cache_edge
-    long = {**CHAT, "max_tokens": 2000, "stream": True}
+    long = {**CHAT, "max_tokens": 500, "stream": True}  # within the 512 tokens a test slot holds
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=long, timeout=60) as response:
         assert response.headers["cf-aig-cache-status"] == "MISS"
         lines = response.iter_lines()
@@ -361,9 +366,9 @@ def test_one_client_leaving_early_does_not_stop_the_others(start_edge, make_deps
 
 def test_every_client_leaving_stops_the_generation_and_writes_nothing(start_edge, make_deps) -> None:
     deps = make_deps()
-    ai = GatedAI(deps.ai)
+    ai = GatedAI(deps.ai, hold_after_first=True)
     server = start_edge(replace(deps, ai=ai))
-    long = {**CHAT, "max_tokens": 2000, "stream": True}
+    long = {**CHAT, "max_tokens": 256, "stream": True}
     leavers = [leave_after_one_line(server, long) for _ in range(2)]
     wait_for(lambda: subscribers(server) == 2)
     ai.gate.set()
@@ -381,7 +386,7 @@ def test_a_json_client_leaving_before_its_answer_stops_the_generation(start_edge
     deps = make_deps()
     ai = GatedAI(deps.ai)
     server = start_edge(replace(deps, ai=ai))
-    body = json.dumps({**CHAT, "max_tokens": 2000}).encode()
+    body = json.dumps({**CHAT, "max_tokens": 256}).encode()
     with socket.create_connection((server.host, server.port)) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                      + f"content-length: {len(body)}\r\n\r\n".encode() + body)
@@ -408,7 +413,7 @@ def test_without_the_flights_object_identical_misses_do_not_share(start_edge, ma
 
 
 def test_kv_failure_fails_open(start_edge, make_deps) -> None:
-    deps = make_deps(kv=FailingKV(), config=Config(admin_token=TOKEN))
+    deps = make_deps(kv=FailingKV(), config=Config(admin_token=TOKEN, open_access=True))
     server = start_edge(deps)
     for _ in range(2):
         response = post(server, CHAT)

@@ -36,6 +36,7 @@ from edgellm.sse import SSEDecoder
 from edgellm_local.edge import DEFAULT_PUBLIC
 from edgellm_local.manifest import Manifest, ModelFile, Shard
 from edgellm_local.server import EdgeServer
+from edgellm_local.usage import SqliteUsage
 
 DOC_URI = "urn:edgellm:openapi"
 ADMIN_TOKEN = "fuzz-admin-token"
@@ -57,7 +58,7 @@ POST_ROUTES = {  # template -> examples
     "/admin/cache/preload": 80,
     "/admin/cache/purge": 80,
 }
-GET_ROUTES = ["/v1/models", "/healthz", "/models", "/admin/cache/stats"]
+GET_ROUTES = ["/v1/models", "/healthz", "/models", "/admin/cache/stats", "/admin/usage"]
 
 MODEL = "tiny"
 BLOB = bytes(range(256)) * 8
@@ -168,7 +169,7 @@ def schema(openapi: OpenAPIDoc) -> schemathesis.BaseSchema:
 @pytest.fixture
 def fuzz_edge(start_edge: Callable[..., EdgeServer]) -> EdgeServer:
     """A local edge with the admin routes on and one published model in its R2."""
-    edge = start_edge(config=Config(admin_token=ADMIN_TOKEN))
+    edge = start_edge(config=Config(admin_token=ADMIN_TOKEN, open_access=True), usage=SqliteUsage())
     r2 = edge.app.deps.r2
     assert r2 is not None and edge.loop is not None
 

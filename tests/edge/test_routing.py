@@ -40,7 +40,7 @@ def origin(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 def routing_env(origin: OriginProcess, **extra: Any) -> dict[str, Any]:
     origins = extra.pop("ORIGINS", [{"name": "central", "url": origin.url, "region": "US", "context_window": 2048}])
     # Budgets far above any healthy gap (the machine is shared and busy): only injected faults trip them.
-    return {"ORIGINS": json.dumps(origins), "ADMIN_TOKEN": ADMIN, "EDGE_FIRST_TOKEN_MS": "60000", "EDGE_STALL_MS": "60000", **extra}
+    return {"ORIGINS": json.dumps(origins), "ADMIN_TOKEN": ADMIN, "OPEN_ACCESS": "true", "EDGE_FIRST_TOKEN_MS": "60000", "EDGE_STALL_MS": "60000", **extra}
 
 
 @pytest.fixture

@@ -92,7 +92,7 @@ def test_parse_with_a_pydantic_model_gives_a_valid_instance(client: openai.OpenA
 
 
 def test_json_object_gives_parseable_json(start_edge: Callable[..., EdgeServer], smollm2_runner: LlamaCppRunner) -> None:
-    config = Config()
+    config = Config(open_access=True)
     with sdk(start_edge(kv=None, config=config, ai=LlamaCppAI.for_config(config, smollm2_runner))) as client:
         completion = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
@@ -195,7 +195,7 @@ def refused(client: openai.OpenAI, **request: Any) -> openai.BadRequestError:
 
 
 def test_a_model_configured_without_tools_refuses_them_naming_the_parameter(start_edge: Callable[..., EdgeServer]) -> None:
-    config = Config(model_capabilities={MODEL: ["json_mode"]})
+    config = Config(open_access=True, model_capabilities={MODEL: ["json_mode"]})
     with sdk(start_edge(kv=None, config=config)) as client:
         for request, param in [(dict(tools=[WEATHER_TOOL]), "tools"), (dict(logprobs=True), "logprobs"),
                                (dict(response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": {}}}), "response_format")]:

@@ -24,7 +24,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 def deps_with(ai: Any = None, **config: Any) -> Deps:
     # kv=None: the answer cache (tested on its own) is bypassed, so each call reaches the binding
-    return Deps(config=Config(**config), ai=ai or ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    return Deps(config=Config(**{"open_access": True, **config}), ai=ai or ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
 
 
 def post(path: str, body: Any, headers: dict[str, str] | None = None) -> Request:
@@ -65,7 +65,7 @@ async def test_chat_completion() -> None:
     response = await handle(post("/v1/chat/completions", CHAT), deps_with())
     assert response.status == 200
     assert response.headers["x-edgellm-model"] == PRIMARY
-    assert response.headers["access-control-allow-origin"] == "*"
+    assert "access-control-allow-origin" not in response.headers  # no Origin: not a browser's call
     data = body_json(response)
     assert data["object"] == "chat.completion" and data["model"] == PRIMARY
     assert data["choices"][0]["message"] == {"role": "assistant", "content": "Hello, world!"}
@@ -73,7 +73,7 @@ async def test_chat_completion() -> None:
 
 
 async def test_created_comes_from_the_injected_clock(clock: Any) -> None:
-    deps = Deps(config=Config(), ai=ScriptedAI(), clock=clock, log=logging.getLogger("edgellm.test"))
+    deps = Deps(config=Config(open_access=True), ai=ScriptedAI(), clock=clock, log=logging.getLogger("edgellm.test"))
     data = body_json(await handle(post("/v1/completions", {"prompt": "x"}), deps))
     assert data["created"] == int(clock.now())
 
@@ -187,9 +187,11 @@ async def test_unknown_route_and_wrong_method() -> None:
 async def test_cors_preflight() -> None:
     request = get("/v1/chat/completions", "OPTIONS", {"origin": "https://app.example", "access-control-request-method": "POST",
                                                        "access-control-request-headers": "content-type, authorization"})
-    response = await handle(request, deps_with())
+    refused = await handle(request, deps_with())
+    assert refused.status == 204 and "access-control-allow-origin" not in refused.headers  # not on the allow-list
+    response = await handle(request, deps_with(cors_origins=("https://app.example",)))
     assert response.status == 204
-    assert response.headers["access-control-allow-origin"] == "*"
+    assert response.headers["access-control-allow-origin"] == "https://app.example" and response.headers["vary"] == "Origin"
     assert "POST" in response.headers["access-control-allow-methods"]
     assert response.headers["access-control-allow-headers"] == "content-type, authorization"
     assert_error(await handle(get("/nowhere", "OPTIONS"), deps_with()), 404)
@@ -210,7 +212,22 @@ async def test_an_unexpected_crash_is_a_json_500_without_a_traceback() -> None:
     response = await handle(get("/boom"), deps_with(), Router((route("GET", "/boom", crash),)))
     error = assert_error(response, 500, "internal_error")
     assert "secret internals" not in error["message"]
-    assert response.headers["access-control-allow-origin"] == "*"
+    assert response.headers["vary"] == "Origin"
+
+
+@pytest.mark.parametrize("origin,allowed", [
+    ("http://edge.test", True),            # the edge's own origin
+    ("http://localhost:5173", True), ("http://127.0.0.1", True), ("https://[::1]:8443", True),
+    ("https://partner.example", True),     # configured
+    ("https://evil.example", False), ("http://localhost.evil.example", False), ("null", False),
+])
+async def test_api_cors_follows_the_allow_list_and_artifacts_stay_open(origin: str, allowed: bool) -> None:
+    deps = deps_with(cors_origins=("https://partner.example",))
+    response = await handle(post("/v1/chat/completions", CHAT, {"origin": origin}), deps)
+    assert (response.headers.get("access-control-allow-origin") == origin) is allowed
+    assert ("access-control-allow-origin" in response.headers) is allowed
+    artifact = await handle(get("/models", "GET", {"origin": origin}), deps_with())
+    assert artifact.headers["access-control-allow-origin"] == "*"
 
 
 async def test_a_route_that_declares_an_error_renderer_renders_its_errors_with_it() -> None:

@@ -118,7 +118,7 @@ def test_generation_routes_document_cache_headers_and_sse(doc: dict[str, Any], p
     ok = op["responses"]["200"]
     assert set(ok["content"]) == {"application/json", "text/event-stream"}
     assert {h.lower() for h in ok["headers"]} == {"cf-aig-cache-status", "age", "x-edgellm-cache-key", "x-edgellm-model"}
-    assert set(op["responses"]) == {"200", "400", "404", "413", "502", "503"}
+    assert set(op["responses"]) == {"200", "400", "401", "403", "404", "413", "429", "502", "503"}
 
 
 def test_ttl_bounds_in_the_prose_are_the_policys(doc: dict[str, Any]) -> None:
@@ -130,9 +130,28 @@ def test_admin_routes_need_the_bearer_token(doc: dict[str, Any]) -> None:
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     for path, item in doc["paths"].items():
         for method, op in item.items():
-            assert (op.get("security") == [{"adminBearer": []}]) == path.startswith("/admin/"), (path, method)
+            security = op.get("security") or []
+            assert ({"adminBearer": []} in security) == path.startswith("/admin/"), (path, method)
             if path.startswith("/admin/"):
-                assert {"401", "404"} <= set(op["responses"])
+                assert {"401", "403", "404"} <= set(op["responses"])
+
+
+def test_api_routes_document_the_key_scheme_and_its_refusals(doc: dict[str, Any]) -> None:
+    """The auth scheme is the guard's: Bearer or x-api-key on the API; a tenant key on the
+    admin routes a tenant may use on its own entries (purge, stats, usage)."""
+    from edgellm.access.guard import is_api_path
+
+    schemes = doc["components"]["securitySchemes"]
+    assert (schemes["apiKeyBearer"]["scheme"], schemes["apiKeyHeader"]["in"], schemes["apiKeyHeader"]["name"]) == ("bearer", "header", "x-api-key")
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if is_api_path(path):
+                assert {"apiKeyBearer": []} in op["security"] and {"apiKeyHeader": []} in op["security"], (path, method)
+                assert {"401", "429"} <= set(op["responses"]), (path, method)
+            elif not path.startswith("/admin/"):
+                assert "security" not in op, (path, method)  # pages, health and artifacts stay public
+    tenant_routes = {p for p, item in doc["paths"].items() for op in item.values() if {"apiKeyBearer": []} in op.get("security", []) and p.startswith("/admin/")}
+    assert tenant_routes == {"/admin/cache/purge", "/admin/cache/stats", "/admin/usage"}
 
 
 def test_artifact_route_documents_conditional_and_range_answers(doc: dict[str, Any]) -> None:

@@ -287,6 +287,43 @@ async def test_a_durable_object_stub_fetch_streams_the_answer(adapter) -> None:
     events = [e async for e in FlightEvents(response.body)]
     assert [getattr(e, "text", None) for e in events] == ["Pa", "ris", None]
     assert response.body.js_stream.reader.released
+
+
+class FakeRateLimit:
+    def __init__(self, allow: int) -> None:
+        self.allow, self.keys = allow, []
+
+    async def limit(self, options: Any) -> Any:
+        self.keys.append(fp.require_js_object(options)["key"])
+        return fp.JsDict({"success": len(self.keys) <= self.allow})
+
+
+class FakeDataset:
+    def __init__(self) -> None:
+        self.points: list[dict[str, Any]] = []
+
+    def writeDataPoint(self, point: Any) -> None:  # noqa: N802 - the binding's own name
+        self.points.append(fp.require_js_object(point))
+
+
+async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
+    from edgellm.ports import UsageEvent
+    from edgellm.state import IsolateState
+
+    limiter = adapter.pyodide.WorkersRateLimit(FakeRateLimit(allow=1))
+    assert [await limiter.limit("k1"), await limiter.limit("k1")] == [True, False]
+    assert limiter.binding.keys == ["k1", "k1"]
+    usage = adapter.pyodide.AnalyticsEngineUsage(FakeDataset())
+    await usage.record(UsageEvent(1.0, "acme", "k1", "@cf/m", "/v1/chat/completions", "HIT", 3, 5, 1.5, 200))
+    point = usage.binding.points[0]
+    assert point["blobs"] == ["acme", "k1", "@cf/m", "/v1/chat/completions", "HIT"]
+    assert point["doubles"] == [3, 5, 1.5, 200] and point["indexes"] == ["acme"]
+    env = SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=FakeRateLimit(5), USAGE=FakeDataset())
+    deps = adapter.pyodide.build_deps(env, SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
+    assert deps.rate_limiter is not None and deps.usage is not None
+    bare = adapter.pyodide.build_deps(SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=fp.jsnull),
+                                      SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
+    assert bare.rate_limiter is None and bare.usage is None
 class FakeFetchResponse:
     def __init__(self, status: int, chunks: list[bytes]) -> None:
         self.status, self.headers = status, {"content-type": "text/event-stream"}

@@ -29,7 +29,7 @@ def post(body: Any, headers: dict[str, str] | None = None, path: str = "/v1/chat
 def deps(ai: ScriptedAI, tmp_path: Path | None = None, background: list[Any] | None = None) -> Deps:
     kv = SqliteKV(tmp_path / "kv.sqlite3") if tmp_path else None
     keep = (lambda aw: background.append(asyncio.ensure_future(aw))) if background is not None else None
-    d = Deps(config=Config(), ai=ai, kv=kv, log=logging.getLogger("edgellm.test"))
+    d = Deps(config=Config(open_access=True), ai=ai, kv=kv, log=logging.getLogger("edgellm.test"))
     return d.for_request(keep) if keep else d
 
 

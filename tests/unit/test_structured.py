@@ -54,7 +54,7 @@ class FunctionCallingAI(ScriptedAI):
 
 
 def deps(ai: Any, **config: Any) -> Deps:
-    return Deps(config=Config(**config), ai=ai, kv=None, log=logging.getLogger("edgellm.test"))
+    return Deps(config=Config(**{"open_access": True, **config}), ai=ai, kv=None, log=logging.getLogger("edgellm.test"))
 
 
 async def test_json_schema_goes_to_workers_ai_in_its_json_mode_shape() -> None:

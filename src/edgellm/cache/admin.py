@@ -26,9 +26,20 @@ from .service import GENERATION_KEY, counters_of, current_scope, lookup, store
 
 MAX_PRELOAD = 100
 _HEX = re.compile(r"^[0-9a-f]{64}$")
+_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-def require_admin(request: Request, deps: Deps) -> None:
+def require_admin(request: Request, deps: Deps, *, tenant_allowed: bool = False) -> str | None:
+    """None for the admin token (every tenant); a tenant's name when its own API key calls a
+    route a tenant may use on its own entries (purge, stats); else 403/401/404."""
+    principal = request.principal
+    if principal is not None and principal.admin:
+        return None
+    if principal is not None and principal.record is not None:
+        if tenant_allowed:
+            return principal.cache_tenant
+        raise GatewayError(ErrorKind.PERMISSION, "This route needs the admin token; a tenant key may purge and see stats of its own entries.",
+                           code="admin_only")
     token = deps.config.admin_token
     if not token:
         raise GatewayError(ErrorKind.NOT_FOUND, f"No route for {request.method} {request.path}.", code="route_not_found")
@@ -37,6 +48,7 @@ def require_admin(request: Request, deps: Deps) -> None:
     if not given or not hmac.compare_digest(given.encode(), token.encode()):
         raise GatewayError(ErrorKind.AUTHENTICATION, "A valid admin bearer token is required.", code="invalid_admin_token",
                            headers={"www-authenticate": 'Bearer realm="edgellm-admin"'})
+    return None
 
 
 async def _kv_write(operation: Awaitable[Any]) -> None:
@@ -48,12 +60,16 @@ async def _kv_write(operation: Awaitable[Any]) -> None:
         raise binding_error(exc, "KV", "kv") from exc
 
 
-def _admin_body(request: Request, deps: Deps) -> dict[str, Any]:
-    require_admin(request, deps)
+def _admin_body(request: Request, deps: Deps, *, tenant_allowed: bool = False) -> tuple[dict[str, Any], str | None]:
+    tenant = require_admin(request, deps, tenant_allowed=tenant_allowed)
     body = read_json(request, deps.config.max_body_bytes)
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", None, "invalid_type")
-    return body
+    if tenant is None and body.get("tenant") is not None:  # the admin token may act for any tenant
+        tenant = body["tenant"]
+        if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+            raise invalid("'tenant' must be a tenant name.", "tenant")
+    return body, tenant
 
 
 def _parse_item(item: Any, deps: Deps, where: str) -> GenerationRequest:
@@ -78,14 +94,14 @@ def _ttl(body: dict[str, Any], deps: Deps) -> int:
 
 
 async def preload_cache(request: Request, deps: Deps) -> Response:
-    body = _admin_body(request, deps)
+    body, tenant = _admin_body(request, deps)
     items = body.get("requests")
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_PRELOAD:
         raise invalid(f"'requests' must be an array of 1 to {MAX_PRELOAD} requests.", "requests", "invalid_type")
     if deps.kv is None:
         raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=60)
     ttl, refresh = _ttl(body, deps), bool(body.get("refresh"))
-    scope = await current_scope(deps)
+    scope = await current_scope(deps, tenant)
     results = []
     for i, item in enumerate(items):
         gen_request = _parse_item(item, deps, f"requests[{i}]")  # a bad item fails the whole call, before any work
@@ -114,12 +130,14 @@ async def _preload_one(deps: Deps, gen_request: GenerationRequest, key: CacheKey
 
 
 async def purge_cache(request: Request, deps: Deps) -> Response:
-    body = _admin_body(request, deps)
+    body, tenant = _admin_body(request, deps, tenant_allowed=True)
     if deps.kv is None:
         raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=60)
     if "namespace" in body:
-        return await _purge_namespace(deps, body["namespace"])
-    scope = await current_scope(deps)
+        if request.principal is not None and not request.principal.admin and request.principal.share_cache:
+            raise GatewayError(ErrorKind.PERMISSION, "The shared pool's namespace can only be purged with the admin token.", code="admin_only")
+        return await _purge_namespace(deps, body["namespace"], tenant or deps.config.tenant)
+    scope = await current_scope(deps, tenant)
     if "key" in body:
         digest = body["key"]
         if not isinstance(digest, str) or not _HEX.match(digest):
@@ -137,27 +155,29 @@ async def purge_cache(request: Request, deps: Deps) -> Response:
     return json_response({"object": "cache.purge", "purged": "key", "key": key.digest})
 
 
-async def _purge_namespace(deps: Deps, namespace: Any) -> Response:
+async def _purge_namespace(deps: Deps, namespace: Any, tenant: str) -> Response:
     assert deps.kv is not None
     if not isinstance(namespace, str):
         raise invalid("'namespace' must be a string.", "namespace", "invalid_type")
     try:
-        CacheScope(deps.config.tenant, namespace)
+        CacheScope(tenant, namespace)
     except ValueError as exc:
         raise invalid(str(exc), "namespace") from None
-    kv_key = GENERATION_KEY.format(tenant=deps.config.tenant, namespace=namespace)
+    kv_key = GENERATION_KEY.format(tenant=tenant, namespace=namespace)
     try:
         current = await deps.kv.get(kv_key)
     except BindingError as exc:
         raise binding_error(exc, "KV", "kv") from exc
     generation = (int(current.value) if current is not None else 0) + 1
     await _kv_write(deps.kv.put(kv_key, str(generation).encode()))
-    deps.state.generations[(deps.config.tenant, namespace)] = (generation, deps.clock.now())
+    deps.state.generations[(tenant, namespace)] = (generation, deps.clock.now())
     return json_response({"object": "cache.purge", "purged": "namespace", "namespace": namespace, "generation": generation})
 
 
 async def cache_stats(request: Request, deps: Deps) -> Response:
-    require_admin(request, deps)
+    tenant = require_admin(request, deps, tenant_allowed=True)
+    if tenant is not None:
+        return json_response(await tenant_stats(deps, tenant))
     scope = await current_scope(deps)
     return json_response({
         "object": "cache.stats",
@@ -167,3 +187,23 @@ async def cache_stats(request: Request, deps: Deps) -> Response:
         "namespace": scope.namespace, "generation": scope.generation,
         "default_ttl": deps.config.cache_default_ttl, "classes": deps.config.cache_classes,
     })
+
+
+MAX_STATS_PAGES = 10
+
+
+async def tenant_stats(deps: Deps, tenant: str) -> dict[str, Any]:
+    """A tenant's view: its own live entries (listed under its own prefix, never another's),
+    not the isolate's counters, which mix every tenant."""
+    scope = await current_scope(deps, tenant)
+    entries, cursor, complete = 0, None, False
+    if deps.kv is not None:
+        for _ in range(MAX_STATS_PAGES):
+            page = await deps.kv.list(prefix=scope.prefix, cursor=cursor)
+            entries += len(page.get("keys", []))
+            cursor = page.get("cursor")
+            if page.get("list_complete", True) or not cursor:
+                complete = True
+                break
+    return {"object": "cache.stats", "scope": "tenant", "tenant": tenant, "entries": entries, "entries_complete": complete,
+            "namespace": scope.namespace, "generation": scope.generation, "default_ttl": deps.config.cache_default_ttl}

@@ -61,6 +61,7 @@ class Flight:
             self.error = self.error or abandoned()
             if not self.started.done():
                 self.started.set_exception(self.error)
+                self.started.exception()  # everyone may have left: not "an exception never retrieved"
             raise
         except BaseException as exc:  # delivered to every subscriber
             self.error = exc

@@ -86,7 +86,8 @@ def canonical_request(request: GenerationRequest) -> dict[str, Any]:
 
 def _digest(payload: Any) -> str:
     encoded = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(encoded.encode()).hexdigest()
+    # JSON input may carry a lone surrogate ("\ud800") that UTF-8 cannot hold; hash it as is
+    return hashlib.sha256(encoded.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def build_cache_key(request: GenerationRequest, scope: CacheScope) -> CacheKey:

@@ -28,28 +28,29 @@ GENERATION_KEY = "cache-meta/{tenant}/{namespace}/generation"
 GENERATION_REFRESH_SECONDS = 30.0
 
 
-async def current_scope(deps: Deps) -> CacheScope:
+async def current_scope(deps: Deps, tenant: str | None = None) -> CacheScope:
     """The namespace's purge generation, remembered in the isolate for a few seconds: a
     namespace purge bumps it in KV, and KV itself takes up to 60 s to be seen everywhere."""
     config, generations = deps.config, deps.state.generations
-    memo_key = (config.tenant, config.cache_namespace)
+    tenant = tenant or config.tenant
+    memo_key = (tenant, config.cache_namespace)
     now = deps.clock.now()
     memo = generations.get(memo_key)
     if memo is not None and now - memo[1] < GENERATION_REFRESH_SECONDS:
-        return CacheScope(config.tenant, config.cache_namespace, memo[0])
+        return CacheScope(tenant, config.cache_namespace, memo[0])
     if deps.kv is None:
-        return CacheScope(config.tenant, config.cache_namespace, 0)
+        return CacheScope(tenant, config.cache_namespace, 0)
     try:
-        entry = await deps.kv.get(GENERATION_KEY.format(tenant=config.tenant, namespace=config.cache_namespace))
+        entry = await deps.kv.get(GENERATION_KEY.format(tenant=tenant, namespace=config.cache_namespace))
         generation = int(entry.value) if entry is not None else 0
     except Exception as exc:
         # Fail open on the last generation this isolate knew (0 if none), and do not remember
         # the guess: the next request asks KV again rather than undoing a purge for 30 s.
         deps.log.warning("cache generation read failed: %s", exc)
         counters_of(deps).read_errors += 1
-        return CacheScope(config.tenant, config.cache_namespace, memo[0] if memo else 0)
+        return CacheScope(tenant, config.cache_namespace, memo[0] if memo else 0)
     generations[memo_key] = (generation, now)
-    return CacheScope(config.tenant, config.cache_namespace, generation)
+    return CacheScope(tenant, config.cache_namespace, generation)
 
 
 async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
@@ -70,6 +71,13 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
         return None, 0
 
 
+def scope_tenant(request: Request) -> str | None:
+    """The tenant part of the request's cache keys (custom keys included): the caller's own,
+    or the shared pool if its key shares (access.guard.Principal); None: the configured tenant."""
+    principal = request.principal
+    return principal.cache_tenant if principal is not None else None
+
+
 @dataclass(frozen=True)
 class CacheDecision:
     policy: CachePolicy
@@ -80,7 +88,7 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     policy = cache_policy(request, gen_request, deps.config)
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
-    scope = await current_scope(deps)
+    scope = await current_scope(deps, scope_tenant(request))
     policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
     if scope is None:
         return CacheDecision(policy, None)

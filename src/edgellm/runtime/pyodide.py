@@ -24,6 +24,7 @@ from ..http import Request, Response
 from ..ports import (
     BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
     StreamCutError,
+    UsageEvent,
 )
 from ..sse import IncompleteStream, decode_events
 from ..structured import for_workers_ai_binding
@@ -239,6 +240,48 @@ def to_native_response(response: Response) -> Any:
     return WorkersResponse(to_native_body(response.body), status=response.status, headers=headers)  # type: ignore[arg-type]
 
 
+# --- rate limiting and usage ------------------------------------------------------------------
+
+
+@dataclass
+class WorkersRateLimit:
+    """The Rate Limiting binding (`[[ratelimits]]`): `limit({key})` -> `{success}`."""
+
+    binding: Any
+
+    async def limit(self, key: str) -> bool:
+        outcome = await self.binding.limit(js_options({"key": key}))
+        return bool(outcome.success)
+
+
+@dataclass
+class AnalyticsEngineUsage:
+    """Usage as Workers Analytics Engine data points (`[[analytics_engine_datasets]]`): blobs
+    tenant, key id, model, route, cache status; doubles prompt and completion tokens, latency
+    ms, status; indexed by tenant. Reading it back is the Analytics Engine SQL API's job (an
+    account token), not the Worker's, so `query` is not supported here."""
+
+    binding: Any
+
+    async def record(self, event: UsageEvent) -> None:
+        self.binding.writeDataPoint(js_options({
+            "blobs": [event.tenant, event.key_id, event.model, event.route, event.cache_status],
+            "doubles": [event.prompt_tokens, event.completion_tokens, event.latency_ms, event.status],
+            "indexes": [event.tenant],
+        }))
+
+    async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]:
+        raise NotImplementedError("query the Analytics Engine SQL API")
+
+    async def tokens_spent(self, key_id: str) -> int:
+        return 0  # budgets on Cloudflare count this isolate's charges (IsolateState.access.spent)
+
+
+def _optional(env: Any, name: str) -> Any:
+    binding = getattr(env, name, None)
+    return None if binding is None or is_missing(binding) else binding
+
+
 class EnvMapping(Mapping[str, Any]):
     """`[vars]` and secrets read as a mapping (they are attributes of `env`)."""
 
@@ -271,6 +314,8 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         state=state,
         conversations=_conversations(env),
         flights=_flights(getattr(env, "FLIGHTS", None)),
+        rate_limiter=WorkersRateLimit(_optional(env, "RATE_LIMITER")) if _optional(env, "RATE_LIMITER") else None,
+        usage=AnalyticsEngineUsage(_optional(env, "USAGE")) if _optional(env, "USAGE") else None,
         fetch=_fetch() if state.config.routing.origins else None,
     )
 
@@ -316,7 +361,19 @@ def isolate_state() -> IsolateState:
     global _isolate
     if _isolate is None:
         _isolate = IsolateState()
+        _log_requests()
     return _isolate
+
+
+def _log_requests() -> None:
+    """Workers Logs keep what the isolate prints: one JSON line per request (access.logs)."""
+    logger = logging.getLogger("edgellm.access")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 async def fetch(request: Any, env: Any, ctx: Any, state: IsolateState | None = None) -> Any:

@@ -1,0 +1,93 @@
+/**
+ * Charts as SVG, from plain data: no library, no network. Pure functions build the shapes
+ * (tested in Node-free browser tests through the page); `render*` writes them into an <svg>.
+ */
+
+const NS = "http://www.w3.org/2000/svg";
+export const COLOURS = ["#c2410c", "#2563eb", "#16a34a", "#9333ea", "#ca8a04", "#0891b2", "#db2777", "#4b5563"];
+
+/** Rows `{tenant, day, requests, ...}` -> {days, series: [{name, values}]} for one measure. */
+export function seriesBy(rows, key, measure) {
+  const days = [...new Set(rows.map((r) => r.day))].sort();
+  const names = [...new Set(rows.map((r) => r[key] ?? "(none)"))].sort();
+  const series = names.map((name) => ({
+    name,
+    values: days.map((day) => rows.filter((r) => r.day === day && (r[key] ?? "(none)") === name)
+      .reduce((sum, r) => sum + measure(r), 0)),
+  }));
+  return { days, series };
+}
+
+/** Bars `{label, values: [..]}` grouped side by side; returns the scale's maximum. */
+export function maxOf(groups) {
+  return Math.max(1e-12, ...groups.flatMap((g) => g.values));
+}
+
+function el(name, attrs, text) {
+  const node = document.createElementNS(NS, name);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function frame(svg) {
+  svg.replaceChildren();
+  const width = svg.clientWidth || 400, height = svg.clientHeight || 220;
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  return { width, height, left: 48, right: 8, top: 8, bottom: 36 };
+}
+
+function legend(svg, names, f) {
+  const g = el("g", { class: "legend" });
+  names.forEach((name, i) => {
+    const x = f.left + i * 110;
+    g.append(el("rect", { x, y: f.height - 14, width: 10, height: 10, fill: COLOURS[i % COLOURS.length] }),
+             el("text", { x: x + 14, y: f.height - 5 }, name));
+  });
+  svg.append(g);
+}
+
+/** One line per series over the days; points carry data-value for tests and tooltips. */
+export function renderLines(svg, { days, series }) {
+  const f = frame(svg);
+  const max = maxOf(series), w = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
+  const x = (i) => f.left + (days.length > 1 ? (i * w) / (days.length - 1) : w / 2);
+  const y = (v) => f.top + h - (v / max) * h;
+  svg.append(el("line", { class: "axis", x1: f.left, y1: f.top + h, x2: f.width - f.right, y2: f.top + h }),
+             el("text", { x: 2, y: f.top + 10 }, formatNumber(max)), el("text", { x: 2, y: f.top + h }, "0"));
+  days.forEach((day, i) => { if (i === 0 || i === days.length - 1) svg.append(el("text", { x: x(i) - 30, y: f.top + h + 14 }, day)); });
+  series.forEach((s, k) => {
+    const colour = COLOURS[k % COLOURS.length];
+    svg.append(el("polyline", { fill: "none", stroke: colour, "stroke-width": 2,
+      points: s.values.map((v, i) => `${x(i)},${y(v)}`).join(" "), "data-series": s.name }));
+    s.values.forEach((v, i) => svg.append(el("circle", { cx: x(i), cy: y(v), r: 3, fill: colour, class: "point",
+      "data-series": s.name, "data-day": days[i], "data-value": v }, undefined)));
+  });
+  legend(svg, series.map((s) => s.name), f);
+}
+
+/** Grouped bars: one group per label, one bar per measure. */
+export function renderBars(svg, groups, measures) {
+  const f = frame(svg);
+  const max = maxOf(groups), w = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
+  const slot = w / Math.max(1, groups.length), bar = (slot * 0.7) / Math.max(1, measures.length);
+  svg.append(el("line", { class: "axis", x1: f.left, y1: f.top + h, x2: f.width - f.right, y2: f.top + h }),
+             el("text", { x: 2, y: f.top + 10 }, formatNumber(max)), el("text", { x: 2, y: f.top + h }, "0"));
+  groups.forEach((g, i) => {
+    const x0 = f.left + i * slot + slot * 0.15;
+    g.values.forEach((v, k) => {
+      const height = (v / max) * h;
+      svg.append(el("rect", { x: x0 + k * bar, y: f.top + h - height, width: Math.max(1, bar - 2), height,
+        fill: COLOURS[k % COLOURS.length], class: "bar", "data-label": g.label, "data-measure": measures[k], "data-value": v }));
+    });
+    svg.append(el("text", { x: x0, y: f.top + h + 14 }, g.label));
+  });
+  legend(svg, measures, f);
+}
+
+export function formatNumber(v) {
+  if (v >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
+  if (v >= 1e3) return `${(v / 1e3).toFixed(1)}k`;
+  if (v > 0 && v < 0.01) return v.toExponential(1);
+  return String(Math.round(v * 100) / 100);
+}

@@ -1,0 +1,57 @@
+/** The usage page: asks /admin/usage with the caller's token and draws the charts. */
+import { errorFrom } from "./api-errors.mjs";
+import { formatNumber, renderBars, renderLines, seriesBy } from "./usage-charts.mjs";
+
+const $ = (id) => document.getElementById(id);
+
+async function usage(token, params) {
+  const response = await fetch(`/admin/usage?${new URLSearchParams(params)}`, { headers: { authorization: `Bearer ${token}` } });
+  if (!response.ok) throw await errorFrom(response);
+  return response.json();
+}
+
+function showTotals(totals) {
+  const items = [["Requests", totals.requests], ["Tokens billed", totals.prompt_tokens + totals.completion_tokens],
+    ["Hit rate", `${Math.round(totals.hit_rate * 100)}%`], ["Estimated cost", `$${formatNumber(totals.cost_usd)}`],
+    ["Saved by the cache", `$${formatNumber(totals.saved_usd)}`]];
+  $("totals").replaceChildren(...items.map(([label, value]) => {
+    const card = document.createElement("div");
+    card.className = "panel total";
+    card.dataset.total = label;
+    const strong = document.createElement("strong");
+    strong.textContent = String(value);
+    card.append(strong, label);
+    return card;
+  }));
+}
+
+async function show(event) {
+  event?.preventDefault();
+  const token = $("token").value.trim();
+  const days = Number($("days").value) || 30;
+  const to = Date.now() / 1000, from = to - days * 86400;
+  document.body.dataset.state = "loading";
+  $("error").hidden = true;
+  try {
+    sessionStorage.setItem("edgellm-usage-token", token);
+    const [daily, perTenant] = await Promise.all([
+      usage(token, { from, to, group_by: "tenant,day" }), usage(token, { from, to, group_by: "tenant" })]);
+    showTotals(daily.totals);
+    renderLines($("chart-requests"), seriesBy(daily.data, "tenant", (r) => r.requests));
+    const tokens = seriesBy(daily.data, "tenant", (r) => r.prompt_tokens + r.completion_tokens);
+    renderLines($("chart-tokens"), tokens);
+    const tenants = perTenant.data.map((r) => ({ ...r, label: r.tenant ?? "(none)" }));
+    renderBars($("chart-hits"), tenants.map((r) => ({ label: r.label, values: [r.hit_rate] })), ["hit rate"]);
+    renderBars($("chart-cost"), tenants.map((r) => ({ label: r.label, values: [r.cost_usd, r.saved_usd] })), ["cost", "saved"]);
+    document.body.dataset.state = "shown";
+  } catch (error) {
+    $("error").textContent = error.message;
+    $("error").hidden = false;
+    document.body.dataset.state = "error";
+  }
+}
+
+$("auth").addEventListener("submit", show);
+const remembered = sessionStorage.getItem("edgellm-usage-token");
+if (remembered) { $("token").value = remembered; show(); }
+else document.body.dataset.state = "idle";

@@ -1,0 +1,156 @@
+"""Who is calling: the API key (or the admin token) of a request, checked before any handler runs.
+
+Routes fall in three classes by path alone: public (health, artifacts, OPTIONS), the inference
+API (`/v1/*`, `/client/v4/*`: a key), and admin (`/admin/*`: `ADMIN_TOKEN` for everything, or a
+tenant's own key for its own entries). Open mode (`OPEN_ACCESS`) admits API calls without a key
+as the configured tenant; it exists only when configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from ..config import Config
+from ..errors import ErrorKind, GatewayError, invalid
+from ..generation import GenerationRequest
+from ..http import Request
+from ..ports import BindingError, Deps
+from .keys import KeyCache, KeyRecord, KeyRing, parse_api_key
+from .ratelimit import check_tokens, rate_limited, take_request
+
+SHARED_TENANT = "_shared"  # the cache scope of tenants that share; no key's tenant can be named so
+OPEN_KEY_ID = "open"
+ADMIN_KEY_ID = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller. `record` is None in open mode and for the admin token."""
+
+    tenant: str
+    key_id: str
+    record: KeyRecord | None = None
+    admin: bool = False  # ADMIN_TOKEN: every tenant, every admin route
+
+    @property
+    def share_cache(self) -> bool:
+        return self.record is not None and self.record.share_cache
+
+    @property
+    def cache_tenant(self) -> str:
+        """The tenant part of this caller's cache keys: its own, or the shared pool when its key
+        allows sharing (so an entry is shared only between tenants that both allow it)."""
+        return SHARED_TENANT if self.share_cache else self.tenant
+
+
+def is_api_path(path: str) -> bool:
+    return path.startswith("/v1/") or path.startswith("/client/v4/")
+
+
+def is_admin_path(path: str) -> bool:
+    return path.startswith("/admin/")
+
+
+def presented_key(request: Request) -> str | None:
+    auth = request.header("authorization") or ""
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return (request.header("x-api-key") or "").strip() or None
+
+
+def unauthenticated(message: str, code: str = "invalid_api_key") -> GatewayError:
+    return GatewayError(ErrorKind.AUTHENTICATION, message, code=code, headers={"www-authenticate": 'Bearer realm="edgellm"'})
+
+
+async def _record(deps: Deps, key_id: str) -> KeyRecord | None:
+    access, now = deps.state.access, deps.clock.now()
+    if access.keys is None:
+        access.keys = KeyCache()
+    known, record = access.keys.get(key_id, now)
+    if known:
+        return record
+    if deps.kv is None:
+        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; keys cannot be checked.", code="keys_unavailable", retry_after=60)
+    try:
+        record = await KeyRing(deps.kv).get(key_id)
+    except (BindingError, ValueError) as exc:
+        raise GatewayError(ErrorKind.UNAVAILABLE, f"Keys cannot be checked now: {exc}", code="keys_unavailable", retry_after=5) from exc
+    access.keys.put(key_id, record, now)
+    return record
+
+
+async def authenticate(request: Request, deps: Deps) -> Principal | None:
+    """The principal of an API or admin request (None on public routes); 401 when unknown."""
+    path = request.path
+    if not (is_api_path(path) or is_admin_path(path)):
+        return None
+    given = presented_key(request)
+    token = deps.config.admin_token
+    if given and token and hmac.compare_digest(given.encode(), token.encode()):
+        return Principal(deps.config.tenant, ADMIN_KEY_ID, admin=True)
+    parsed = parse_api_key(given) if given else None
+    foreign = given is not None and parsed is None and not given.startswith("el-")
+    if given is None or (foreign and deps.config.open_access and is_api_path(path)):
+        # Open mode: no key, or a value that is no EdgeLLM key at all (SDKs must send some
+        # api_key); a malformed, unknown or revoked `el-` key is still refused below.
+        if deps.config.open_access and is_api_path(path):
+            return Principal(deps.config.tenant, OPEN_KEY_ID)
+        if is_admin_path(path):
+            return None  # the admin handlers answer (404 without ADMIN_TOKEN, else 401)
+        raise unauthenticated("An API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", "missing_api_key")
+    record = await _record(deps, parsed[0]) if parsed else None
+    if record is None or parsed is None or not record.matches(parsed[1]):
+        if is_admin_path(path):
+            return None  # not a tenant key: the admin handlers answer (404 without ADMIN_TOKEN, else 401)
+        raise unauthenticated("The API key is not valid.")
+    if not record.active:
+        raise unauthenticated("The API key has been revoked.", "revoked_api_key")
+    take_request(deps.state.access, record.key_id, record.requests_per_minute, deps.clock.now())
+    if deps.rate_limiter is not None and is_api_path(path):
+        try:
+            allowed = await deps.rate_limiter.limit(record.key_id)
+        except Exception as exc:  # fail open: the in-isolate window above still holds
+            deps.log.warning("rate limiter failed: %s", exc)
+            allowed = True
+        if not allowed:
+            raise rate_limited("requests", 60)
+    return Principal(record.tenant, record.key_id, record)
+
+
+def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
+    """How many messages and how long each: bounds a caller can rely on, before any work."""
+    messages = gen_request.inputs.get("messages")
+    if isinstance(messages, list):
+        if len(messages) > config.max_messages:
+            raise invalid(f"At most {config.max_messages} messages are accepted, got {len(messages)}.", "messages", "too_many_messages")
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str) and len(content) > config.max_message_chars:
+                raise invalid(f"A message may hold at most {config.max_message_chars} characters.", f"messages[{i}].content", "message_too_long")
+    prompt = gen_request.inputs.get("prompt")
+    if isinstance(prompt, str) and len(prompt) > config.max_message_chars:
+        raise invalid(f"The prompt may hold at most {config.max_message_chars} characters.", "prompt", "prompt_too_long")
+
+
+async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> None:
+    """Before a generation (or a HIT): the key may use the model, has tokens left in its window
+    and in its budget."""
+    check_input_limits(gen_request, deps.config)
+    principal: Principal | None = request.principal
+    record = principal.record if principal else None
+    if record is None:
+        return
+    if not record.allows_model(gen_request.model):
+        raise GatewayError(ErrorKind.PERMISSION, f"This key may not use the model {gen_request.model}.", param="model", code="model_not_allowed")
+    check_tokens(deps.state.access, record.key_id, record.tokens_per_minute, deps.clock.now())
+    if record.token_budget > 0:
+        spent = deps.state.access.spent.get(record.key_id, 0)
+        if deps.usage is not None:
+            try:
+                spent = max(spent, await deps.usage.tokens_spent(record.key_id))
+            except Exception as exc:
+                deps.log.warning("usage read failed: %s", exc)
+        if spent >= record.token_budget:
+            raise GatewayError(ErrorKind.RATE_LIMITED, f"The key's token budget ({record.token_budget}) is spent.",
+                               code="insufficient_quota")

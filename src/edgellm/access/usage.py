@@ -1,0 +1,106 @@
+"""Usage: every request recorded once it is answered (a stream: once its body ends), and the
+tokens charged to the key's window. HITs count as requests, never as tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from ..generation import Event, Finish, Generation
+from ..http import Request, Response
+from ..ports import Deps, UsageEvent
+from .guard import Principal
+from .ratelimit import charge_tokens
+
+
+@dataclass
+class Observation:
+    """What the usage record needs of a generation; filled as its events pass."""
+
+    model: str
+    cache_status: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def observe(request: Request, generation: Generation) -> None:
+    """Called by the API handlers with the generation they serve: taps its Finish event."""
+    seen = Observation(generation.model, generation.cache_status or "BYPASS")
+    request.observed = seen
+    inner = generation.events
+
+    async def tapped() -> AsyncIterator[Event]:
+        try:
+            async for event in inner:
+                if isinstance(event, Finish):
+                    seen.prompt_tokens, seen.completion_tokens = event.usage.prompt_tokens, event.usage.completion_tokens
+                yield event
+        finally:
+            close = getattr(inner, "aclose", None)
+            if close is not None:
+                await close()
+
+    generation.events = tapped()
+
+
+def route_name(request: Request) -> str:
+    path = request.path
+    if path.startswith("/client/v4/"):
+        return "workers-ai"
+    return path if len(path) <= 64 else path[:64]
+
+
+def _record(request: Request, response: Response, deps: Deps, started: float) -> None:
+    principal: Principal | None = request.principal
+    if principal is None:
+        return
+    seen: Observation | None = request.observed
+    now = deps.clock.now()
+    tokens = 0
+    if seen is not None and seen.cache_status != "HIT":
+        tokens = seen.prompt_tokens + seen.completion_tokens
+        if principal.record is not None:
+            charge_tokens(deps.state.access, principal.key_id, principal.record.tokens_per_minute, tokens, now)
+            spent = deps.state.access.spent
+            spent[principal.key_id] = spent.get(principal.key_id, 0) + tokens
+    if deps.usage is None:
+        return
+    event = UsageEvent(
+        time=now, tenant=principal.tenant, key_id=principal.key_id,
+        model=seen.model if seen else "", route=route_name(request),
+        cache_status=seen.cache_status if seen else "", prompt_tokens=seen.prompt_tokens if seen else 0,
+        completion_tokens=seen.completion_tokens if seen else 0,
+        latency_ms=round(max(0.0, now - started) * 1000, 3), status=response.status,
+    )
+
+    async def write() -> None:
+        try:
+            await deps.usage.record(event)  # type: ignore[union-attr]
+        except Exception as exc:  # usage never fails a request
+            deps.log.warning("usage record failed: %s", exc)
+
+    deps.wait_until(write())
+
+
+def account(request: Request, response: Response, deps: Deps, started: float) -> Response:
+    """Record the request's usage now, or when its streamed body ends (however it ends).
+    Public routes (artifacts, health) are not recorded: their bodies are handed over as they are."""
+    if request.principal is None:
+        return response
+    if not response.is_streaming:
+        _record(request, response, deps, started)
+        return response
+    body: Any = response.body
+
+    async def recorded() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            close = getattr(body, "aclose", None)
+            if close is not None:
+                await close()
+            _record(request, response, deps, started)
+
+    response.body = recorded()
+    return response

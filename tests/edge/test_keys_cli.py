@@ -1,0 +1,50 @@
+"""`edgellm keys create|list|revoke|rotate` on a local state directory, as users run it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from edgellm.access.keys import KeyRing, parse_api_key
+from edgellm_local.kv import SqliteKV
+
+EDGELLM = Path(sys.executable).with_name("edgellm")
+
+
+def keys(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(EDGELLM), "keys", "--state", str(state), *args], capture_output=True, text=True, timeout=60)
+
+
+def record(state: Path, key_id: str):
+    return asyncio.run(KeyRing(SqliteKV(state / "kv.sqlite3")).get(key_id))
+
+
+def test_create_list_revoke_rotate(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    made = keys(state, "create", "--tenant", "acme", "--rpm", "5", "--share-cache", "--model", "@cf/x")
+    assert made.returncode == 0, made.stderr
+    api_key = next(line for line in made.stdout.splitlines() if line.startswith("el-"))
+    key_id, secret = parse_api_key(api_key)  # type: ignore[misc]
+    stored = record(state, key_id)
+    assert (stored.tenant, stored.requests_per_minute, stored.share_cache, stored.models) == ("acme", 5, True, ("@cf/x",))
+    assert secret not in (state / "kv.sqlite3").read_bytes().decode("latin-1")  # only the hash is stored
+    wrangler = next(line for line in made.stdout.splitlines() if "wrangler kv key put" in line)
+    assert f"access/keys/{key_id}" in wrangler and secret not in wrangler and stored.secret_sha256 in wrangler
+
+    listed = [json.loads(line) for line in keys(state, "list").stdout.splitlines()]
+    assert [k["key_id"] for k in listed] == [key_id] and "secret_sha256" not in listed[0]
+
+    rotated = keys(state, "rotate", key_id)
+    assert rotated.returncode == 0, rotated.stderr
+    new_id, _ = parse_api_key(next(line for line in rotated.stdout.splitlines() if line.startswith("el-")))  # type: ignore[misc]
+    assert record(state, key_id).revoked is not None and record(state, new_id).tenant == "acme"
+
+    assert keys(state, "revoke", new_id).returncode == 0
+    assert record(state, new_id).revoked is not None
+    missing = keys(state, "revoke", "nosuchkey000")
+    assert missing.returncode == 1 and "no key" in missing.stderr
+    bad = keys(state, "create", "--tenant", "_shared")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

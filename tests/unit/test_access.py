@@ -1,0 +1,97 @@
+"""Access in the core: rate windows on an injected clock, the rate-limit binding, tenancy of keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import replace
+
+import pytest
+
+from edgellm.access.guard import SHARED_TENANT, Principal
+from edgellm.access.keys import KeyRecord, KeyRing, new_key, parse_api_key
+from edgellm.access.ratelimit import take_request
+from edgellm.app import handle
+from edgellm.cache.key import CacheScope, build_custom_key
+from edgellm.config import Config
+from edgellm.errors import GatewayError
+from edgellm.http import Request
+from edgellm.ports import Deps
+from edgellm.state import AccessState
+from edgellm_local.kv import SqliteKV
+from tests.support.fake_ai import ScriptedAI
+
+
+def test_request_window_refuses_then_recovers_on_the_clock(clock) -> None:
+    state = AccessState()
+    for _ in range(2):
+        take_request(state, "k", 2, clock.now())
+    with pytest.raises(GatewayError) as refused:
+        take_request(state, "k", 2, clock.now())
+    assert refused.value.status == 429 and refused.value.retry_after == 60
+    clock.advance(59)
+    with pytest.raises(GatewayError) as still:
+        take_request(state, "k", 2, clock.now())
+    assert still.value.retry_after == 1
+    clock.advance(1)
+    take_request(state, "k", 2, clock.now())  # a new window
+    take_request(state, "other", 2, clock.now())  # keys never share a window
+
+
+def test_key_format_and_records() -> None:
+    made = new_key("acme", 0.0)
+    key_id, secret = parse_api_key(made.api_key)  # type: ignore[misc]
+    assert made.record.key_id == key_id and made.record.matches(secret) and not made.record.matches(secret + "x")
+    assert secret not in made.record.encode().decode()
+    assert KeyRecord.decode(made.record.encode()) == made.record
+    for bad in ("", "el-short.x", "Bearer el-abc", made.api_key + "\n"):
+        assert parse_api_key(bad) is None
+    for tenant in (SHARED_TENANT, "", "a/b", "x" * 65):
+        with pytest.raises(ValueError):
+            new_key(tenant, 0.0)
+
+
+def test_custom_keys_and_flights_never_cross_tenants() -> None:
+    alice, bob = (Principal(t, "k" + t, new_key(t, 0).record) for t in ("alice", "bob"))
+    keys = {p.tenant: build_custom_key("faq", CacheScope(p.cache_tenant, "default")) for p in (alice, bob)}
+    assert keys["alice"].kv_key != keys["bob"].kv_key and keys["alice"].digest != keys["bob"].digest
+    sharing = [Principal(t, "k", replace(new_key(t, 0).record, share_cache=True)) for t in ("s1", "s2")]
+    assert {p.cache_tenant for p in sharing} == {SHARED_TENANT}
+
+
+async def test_the_rate_limit_binding_refusing_is_a_429(clock) -> None:
+    class Refusing:
+        async def limit(self, key: str) -> bool:
+            return False
+
+    kv = SqliteKV(clock=clock)
+    made = new_key("acme", clock.now(), requests_per_minute=0)
+    await KeyRing(kv).put(made.record)
+    deps = Deps(config=Config(), ai=ScriptedAI(), kv=kv, clock=clock, log=logging.getLogger("edgellm.test"), rate_limiter=Refusing())
+    request = Request("POST", "http://edge.test/v1/completions", {"authorization": f"Bearer {made.api_key}"}, json.dumps({"prompt": "x"}).encode())
+    response = await handle(request, deps)
+    assert response.status == 429 and response.headers["retry-after"] == "60"
+    assert json.loads(response.body)["error"]["type"] == "rate_limit_error"
+    open_deps = replace(deps, config=Config(open_access=True))
+    no_key = Request("POST", "http://edge.test/v1/completions", {}, json.dumps({"prompt": "x"}).encode())
+    assert (await handle(no_key, open_deps)).status == 200  # open mode: no key, no per-key limit
+    assert (await handle(replace(no_key, principal=None), deps)).status == 401
+
+
+async def test_open_mode_ignores_a_foreign_api_key_but_not_a_bad_edgellm_key(clock) -> None:
+    """SDKs must send some api_key: in open mode a value that is no EdgeLLM key is no key, while
+    an `el-` key that is malformed, unknown or revoked is refused in every mode."""
+    kv = SqliteKV(clock=clock)
+    made = new_key("acme", clock.now())
+    await KeyRing(kv).put(replace(made.record, revoked=clock.now()))
+    open_deps = Deps(config=Config(open_access=True), ai=ScriptedAI(), kv=kv, clock=clock, log=logging.getLogger("edgellm.test"))
+    keyed_deps = replace(open_deps, config=Config())
+
+    def call(key: str) -> Request:
+        return Request("POST", "http://edge.test/v1/completions", {"authorization": f"Bearer {key}"}, json.dumps({"prompt": "x"}).encode())
+
+    assert (await handle(call("sk-unused-locally"), open_deps)).status == 200
+    assert (await handle(call("sk-unused-locally"), keyed_deps)).status == 401
+    for bad in (made.api_key, "el-short", "el-abcdefghijkl." + "x" * 30):
+        assert (await handle(call(bad), open_deps)).status == 401, bad

@@ -304,12 +304,86 @@ class JsR2Bucket:
                                      delimitedPrefixes=list(page.get("delimitedPrefixes", [])), cursor=page.get("cursor"))
 
 
+@dataclass
+class FakeHeaders:
+    values: dict[str, str]
+
+    def entries(self) -> list[list[str]]:
+        return [[k, v] for k, v in self.values.items()]
+
+    def get(self, name: str) -> Any:
+        return self.values.get(name.lower(), jsnull)
+
+
+@dataclass
+class FakeRequest:
+    url: str
+    headers: dict[str, str]
+
+    @classmethod
+    def new(cls, url: str, init: Any = None) -> "FakeRequest":
+        headers = to_plain(require_js_object(init)).get("headers") or {} if init is not None else {}
+        return cls(url, {k.lower(): v for k, v in headers.items()})
+
+
+@dataclass
+class FakeJsResponse:
+    body: Any
+    status: int
+    headers: FakeHeaders
+
+    @classmethod
+    def new(cls, body: Any, init: Any) -> "FakeJsResponse":
+        opts = to_plain(require_js_object(init))
+        return cls(body, int(opts.get("status", 200)), FakeHeaders({k.lower(): v for k, v in (opts.get("headers") or {}).items()}))
+
+
+class FakeCacheStorage:
+    """`caches`: `open(name)` gives a cache answering as the Cache API does, kept by the local
+    edge's `MemoryEdgeCache` (a whole 200 stored, a Range answered with a 206 from it)."""
+
+    def __init__(self) -> None:
+        from edgellm_local.edge_cache import MemoryEdgeCache
+
+        self.caches: dict[str, Any] = {}
+        self._new = MemoryEdgeCache
+
+    async def open(self, name: str) -> "FakeCache":
+        return FakeCache(self.caches.setdefault(name, self._new()))
+
+
+@dataclass
+class FakeCache:
+    store: Any
+
+    async def match(self, request: FakeRequest) -> Any:
+        hit = await self.store.match(request.url, request.headers)
+        if hit is None:
+            return None  # JS undefined
+        return FakeJsResponse(FakeReadableStream(hit.body), hit.status, FakeHeaders(hit.headers))
+
+    async def put(self, url: str, response: FakeJsResponse) -> None:
+        reader = response.body.getReader()
+
+        async def chunks() -> Any:
+            while not (result := await reader.read()).done:
+                yield result.value.to_bytes()
+
+        try:
+            await self.store.put(url, response.status, response.headers.values, chunks())
+        except ValueError as exc:
+            raise JsException(f"TypeError: {exc}") from exc
+
+
 @contextmanager
 def installed() -> Iterator[types.SimpleNamespace]:
     """Install the fake modules into sys.modules for the duration of a test."""
     js = types.ModuleType("js")
     js.Object = types.SimpleNamespace(fromEntries=_from_entries, entries=_entries)  # type: ignore[attr-defined]
     js.Date = FakeDate  # type: ignore[attr-defined]
+    js.caches = FakeCacheStorage()  # type: ignore[attr-defined]
+    js.Request = FakeRequest  # type: ignore[attr-defined]
+    js.Response = FakeJsResponse  # type: ignore[attr-defined]
     js.ReadableStream = FakeReadableStream  # type: ignore[attr-defined]
     js.null = jsnull  # type: ignore[attr-defined]
     pyodide = types.ModuleType("pyodide")

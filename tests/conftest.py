@@ -4,6 +4,7 @@ for local edges (a real uvicorn server on 127.0.0.1) with injectable bindings.""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -91,3 +92,48 @@ def start_edge(make_deps: Callable[..., Deps]) -> Iterator[Callable[..., EdgeSer
 @pytest.fixture
 def edge(start_edge: Callable[..., EdgeServer]) -> EdgeServer:
     return start_edge()
+
+
+# --- the edge suite against any base URL -------------------------------------------------------
+
+BASE_URL_ENV = "EDGELLM_TEST_BASE_URL"
+# Fixtures that reach into the local edge (its bindings, its model, a server built around
+# injected Deps): a test needing any of them runs only against a local edge.
+LOCAL_ONLY_FIXTURES = frozenset({"start_edge", "make_deps", "tiny_runner", "tiny_model", "smollm2_runner", "edge"})
+
+
+def target_base_url() -> str | None:
+    """`EDGELLM_TEST_BASE_URL` (the Worker under `wrangler dev`, a deployment), or None: local."""
+    base = os.environ.get(BASE_URL_ENV, "").strip()
+    return base.rstrip("/") or None
+
+
+def target_headers(**overrides: Any) -> dict[str, str]:
+    """Headers that make a remote target behave like the local edge `overrides` describe: a
+    local edge without the cache (`kv=None`) is a deployment asked to skip it."""
+    if target_base_url() is not None and "kv" in overrides and overrides["kv"] is None:
+        return {"cf-aig-skip-cache": "true"}
+    return {}
+
+
+@pytest.fixture
+def edge_url(request: pytest.FixtureRequest) -> Callable[..., str]:
+    """The base URL an HTTP-only test talks to: `EDGELLM_TEST_BASE_URL` when set, else a fresh
+    local edge (`start_edge(**overrides)`; the overrides only shape the local one)."""
+
+    def url(**overrides: Any) -> str:
+        return target_base_url() or request.getfixturevalue("start_edge")(**overrides).url
+
+    return url
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if target_base_url() is None:
+        return
+    for item in items:
+        if "tests/edge/" not in item.nodeid.replace("\\", "/"):
+            continue
+        needs = sorted(LOCAL_ONLY_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if needs or item.get_closest_marker("local_edge"):
+            why = ", ".join(needs) or "the local edge's internals"
+            item.add_marker(pytest.mark.skip(reason=f"runs only against a local edge (needs {why}); {BASE_URL_ENV} is set"))

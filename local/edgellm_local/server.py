@@ -79,7 +79,7 @@ class EdgeApp:
                 if message["type"] == "lifespan.startup":
                     loop = type(asyncio.get_running_loop())
                     # the isolating loop (isolation.py) and the engine under it: uvloop's or asyncio's
-                    engine = next(c for c in loop.__mro__ if c.__module__.split(".")[0] in ("uvloop", "asyncio"))
+                    engine = next((c for c in loop.__mro__ if c.__module__.split(".")[0] in ("uvloop", "asyncio")), loop)
                     self.deps.log.info("serving on the %s.%s event loop, on %s.%s", loop.__module__, loop.__qualname__,
                                        engine.__module__, engine.__qualname__)
                     await send({"type": "lifespan.startup.complete"})

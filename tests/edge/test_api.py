@@ -21,6 +21,7 @@ from edgellm.config import Config
 from edgellm.ports import BindingError, CapacityExceeded
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.server import EdgeServer
+from tests.conftest import target_headers
 from tests.support.fake_ai import FailingAI, RetiringAI
 
 PRIMARY = "@cf/meta/llama-2-7b-chat-int8"
@@ -33,9 +34,9 @@ def chat_body(content: str = "Hello there", **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def api(start_edge: Callable[..., EdgeServer]) -> Iterator[httpx.Client]:
-    server = start_edge(kv=None)
-    with httpx.Client(base_url=server.url, timeout=30) as client:
+def api(edge_url: Callable[..., str]) -> Iterator[httpx.Client]:
+    """The edge under test: a local one without the cache, or `EDGELLM_TEST_BASE_URL`."""
+    with httpx.Client(base_url=edge_url(kv=None), headers=target_headers(kv=None), timeout=30) as client:
         yield client
 
 
@@ -52,7 +53,7 @@ def stream(client: httpx.Client, path: str, body: dict[str, Any]) -> tuple[int, 
     with client.stream("POST", path, json=body) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
-        chunks = list(response.iter_raw())
+        chunks = list(response.iter_bytes())  # decoded: a platform edge gzips text, flushing each chunk
     return len(chunks), chunks, sse(b"".join(chunks).decode())
 
 

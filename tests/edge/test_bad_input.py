@@ -14,6 +14,7 @@ from edgellm.config import MAX_BODY_BYTES, Config
 from edgellm.ports import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.server import EdgeApp, EdgeServer
+from tests.conftest import target_base_url
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -95,10 +96,17 @@ def case_id(case: Case) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(tiny_runner: LlamaCppRunner) -> Iterator[httpx.Client]:
-    """One server for the whole table: every request is rejected before (or at) the model."""
+def client(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    """One server for the whole table: every request is rejected before (or at) the model
+    (`EDGELLM_TEST_BASE_URL` when set)."""
+    base = target_base_url()
+    if base is not None:
+        with httpx.Client(base_url=base, timeout=30) as http:
+            yield http
+        return
     config = Config(open_access=True)
-    deps = Deps(config=config, ai=LlamaCppAI.for_config(config, tiny_runner), log=logging.getLogger("edgellm.test"))
+    runner: LlamaCppRunner = request.getfixturevalue("tiny_runner")
+    deps = Deps(config=config, ai=LlamaCppAI.for_config(config, runner), log=logging.getLogger("edgellm.test"))
     with EdgeServer(EdgeApp(deps)) as server, httpx.Client(base_url=server.url, timeout=30) as http:
         yield http
 

@@ -24,11 +24,10 @@ ADMIN = {"authorization": f"Bearer {TOKEN}"}
 
 @dataclass
 class CountingAI:
-    """Wraps the real local binding to count generations (and optionally slow their start,
-    so that concurrent requests really overlap)."""
+    """Wraps the real local binding to count generations (tests that need requests to overlap
+    use `GatedAI`, which waits at a gate the test opens, never a sleep)."""
 
     inner: Any
-    start_delay: float = 0.0
     calls: int = 0
 
     def describe(self, model: str) -> Any:
@@ -36,12 +35,10 @@ class CountingAI:
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
         self.calls += 1
-        await asyncio.sleep(self.start_delay)
         return await self.inner.run(model, inputs)
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         self.calls += 1
-        await asyncio.sleep(self.start_delay)
         return await self.inner.stream(model, inputs)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from edgellm.ports import CapacityExceeded
 from edgellm_local.server import EdgeServer
+from tests.conftest import target_headers
 from tests.support.fake_ai import FailingAI
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"
@@ -16,9 +17,8 @@ MESSAGES = [{"role": "user", "content": "Say hello"}]
 
 
 @pytest.fixture
-def client(start_edge: Callable[..., EdgeServer]) -> Iterator[openai.OpenAI]:
-    server = start_edge(kv=None)
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused-locally", max_retries=0, timeout=30) as sdk:
+def client(edge_url: Callable[..., str]) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{edge_url(kv=None)}/v1", default_headers=target_headers(kv=None), api_key="unused-locally", max_retries=0, timeout=30) as sdk:
         yield sdk
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -329,3 +331,43 @@ def test_a_session_keeps_to_one_origin_replica_and_its_warm_slot(routed: Callabl
             messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
     assert all(len(names) == 1 for names in picked.values()), picked  # pinned
     assert len(set().union(*picked.values())) > 1, picked  # and spread
+
+
+def test_identical_requests_share_one_routed_generation_stitched_answers_included(routed: Callable[..., Any], origin: OriginProcess) -> None:
+    """Coalescing composes with routing: a second identical stream joins the Flight object's
+    generation while the edge is stalled; the origin continues once for both; both streams say
+    `edge,origin` at their end; the stitched answer is written by nobody."""
+    client, faulty, deps = routed(FaultPlan(stall=1.0, after=4), kv=True, EDGE_STALL_MS="4000")
+    body = chat("Tell me about lighthouses")
+    before = len(origin.generation_requests())
+    results: list[tuple[httpx.Response, str, list[dict[str, Any]]]] = []
+    first_token = threading.Event()
+
+    def leader() -> None:
+        events: list[dict[str, Any]] = []
+        with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+                    first_token.set()
+        text = "".join((e["choices"][0]["delta"].get("content") or "") for e in events if e.get("choices"))
+        results.append((response, text, events))
+
+    thread = threading.Thread(target=leader)
+    thread.start()
+    assert first_token.wait(60)  # the flight is running (and will stall after 4 tokens)
+    joiner = threading.Thread(target=lambda: results.append(stream_text(client, body)))
+    joiner.start()
+    deadline = time.monotonic() + 60
+    while deps.state.cache.coalesced < 1 and time.monotonic() < deadline:
+        threading.Event().wait(0.01)  # the joiner is counted when the object answers it
+    thread.join(60)
+    joiner.join(60)
+    assert deps.state.cache.coalesced == 1 and faulty.calls == 1  # one edge generation for both
+    assert len(origin.generation_requests()) == before + 1  # one continuation for both
+    (_, text_a, events_a), (_, text_b, events_b) = results
+    assert text_a == text_b and text_a
+    assert events_a[-1]["edgellm_route"] == events_b[-1]["edgellm_route"] == "edge,origin; reason=stall"
+    faulty.plan = FaultPlan()
+    again = client.post("/v1/chat/completions", json=body)
+    assert again.headers["cf-aig-cache-status"] == "MISS"  # the flight wrote nothing

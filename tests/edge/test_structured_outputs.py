@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from edgellm.config import Config
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, default_model_path
 from edgellm_local.server import EdgeServer
+from tests.conftest import target_headers
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -34,19 +35,20 @@ class Weather(BaseModel):
     unit: Literal["C", "F"]
 
 
-def sdk(server: EdgeServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused-locally", max_retries=0, timeout=60)
+def sdk(server: EdgeServer | str, headers: dict[str, str] | None = None) -> openai.OpenAI:
+    url = server if isinstance(server, str) else server.url
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused-locally", max_retries=0, timeout=60, default_headers=headers)
 
 
 @pytest.fixture
-def client(start_edge: Callable[..., EdgeServer]) -> Iterator[openai.OpenAI]:
-    with sdk(start_edge(kv=None)) as client:
+def client(edge_url: Callable[..., str]) -> Iterator[openai.OpenAI]:
+    with sdk(edge_url(kv=None), target_headers(kv=None)) as client:
         yield client
 
 
 @pytest.fixture
-def cached(start_edge: Callable[..., EdgeServer]) -> Iterator[openai.OpenAI]:
-    with sdk(start_edge()) as client:
+def cached(edge_url: Callable[..., str]) -> Iterator[openai.OpenAI]:
+    with sdk(edge_url()) as client:
         yield client
 
 
@@ -229,6 +231,7 @@ def hit(client: openai.OpenAI, **request: Any) -> tuple[Any, Any]:
     return first.parse(), again.parse()
 
 
+@pytest.mark.local_edge  # a first MISS needs a fresh cache; a long-lived deployment's already holds these answers
 def test_a_tool_call_answer_replays_from_the_cache_as_tool_calls(cached: openai.OpenAI) -> None:
     request = dict(model=MODEL, messages=ASK, tools=[WEATHER_TOOL], tool_choice="required", temperature=0, max_tokens=120)
     first, again = hit(cached, **request)
@@ -243,6 +246,7 @@ def test_a_tool_call_answer_replays_from_the_cache_as_tool_calls(cached: openai.
         (c.id, c.function.name, c.function.arguments) for c in first.choices[0].message.tool_calls]
 
 
+@pytest.mark.local_edge  # a first MISS needs a fresh cache; a long-lived deployment's already holds these answers
 def test_the_tool_fields_are_part_of_the_key(cached: openai.OpenAI) -> None:
     base = dict(model=MODEL, messages=ASK, temperature=0, max_tokens=60)
     hit(cached, **base, tools=[WEATHER_TOOL], tool_choice="required")
@@ -254,6 +258,7 @@ def test_the_tool_fields_are_part_of_the_key(cached: openai.OpenAI) -> None:
         assert response.headers["cf-aig-cache-status"] == "MISS", variant
 
 
+@pytest.mark.local_edge  # a first MISS needs a fresh cache; a long-lived deployment's already holds these answers
 def test_structured_and_logprobs_answers_replay_from_the_cache(cached: openai.OpenAI) -> None:
     first, again = hit(cached, model=MODEL, messages=ASK, temperature=0, max_tokens=200,
                        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": Weather.model_json_schema()}})

@@ -125,3 +125,26 @@ def test_a_binding_stream_read_by_another_request_fails(tiny_runner) -> None:
         await serving(a, close())  # its own request may close it
 
     isolation.run(main())
+
+
+@pytest.mark.parametrize("factory", [isolation.new_event_loop, isolation.new_uvloop], ids=["asyncio", "uvloop"])
+def test_both_server_loops_isolate_requests(factory: Any) -> None:
+    """`edgellm dev` serves on uvloop (the benchmark baseline on asyncio's loop): sharing an
+    event between two requests fails on either, the way workerd fails it."""
+
+    async def main() -> None:
+        shared = asyncio.Event()
+
+        async def waiter() -> None:
+            await shared.wait()
+
+        a = in_request("A", waiter())
+        await asyncio.sleep(0)
+        b = in_request("B", waiter())
+        with request_context("C"):
+            shared.set()
+        results = await asyncio.gather(a, b, return_exceptions=True)
+        assert any(isinstance(r, CrossRequestIOError) for r in results), results
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())

@@ -1,6 +1,11 @@
 """SqliteKV against Workers KV's real limits, so code that passes locally does not fail on
 Cloudflare: key <= 512 bytes, value <= 25 MiB, metadata <= 1024 bytes, TTL >= 60 s, an absolute
-expiration >= 60 s ahead, list by prefix with cursor and limit, expiry, persistence."""
+expiration >= 60 s ahead, list by prefix with cursor and limit, expiry, persistence.
+
+Each promise is also held through the Workers adapter (`WorkersKV`) on the stand-in Pyodide
+runtime, over a JS-shaped binding kept by the same local store: options become JS objects,
+values `Uint8Array`s, misses `jsnull`, and KV's refusals `JsException`s the adapter must turn
+back into the port's errors (`KVLimitError`, `KVRateLimited`) by their message alone."""
 
 from __future__ import annotations
 
@@ -12,14 +17,21 @@ import pytest
 from edgellm.ports import KVEntry, KVLimitError, KVRateLimited, KVStore
 from edgellm_local.kv import SqliteKV
 from tests.conftest import ManualClock
+from tests.support import fake_pyodide as fp
 
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["memory", "file", "workers"])
 def kv(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> Iterator[SqliteKV]:
-    store = SqliteKV(":memory:" if request.param == "memory" else tmp_path / "state" / "kv.sqlite3", clock=clock)
-    yield store
+    store = SqliteKV(":memory:" if request.param != "file" else tmp_path / "state" / "kv.sqlite3", clock=clock)
+    if request.param == "workers":
+        with fp.installed():
+            from edgellm.runtime.pyodide import WorkersKV
+
+            yield WorkersKV(fp.JsKVNamespace(store))  # type: ignore[misc]
+    else:
+        yield store
     store.close()
 
 

@@ -414,3 +414,40 @@ async def test_request_cf_country_and_continent_reach_the_core(adapter) -> None:
     request = SimpleNamespace(method="GET", url="https://x/healthz", headers={}, cf=SimpleNamespace(country="DE", continent="EU"))
     core = await adapter.pyodide.to_core_request(request, 1024)
     assert core.cf == {"country": "DE", "continent": "EU"}
+
+
+class CountingBucket(fp.JsR2Bucket):
+    gets = 0
+
+    async def get(self, key: str, options: Any) -> Any:
+        self.gets += 1
+        return await super().get(key, options)
+
+
+async def test_r2_behind_the_cache_api_through_the_workers_adapters(adapter, tmp_path) -> None:
+    """CachedBlobStore over WorkersR2 and WorkersEdgeCache: the first pinned read is copied into
+    the Cache API (through a JS Response over the copy's stream), the next ones, ranges included,
+    never reach the bucket."""
+    from edgellm.artifacts.cached_store import CachedBlobStore
+    from edgellm.ports import R2Conditional
+    from edgellm_local.r2 import FileR2
+    from tests.conftest import ManualClock
+
+    data = bytes(range(256)) * 32
+    bucket = CountingBucket(FileR2(tmp_path / "bucket", clock=ManualClock(), chunk_size=1000))
+    copies: list[asyncio.Future[Any]] = []
+    store = CachedBlobStore(adapter.r2.WorkersR2(bucket), adapter.r2.WorkersEdgeCache(),
+                            wait_until=lambda aw: copies.append(asyncio.ensure_future(aw)))
+    put = await store.put("models/m/blobs/a", data)
+    pinned = R2Conditional(etag_matches=put.http_etag)
+
+    async def read(**kwargs: Any) -> Any:
+        obj = await store.get("models/m/blobs/a", only_if=pinned, **kwargs)
+        return obj, b"".join([chunk async for chunk in obj.body])
+
+    assert (await read())[1] == data
+    await asyncio.gather(*copies)
+    obj, whole = await read()
+    part, piece = await read(range=R2Range(offset=100, length=50))
+    assert whole == data and piece == data[100:150] and part.range == (100, 50)
+    assert obj.etag == put.etag and bucket.gets == 1

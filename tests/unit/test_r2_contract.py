@@ -1,8 +1,10 @@
 """The `BlobStore` contract, run against every implementation that can run here.
 
-A new implementation joins by adding a factory to `IMPLEMENTATIONS`; the Workers one is held
-to the same behaviour by reading the runtime facts these tests encode (a failed `only_if`
-returns metadata without a body, a miss is None, ranges and suffixes as R2 serves them).
+A new implementation joins by adding a factory to `IMPLEMENTATIONS`. The Workers adapter
+(`WorkersR2`) runs on the stand-in Pyodide runtime over a JS-shaped bucket binding kept by the
+local `FileR2`: options go as JS objects (dates as `Date`s), objects come back with
+`uploaded.getTime()`, `checksums.toJSON()`, entries read with `Object.entries` and a body stream,
+a miss is `jsnull`, and R2's refusals are `JsException`s the adapter turns into `BindingError`s.
 """
 
 from __future__ import annotations
@@ -10,22 +12,35 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import pytest
 
 from edgellm.ports import BindingError, BlobStore, R2Conditional, R2Object, R2Range
 from edgellm_local.r2 import FileR2
 from tests.conftest import ManualClock
+from tests.support import fake_pyodide as fp
+
+
+def _workers(root: Path, clock: ManualClock) -> BlobStore:
+    from edgellm.runtime.pyodide_r2 import WorkersR2  # imported with the stand-in installed
+
+    return WorkersR2(fp.JsR2Bucket(FileR2(root, clock=clock, chunk_size=4096)))
+
 
 IMPLEMENTATIONS: dict[str, Callable[[Path, ManualClock], BlobStore]] = {
     "file": lambda root, clock: FileR2(root, clock=clock, chunk_size=4096),
+    "workers": _workers,
 }
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def store(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> BlobStore:
-    return IMPLEMENTATIONS[request.param](tmp_path / "bucket", clock)
+def store(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> Iterator[BlobStore]:
+    if request.param == "workers":
+        with fp.installed():
+            yield IMPLEMENTATIONS[request.param](tmp_path / "bucket", clock)
+    else:
+        yield IMPLEMENTATIONS[request.param](tmp_path / "bucket", clock)
 
 
 def run(coro: Any) -> Any:

@@ -166,10 +166,13 @@ class WorkersKV:
         metadata = None if is_missing(result.metadata) else result.metadata.to_py()
         return KVEntry(result.value.to_bytes(), metadata)
 
-    async def put(self, key: str, value: bytes, *, expiration_ttl: int | None = None, metadata: dict[str, Any] | None = None) -> None:
+    async def put(self, key: str, value: bytes, *, expiration_ttl: int | None = None, metadata: dict[str, Any] | None = None,
+                  expiration: float | None = None) -> None:
         options: dict[str, Any] = {}
         if expiration_ttl is not None:
             options["expirationTtl"] = expiration_ttl
+        if expiration is not None:  # an absolute time (seconds since the epoch), as KV takes it
+            options["expiration"] = int(expiration)
         if metadata is not None:
             options["metadata"] = metadata
         try:

@@ -88,9 +88,8 @@ def to_r2_object(obj: Any) -> R2Object:
 
 
 def _range_options(rng: R2Range) -> dict[str, int]:
-    if rng.suffix is not None:
-        return {"suffix": rng.suffix}
-    return {k: v for k, v in (("offset", rng.offset), ("length", rng.length)) if v is not None}
+    # every field given goes to R2, which refuses a suffix with an offset or length (never reshaped here)
+    return {k: v for k, v in (("offset", rng.offset), ("length", rng.length), ("suffix", rng.suffix)) if v is not None}
 
 
 def _only_if_options(cond: R2Conditional) -> dict[str, Any]:

@@ -41,7 +41,17 @@ node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js: | node_mod
 	  tar xzf huggingface-transformers-$(TRANSFORMERS_JS).tgz -C $(TRANSFORMERS_JS) --strip-components=1 package/LICENSE && \
 	  rm huggingface-transformers-$(TRANSFORMERS_JS).tgz
 
-setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js
+# The Vercel AI SDK (its default `openai(model)` provider speaks the Responses API) for the test
+# that holds the edge to it (tests/edge/test_vercel_ai_sdk.py); in a prefix of its own, so the
+# project's package.json and lock file stay as they are.
+AI_SDK := 7.0.173
+AI_SDK_OPENAI := 4.0.118
+node_modules/.ai-sdk/.installed: Makefile | node_modules/.installed
+	rm -rf node_modules/.ai-sdk && mkdir -p node_modules/.ai-sdk && echo '{"private": true}' > node_modules/.ai-sdk/package.json
+	npm install --prefix node_modules/.ai-sdk --no-audit --no-fund --silent --no-package-lock ai@$(AI_SDK) @ai-sdk/openai@$(AI_SDK_OPENAI)
+	touch $@
+
+setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js node_modules/.ai-sdk/.installed
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }

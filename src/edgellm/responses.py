@@ -1,10 +1,11 @@
 """The OpenAI Responses wire format: request parsing into Workers AI terms, and rendering of a
 `Generation` as a Response object or as the Responses event stream.
 
-Only text generation is served. Every field the API defines is either honoured, accepted when
-it asks for nothing beyond text (`tools: []`, `text.format.type: "text"`, `truncation:
-"disabled"`...), or refused with a 400 naming it: a client asking for tools or files must know
-it did not get them. Defaults are the edge's (Workers AI's): temperature 0.6, 256 output tokens.
+Text generation is served, and structured outputs (`text.format` of type `json_object` or
+`json_schema`, through the same `response_format` machinery as chat, so only where the model can
+honour it). Every other field the API defines is either honoured, accepted when it asks for
+nothing beyond that (`tools: []`, `truncation: "disabled"`...), or refused with a 400 naming it:
+a client asking for tools or files must know it did not get them. Defaults are the edge's (Workers AI's): temperature 0.6, 256 output tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .conversations import StoredResponse
 from .errors import GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token, Usage
 from .openai import new_id, resolve_model
+from .structured import parse_response_format
 from .validation import as_bool, as_int, as_str
 from .workers_ai import validate_messages, validate_sampling
 
@@ -33,7 +35,7 @@ _ACCEPTED = ("user", "safety_identifier", "service_tier", "stream_options", "tru
 _REFUSED = {
     "tools": "tools are not supported by this gateway (text generation only)",
     "tool_choice": "tool_choice is not supported by this gateway (text generation only)",
-    "text": "only plain text output ('text.format.type': 'text') is supported",
+    "text": "'text' takes 'format' (text, json_object or json_schema) and 'verbosity'",
     "include": "'include' is not supported (no tool or reasoning output exists here)",
     "reasoning": "reasoning options are not supported by these models",
     "background": "background responses are not supported",
@@ -51,9 +53,8 @@ def _neutral(name: str, value: Any) -> bool:
         return value == []
     if name == "tool_choice":
         return value in ("auto", "none")
-    if name == "text":
-        fmt = value.get("format") if isinstance(value, dict) else None
-        return isinstance(value, dict) and (fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"))
+    if name == "text":  # its format is parsed by _text_format
+        return isinstance(value, dict) and set(value) <= {"format", "verbosity"} and value.get("verbosity") in (None, "medium")
     if name == "include":
         return value == []
     if name == "reasoning":
@@ -83,13 +84,39 @@ class ResponsesRequest:
     max_output_tokens: int | None
     prompt_cache_key: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    text_format: dict[str, Any] | None = None  # `text.format` as sent (json_object / json_schema), echoed back
+    response_format: dict[str, Any] | None = None  # the same in Workers AI terms, for the generation
 
     def generation_request(self, history: list[dict[str, str]], session: str | None) -> GenerationRequest:
         """The whole conversation as chat messages: this turn's instructions (they are not
         inherited, as in OpenAI's API), the stored history, then this turn's input."""
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
         messages = [*system, *history, *self.input]
-        return GenerationRequest(self.model, {"messages": messages, **self.sampling}, stream=self.stream, session=session)
+        inputs: dict[str, Any] = {"messages": messages, **self.sampling}
+        if self.response_format is not None:
+            inputs["response_format"] = self.response_format
+        return GenerationRequest(self.model, inputs, stream=self.stream, session=session)
+
+
+def _text_format(value: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """`text.format` -> (the format to echo, Workers AI's `response_format`); (None, None) for text.
+    The Responses API flattens chat's `json_schema` object into the format itself."""
+    fmt = value.get("format") if isinstance(value, dict) else None
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None, None
+    if not isinstance(fmt, dict):
+        raise invalid("'text.format' must be an object.", "text.format", "invalid_type")
+    kind = fmt.get("type")
+    if kind == "json_schema":
+        as_chat = {"type": kind, "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}}
+    else:
+        as_chat = {"type": kind}
+    try:
+        converted = parse_response_format(as_chat, openai_shape=True)
+    except GatewayError as exc:  # the chat parser names chat's field; this request has another
+        raise invalid(exc.message.replace("response_format.json_schema", "text.format").replace("response_format", "text.format"),
+                      "text.format", exc.code or "invalid_value") from exc
+    return dict(fmt), converted
 
 
 def _content(value: Any, where: str) -> str:
@@ -156,6 +183,7 @@ def parse_request(body: Any, config: Config) -> ResponsesRequest:
     if not isinstance(metadata, dict) or len(metadata) > 16 or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()):
         raise invalid("'metadata' must be an object of at most 16 string pairs (keys <= 64, values <= 512 characters).", "metadata")
     previous = as_str(body, "previous_response_id", allow_empty=False)
+    text_format, response_format = _text_format(body.get("text"))
     store = as_bool(body, "store")
     return ResponsesRequest(
         model=model,
@@ -168,6 +196,8 @@ def parse_request(body: Any, config: Config) -> ResponsesRequest:
         max_output_tokens=max_output,
         prompt_cache_key=as_str(body, "prompt_cache_key", allow_empty=False),
         metadata=dict(metadata),
+        text_format=text_format,
+        response_format=response_format,
     )
 
 
@@ -225,7 +255,7 @@ def response_object(meta: ResponseMeta, model: str, *, status: str, text: str | 
         "reasoning": {"effort": None, "summary": None},
         "store": request.store,
         "temperature": request.sampling.get("temperature"),
-        "text": {"format": {"type": "text"}},
+        "text": {"format": request.text_format or {"type": "text"}},
         "tool_choice": "auto",
         "tools": [],
         "top_p": request.sampling.get("top_p", 1.0),
@@ -247,7 +277,8 @@ def stored_record(meta: ResponseMeta, model: str, text: str, finish: Finish) -> 
         instructions=request.instructions, input=request.input, output_text=text, status=status_of(finish),
         usage=finish.usage.to_json(),
         params={"temperature": request.sampling.get("temperature"), "top_p": request.sampling.get("top_p"),
-                "max_output_tokens": request.max_output_tokens, "metadata": request.metadata, "store": True},
+                "max_output_tokens": request.max_output_tokens, "metadata": request.metadata, "store": True,
+                **({"text_format": request.text_format} if request.text_format else {})},
     )
 
 
@@ -258,6 +289,7 @@ def render_stored(record: StoredResponse) -> dict[str, Any]:
         previous_response_id=record.previous_response_id, store=True, stream=False,
         sampling={k: params[k] for k in ("temperature", "top_p") if params.get(k) is not None},
         max_output_tokens=params.get("max_output_tokens"), metadata=params.get("metadata") or {},
+        text_format=params.get("text_format"),
     )
     meta = ResponseMeta(record.id, record.created_at, request, message_id=message_id_of(record.id))
     return response_object(meta, record.model, status=record.status, text=record.output_text, usage=Usage.from_json(record.usage))

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import responses
-from .api import generation_headers
+from .api import enforce_capabilities, generation_headers
 from .cache.service import cached_generation
 from .conversations import ConversationStore, conversation_of, new_conversation_id, new_response_id, not_found
+from .errors import GatewayError, invalid
 from .generation import Finish
 from .http import Request, Response, json_response
 from .ports import Deps
@@ -43,6 +44,10 @@ async def create_response(request: Request, deps: Deps) -> Response:
     if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
         parsed = replace(parsed, store=False)
     gen_request = parsed.generation_request(history, session or conversation)
+    try:  # text.format: only where the model can honour it, as for chat
+        enforce_capabilities(deps, gen_request)
+    except GatewayError as exc:
+        raise invalid(exc.message.replace("'response_format'", "'text.format'"), "text.format", exc.code) from exc
     response_id = new_response_id(conversation)
     meta = responses.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=responses.message_id_of(response_id))
     generation = await cached_generation(deps, request, gen_request)

@@ -13,7 +13,7 @@ from edgellm.errors import GatewayError
 from edgellm.generation import Finish, Token, Usage
 from edgellm.inference import binding_error
 from edgellm.ports import BindingError
-from edgellm.responses import ResponseMeta, parse_request, render_json, render_stream
+from edgellm.responses import ResponseMeta, parse_request, render_json, render_stream, response_object
 from edgellm.sse import SSEDecoder
 from tests.support.generations import scripted_generation
 
@@ -52,7 +52,10 @@ def test_message_items_with_text_parts_and_developer_role() -> None:
 @pytest.mark.parametrize("body,param,code", [
     ({"tools": [{"type": "function", "name": "f"}]}, "tools", "unsupported_parameter"),
     ({"tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text", "unsupported_parameter"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format", "invalid_value"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format", "invalid_value"),  # no name
+    ({"text": {"format": "json"}}, "text.format", "invalid_type"),
+    ({"text": {"verbosity": "high"}}, "text", "unsupported_parameter"),
     ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
     ({"background": True}, "background", "unsupported_parameter"),
     ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
@@ -176,3 +179,17 @@ async def test_a_failure_mid_stream_is_an_error_event_and_nothing_is_stored() ->
     name, data = events[-1]
     assert name == "error" and data["code"] == "upstream_error" and "reset" in data["message"]
     assert "response.completed" not in [n for n, _ in events] and stored == []
+
+
+def test_text_format_becomes_the_generations_response_format_and_is_echoed() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}
+    request = parse(text={"format": fmt})
+    inputs = request.generation_request([], None).inputs
+    assert inputs["response_format"] == {"type": "json_schema", "json_schema": schema}  # Workers AI's shape
+    meta = ResponseMeta("resp_x", 0, request)
+    assert response_object(meta, "m", status="completed", text="{}")["text"] == {"format": fmt}
+    assert parse(text={"format": {"type": "json_object"}}).generation_request([], None).inputs["response_format"] == {"type": "json_object"}
+    plain = parse(text={"format": {"type": "text"}})
+    assert "response_format" not in plain.generation_request([], None).inputs
+    assert response_object(ResponseMeta("resp_y", 0, plain), "m", status="completed")["text"] == {"format": {"type": "text"}}

@@ -176,15 +176,19 @@ def not_found(response_id: str) -> GatewayError:
 
 @dataclass(frozen=True)
 class ConversationStore:
-    """The stored responses, reached through one Durable Object per conversation."""
+    """One tenant's stored responses, reached through one Durable Object per conversation.
+
+    The object's name is `<tenant>/<conversation>`: a tenant reaching for another's response id
+    lands on an object that holds nothing, so scoping needs no check that could be forgotten."""
 
     namespace: DurableObjectNamespace
+    tenant: str = "default"
 
     async def _call(self, conversation: str, method: str, path: str, body: Any = None) -> Response:
         request = Request(method, _ORIGIN + path, {"content-type": "application/json"},
                           json_bytes(body) if body is not None else b"")
         try:
-            response = await self.namespace.get(conversation).fetch(request)
+            response = await self.namespace.get(f"{self.tenant}/{conversation}").fetch(request)
         except GatewayError:
             raise
         except Exception as exc:  # the object failed or could not be reached: a failing dependency

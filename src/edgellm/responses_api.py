@@ -11,27 +11,32 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import responses
+from . import access, responses
 from .api import enforce_capabilities, generation_headers
 from .cache.service import cached_generation
 from .conversations import ConversationStore, conversation_of, new_conversation_id, new_response_id, not_found
 from .errors import GatewayError, invalid
 from .generation import Finish
-from .http import Request, Response, json_response
+from .http import ClosingBody, Request, Response, json_response
 from .ports import Deps
-from .sessions import request_session
+from .sessions import request_session, tenant_session
 from .validation import read_json
 
 
-def conversation_store(deps: Deps) -> ConversationStore | None:
-    return ConversationStore(deps.conversations) if deps.conversations is not None else None
+def conversation_store(request: Request, deps: Deps) -> ConversationStore | None:
+    """The caller's tenant's conversations: another tenant's response ids are not found, even
+    when known (ids are unguessable, but they travel in logs and URLs)."""
+    if deps.conversations is None:
+        return None
+    principal = request.principal
+    return ConversationStore(deps.conversations, principal.tenant if principal is not None else deps.config.tenant)
 
 
 async def create_response(request: Request, deps: Deps) -> Response:
     body = read_json(request, deps.config.max_body_bytes)
     parsed = responses.parse_request(body, deps.config)
     session = request_session(request, body)
-    store = conversation_store(deps)
+    store = conversation_store(request, deps)
     history: list[dict[str, str]] = []
     if parsed.previous_response_id is not None:
         if store is None:
@@ -43,7 +48,8 @@ async def create_response(request: Request, deps: Deps) -> Response:
         conversation = new_conversation_id()
     if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
         parsed = replace(parsed, store=False)
-    gen_request = parsed.generation_request(history, session or conversation)
+    gen_request = parsed.generation_request(history, session or tenant_session(request, conversation))
+    await access.admit_generation(request, deps, gen_request)  # the key's models, limits and budget, as for chat
     try:  # text.format: only where the model can honour it, as for chat
         enforce_capabilities(deps, gen_request)
     except GatewayError as exc:
@@ -51,6 +57,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
     response_id = new_response_id(conversation)
     meta = responses.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=responses.message_id_of(response_id))
     generation = await cached_generation(deps, request, gen_request)
+    access.observe(request, generation)
 
     async def on_complete(text: str, finish: Finish) -> None:
         if parsed.store and store is not None:
@@ -59,13 +66,13 @@ async def create_response(request: Request, deps: Deps) -> Response:
     headers = generation_headers(generation)
     if parsed.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, responses.render_stream(generation, meta, on_complete))
+        return Response(200, headers, ClosingBody(responses.render_stream(generation, meta, on_complete), generation.events))
     return json_response(await responses.render_json(generation, meta, on_complete), headers=headers)
 
 
 async def get_response(request: Request, deps: Deps) -> Response:
     response_id = request.path_params["response_id"]
-    store = conversation_store(deps)
+    store = conversation_store(request, deps)
     if store is None:
         raise not_found(response_id)
     return json_response(responses.render_stored(await store.get(response_id)))
@@ -73,7 +80,7 @@ async def get_response(request: Request, deps: Deps) -> Response:
 
 async def delete_response(request: Request, deps: Deps) -> Response:
     response_id = request.path_params["response_id"]
-    store = conversation_store(deps)
+    store = conversation_store(request, deps)
     if store is None:
         raise not_found(response_id)
     await store.delete(response_id)

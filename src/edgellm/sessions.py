@@ -3,7 +3,10 @@
 A client names its session with `x-session-affinity` (the header Workers AI routes on for its
 prefix caching) or OpenAI's `prompt_cache_key`; a Responses conversation is its own session.
 The session only decides where the prompt is computed, never what is answered, so it is never
-part of the answer cache's key.
+part of the answer cache's key. It is scoped to the caller's tenant, though: a session decides
+whose cached prompt prefix a request lands on, and a tenant who could name another's session
+could time how much of its own prompt was already computed (the side channel of shared prompt
+caches, which providers close by scoping caches per organisation).
 """
 
 from __future__ import annotations
@@ -23,10 +26,21 @@ def _checked(value: Any, param: str) -> str:
     return value
 
 
+def tenant_session(request: Request, name: str) -> str:
+    """`name` as the caller's tenant sees it: a keyed tenant's sessions are `<tenant>:<name>`
+    (tenant names hold no ':'), so two tenants naming the same session never share a prompt
+    cache. Keyless callers (open mode) and the admin token keep the bare name."""
+    principal = request.principal
+    if principal is not None and getattr(principal, "record", None) is not None:
+        return f"{principal.tenant}:{name}"
+    return name
+
+
 def request_session(request: Request, body: Any) -> str | None:
-    """The session a request names: the header first, then the body's `prompt_cache_key`."""
+    """The session a request names (the header first, then the body's `prompt_cache_key`),
+    scoped to its tenant."""
     header = request.header(SESSION_HEADER)
     if header is not None:
-        return _checked(header.strip(), SESSION_HEADER)
+        return tenant_session(request, _checked(header.strip(), SESSION_HEADER))
     value = body.get("prompt_cache_key") if isinstance(body, dict) else None
-    return None if value is None else _checked(value, "prompt_cache_key")
+    return None if value is None else tenant_session(request, _checked(value, "prompt_cache_key"))

@@ -8,11 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import asyncio
+
 import httpx
 import openai
 import pytest
 from pydantic import BaseModel
 
+from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
 from edgellm.ports import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
@@ -37,7 +40,7 @@ def conversational(make_deps: Callable[..., Deps], pooled_runner: LlamaCppRunner
     """Deps of the local edge as `edgellm dev` builds them: a slot pool and conversation objects."""
 
     def make(config: Config | None = None, clock: Any = None, **overrides: Any) -> Deps:
-        config = config or Config()
+        config = config or Config(open_access=True)  # keys are tenant tests' own (below, and test_access.py)
         clock = clock or ManualClock()
         ai = LlamaCppAI.for_config(config, pooled_runner)
         ai.slots = SlotPool(pooled_runner)
@@ -150,7 +153,7 @@ def test_delete_removes_a_response(client: openai.OpenAI) -> None:
 
 def test_stored_responses_expire_after_the_ttl(start_edge: Callable[..., EdgeServer], conversational: Callable[..., Deps]) -> None:
     clock = ManualClock()
-    server = start_edge(conversational(config=Config(conversation_ttl=3600), clock=clock))
+    server = start_edge(conversational(config=Config(open_access=True, conversation_ttl=3600), clock=clock))
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as sdk:
         response = sdk.responses.create(model=MODEL, input="x", max_output_tokens=3, temperature=0)
         clock.advance(3599)
@@ -163,7 +166,7 @@ def test_stored_responses_expire_after_the_ttl(start_edge: Callable[..., EdgeSer
 
 
 def test_a_conversation_past_its_size_cap_is_a_400(start_edge: Callable[..., EdgeServer], conversational: Callable[..., Deps]) -> None:
-    server = start_edge(conversational(config=Config(conversation_max_bytes=3500)))
+    server = start_edge(conversational(config=Config(open_access=True, conversation_max_bytes=3500)))
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as sdk:
         bulky = {f"k{i}": "v" * 500 for i in range(4)}  # stored with the response, never seen by the model
         first = sdk.responses.create(model=MODEL, input="a", metadata=bulky, max_output_tokens=3, temperature=0)
@@ -210,7 +213,7 @@ def test_text_format_gives_json_of_the_schema_plain_streamed_and_parsed(client: 
 
 def test_text_format_is_refused_by_name_where_the_model_cannot_honour_it(start_edge: Callable[..., EdgeServer],
                                                                         conversational: Callable[..., Deps]) -> None:
-    server = start_edge(conversational(config=Config(model_capabilities={MODEL: []})))
+    server = start_edge(conversational(config=Config(open_access=True, model_capabilities={MODEL: []})))
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused-locally", max_retries=0) as sdk:
         with pytest.raises(openai.BadRequestError) as info:
             sdk.responses.create(model=MODEL, input="x", text={"format": {"type": "json_object"}})
@@ -259,3 +262,59 @@ def test_chat_completions_reuse_the_cache_through_a_session(client: openai.OpenA
                                            extra_body={"prompt_cache_key": "other"}, extra_headers=NO_CACHE)
     assert plain.usage is not None and plain.usage.prompt_tokens_details is not None
     assert plain.usage.prompt_tokens_details.cached_tokens == 0  # another session never reuses this one's cache
+
+
+def keyed_tenants(deps: Deps, *tenants: str, **limits: Any) -> dict[str, dict[str, str]]:
+    """A key per tenant in the edge's KV; the headers that present it."""
+    headers = {}
+    for tenant in tenants:
+        made = new_key(tenant, deps.clock.now(), **limits)
+        asyncio.run(KeyRing(deps.kv).put(made.record))
+        headers[tenant] = {"authorization": f"Bearer {made.api_key}"}
+    return headers
+
+
+def test_a_tenant_never_reads_continues_or_deletes_another_tenants_responses(start_edge: Callable[..., EdgeServer],
+                                                                              conversational: Callable[..., Deps]) -> None:
+    deps = conversational(Config())  # keys required
+    keys = keyed_tenants(deps, "alice", "bob")
+    server = start_edge(deps)
+    url = f"{server.url}/v1/responses"
+    body = {"model": MODEL, "input": "Alice's plan", "max_output_tokens": 4, "temperature": 0}
+    with httpx.Client(timeout=60) as http:
+        made = http.post(url, json=body, headers=keys["alice"])
+        assert made.status_code == 200, made.text
+        rid = made.json()["id"]
+        assert http.get(f"{url}/{rid}", headers=keys["bob"]).status_code == 404
+        assert http.post(url, json={**body, "previous_response_id": rid}, headers=keys["bob"]).json()["error"]["code"] == "response_not_found"
+        assert http.delete(f"{url}/{rid}", headers=keys["bob"]).status_code == 404
+        assert http.get(f"{url}/{rid}", headers=keys["alice"]).json()["id"] == rid  # untouched by bob's delete
+        assert http.post(url, json={**body, "previous_response_id": rid}, headers=keys["alice"]).status_code == 200
+
+
+def test_responses_hold_the_keys_model_list_like_chat(start_edge: Callable[..., EdgeServer], conversational: Callable[..., Deps]) -> None:
+    deps = conversational(Config())
+    keys = keyed_tenants(deps, "carol", models=("@cf/meta/llama-2-7b-chat-hf-lora",))
+    server = start_edge(deps)
+    refused = httpx.post(f"{server.url}/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2},
+                         headers=keys["carol"], timeout=60)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+
+
+def test_two_tenants_naming_the_same_session_never_share_a_prompt_cache(start_edge: Callable[..., EdgeServer],
+                                                                        conversational: Callable[..., Deps]) -> None:
+    deps = conversational(Config())
+    keys = keyed_tenants(deps, "alice", "bob")
+    server = start_edge(deps)
+    messages = [{"role": "user", "content": "A long question about rivers, lakes and the sea"}]
+
+    def ask(tenant: str) -> int:
+        response = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                              json={"model": MODEL, "messages": messages, "max_tokens": 3, "temperature": 0},
+                              headers={**keys[tenant], **NO_CACHE, "x-session-affinity": "shared-name"})
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert ask("alice") == 0
+    assert ask("alice") > 0  # the session is warm for alice
+    assert ask("bob") == 0  # the same name, the same prompt: bob's session is his own

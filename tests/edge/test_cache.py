@@ -502,7 +502,7 @@ def test_coalescing_never_lets_one_request_decide_another_ones_storage(start_edg
 
 
 def test_admission_bound_answers_503_at_once_never_to_hits_and_recovers(start_edge, make_deps) -> None:
-    deps = make_deps(config=Config(max_waiting_generations=2))
+    deps = make_deps(config=Config(open_access=True, max_waiting_generations=2))
     ai = GatedAI(deps.ai)
     server = start_edge(replace(deps, ai=ai))
     ai.gate.set()

@@ -99,7 +99,7 @@ async def test_a_conversation_round_trips_through_the_durable_object_adapters(ad
     await store.append(StoredResponse(first, None, 1, "m", None, ({"role": "user", "content": "q"},), "a", "completed"))
     await store.append(StoredResponse(second, first, 2, "m", None, ({"role": "user", "content": "q2"},), "b", "completed"))
     assert [r.id for r in await store.chain(second)] == [first, second]
-    assert list(binding.hosts) == [f"id:{conversation}"]  # one object per conversation
+    assert list(binding.hosts) == [f"id:default/{conversation}"]  # one object per conversation, named in its tenant
     await store.delete(first)
     with pytest.raises(GatewayError) as info:
         await store.get(first)

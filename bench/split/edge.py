@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.split.build import SERVER_FLAGS
 from bench.split.proxy import DelayProxy, TrafficCounts
 
 PROMPT = ("The history of the lighthouse begins with fires lit on hilltops to guide ships home. "
@@ -204,7 +205,7 @@ async def run(config: EdgeConfig) -> EdgeResults:
             stack.callback(server_log.close)
             split = await asyncio.create_subprocess_exec(
                 config.server, "-m", config.model, "-ngl", str(config.layers_at_centre), "--rpc", "%s:%d" % addresses["server"],
-                "--host", "127.0.0.1", "--port", str(split_port), "-t", str(config.threads), "-c", "1024", "-np", "1",
+                "--host", "127.0.0.1", "--port", str(split_port), "-t", str(config.threads), "-c", "1024", "-np", "1", *SERVER_FLAGS,
                 stdout=server_log, stderr=asyncio.subprocess.STDOUT)
 
             async def stop_split() -> None:

@@ -10,7 +10,17 @@ cache never serves another's prompt; a request without a session is nobody's con
 and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved file is restored only into the conversation
 that wrote it, from this process and this model, and only if its SHA-256 is the one recorded
 when it was written: a stale, corrupted or foreign file is refused (and deleted), and the
-turn is computed in full instead. llama.cpp's own RAM prompt cache is turned off for a pooled
+turn is computed in full instead. Neither hash waits in a request's path: the saved file is
+hashed in the background (its digest is needed only at restore), and at restore the bytes are
+hashed while llama.cpp loads them, the slot being used only if both agree (else it is erased).
+Hashing a 12 MiB state takes ~15 ms; done in line, twice per change of hands, it kept the pool
+behind llama.cpp's own RAM cache on interleaved conversations.
+
+Once conversations have had to share slots (a state was saved), a slot's state is saved as soon
+as its generation ends ("write-behind"), the slot staying busy until the copy is on disk; the
+request that later takes the slot then finds its previous owner already saved and only restores
+its own. A conversation that comes back warm to its slot drops that copy (it is about to grow).
+While every conversation has a slot of its own, nothing is written. llama.cpp's own RAM prompt cache is turned off for a pooled
 runner (`cache_ram_mib = 0`): it restores by prompt similarity across conversations, the kind
 of reuse this pool exists to rule out.
 
@@ -21,6 +31,7 @@ first). The index is this process's memory: files a previous process left are de
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import hashlib
 import itertools
@@ -44,7 +55,7 @@ class SavedState:
 
     session: str
     path: Path
-    sha256: str
+    sha256: "concurrent.futures.Future[str]"  # computed in the pool's hashing threads
     size: int
     model: str
     tokens: int
@@ -105,6 +116,10 @@ class SlotPool:
     _saved: "OrderedDict[str, SavedState]" = field(default_factory=OrderedDict, init=False, repr=False)
     _clock: Any = field(default_factory=itertools.count, init=False, repr=False)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list, init=False, repr=False)
+    # Thread futures, not asyncio ones: a digest started while serving one request is read while
+    # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
+    _hashing: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-sha256"), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.runner.slot_dir is None:
@@ -167,8 +182,9 @@ class SlotPool:
     async def _prepare(self, slot: int, previous: str | None, session: str | None) -> SlotLease:
         if previous is not None and previous == session:
             self.stats.warm += 1
+            self._drop(session)  # a copy written behind is outgrown by this turn
             return SlotLease(slot, session, warm=True)
-        if previous is not None:
+        if previous is not None and previous not in self._saved:  # else written behind already
             await self._save(slot, previous)
         self._owners[slot] = session
         saved = self._saved.pop(session, None) if session is not None else None
@@ -183,6 +199,33 @@ class SlotPool:
         return SlotLease(slot, session)
 
     async def release(self, slot: int) -> None:
+        """The generation on `slot` ended. Under contention, its state is saved now, in the
+        background and outside any request, and the slot is free once the copy is on disk."""
+        owner = self._owners[slot]
+        if owner is not None and self._saved and owner not in self._saved:
+            asyncio.get_running_loop().create_task(self._save_behind(slot, owner), context=contextvars.Context())
+            return
+        self._free(slot)
+
+    async def idle(self) -> None:
+        """Until no slot is busy: every generation and every save written behind has ended."""
+        loop = asyncio.get_running_loop()
+        while self._busy:
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    async def _save_behind(self, slot: int, owner: str) -> None:
+        try:
+            await self._save(slot, owner)
+        finally:
+            self._free(slot)
+
+    def _free(self, slot: int) -> None:
         self._busy.discard(slot)
         waiters, self._waiters = self._waiters, []
         if waiters:
@@ -204,12 +247,17 @@ class SlotPool:
         if not path.is_file():
             return
         size = path.stat().st_size
-        state = SavedState(session, path, await asyncio.to_thread(_sha256, path), size, self.model_id,
+        state = SavedState(session, path, self._hashing.submit(_sha256, path), size, self.model_id,
                            int(result.get("n_saved") or 0))
         self._saved.pop(session, None)
         self._saved[session] = state
         self.stats.saves += 1
         self._enforce_budget()
+
+    def _drop(self, session: str) -> None:
+        stale = self._saved.pop(session, None)
+        if stale is not None:
+            stale.path.unlink(missing_ok=True)
 
     def _enforce_budget(self) -> None:
         while self._saved and sum(s.size for s in self._saved.values()) > self.disk_budget:
@@ -219,22 +267,26 @@ class SlotPool:
 
     async def _restore(self, slot: int, saved: SavedState) -> bool:
         path = self.file_for(saved.session)
-        ok = (
-            saved.path == path and path.is_file() and saved.model == self.model_id
-            and path.stat().st_size == saved.size and await asyncio.to_thread(_sha256, path) == saved.sha256
-        )
+        ok = saved.path == path and path.is_file() and saved.model == self.model_id and path.stat().st_size == saved.size
         if ok:
-            try:
-                result = await self._action(slot, "restore", path.name)
-                ok = int(result.get("n_restored") or 0) == saved.tokens
-            except Exception:
-                ok = False
+            # The bytes are checked while llama.cpp loads them; the caller erases the slot unless both agree.
+            intact, loaded = await asyncio.gather(asyncio.to_thread(self._intact, path, saved),
+                                                  self._action(slot, "restore", path.name), return_exceptions=True)
+            ok = (intact is True and isinstance(loaded, dict)
+                  and int(loaded.get("n_restored") or 0) == saved.tokens)
         path.unlink(missing_ok=True)  # used once: the slot holds it now, and saves again on eviction
         if ok:
             self.stats.restores += 1
         else:
             self.stats.refused += 1
         return ok
+
+    def _intact(self, path: Path, saved: SavedState) -> bool:
+        """In a thread: the file's SHA-256 is the one of the bytes llama.cpp wrote at save."""
+        try:
+            return _sha256(path) == saved.sha256.result()
+        except OSError:
+            return False
 
     def describe(self) -> dict[str, Any]:
         return {

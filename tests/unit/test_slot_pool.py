@@ -69,8 +69,12 @@ async def test_six_interleaved_conversations_on_two_slots_each_restore_their_own
                 assert seen["cached"] == 0  # a new conversation never starts from another's cache
             else:  # its whole previous prompt was reused: its own state came back
                 assert seen["cached"] >= seen["previous_prompt"] - 1, (conversation.name, i, seen)
+    await pool.idle()
     assert pool.stats.restores == 6 * 3 and pool.stats.refused == 0
-    assert pool.stats.saves == 6 * 4 - 2  # every turn but the last two left its slot to another conversation
+    # every turn's state was saved once: a's and b's first when c and d took their slots, every
+    # later one as its generation ended (written behind, once conversations shared slots)
+    assert pool.stats.saves == 6 * 4
+    assert pool.describe()["saved_states"] == 6
 
 
 async def test_two_conversations_on_two_slots_stay_warm(pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool) -> None:
@@ -107,10 +111,13 @@ async def test_a_damaged_or_foreign_state_file_is_refused(
         target.path.write_bytes(data[: len(data) - 100])
     else:
         target.path.unlink()
+    damaged = target.path.read_bytes() if target.path.exists() else None
     seen = await a.turn(pooled, reference, 1)  # the text is still right: computed in full
     assert seen["cached"] == 0
     assert pool.stats.refused == 1 and pool.stats.restores == 0
-    assert not target.path.exists()  # a refused file is not kept
+    await pool.idle()
+    assert pool.saved("a") is not target  # the refused file is not kept: a copy now is this turn's own
+    assert damaged is None or not target.path.exists() or target.path.read_bytes() != damaged
     seen = await b.turn(pooled, reference, 1)  # b's own, intact state still restores
     assert seen["cached"] >= seen["previous_prompt"] - 1 and pool.stats.restores == 1
 

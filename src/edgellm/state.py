@@ -6,10 +6,14 @@ a Durable Object (`edgellm.durable`), never here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .admission import Admission
 from .config import Config
 from .routing.state import RoutingState
+
+if TYPE_CHECKING:  # a type only: access imports ports, which imports this module
+    from .access.keys import KeyCache
 
 
 @dataclass
@@ -31,7 +35,7 @@ class AccessState:
     """Per-isolate access data: recently read key records and the in-isolate rate windows
     (plain data; the Workers Rate Limiting binding, when bound, is the cross-isolate limit)."""
 
-    keys: Any = None  # access.keys.KeyCache, created on first use
+    keys: KeyCache | None = None  # created on first use
     windows: dict[str, tuple[float, int]] = field(default_factory=dict)  # limit key -> (window start, used)
     spent: dict[str, int] = field(default_factory=dict)  # key id -> tokens this isolate charged
 

@@ -150,15 +150,8 @@ class SlotPool:
         waits on a future of its own, which `release` resolves from outside any request, as a
         runtime's queue would (the local edge's loop refuses one request resolving another's).
         """
-        loop = asyncio.get_running_loop()
         while (slot := self._choose(session)) is None:
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            await self._next_release()
         self._busy.add(slot)
         self._used[slot] = next(self._clock)
         previous = self._owners[slot]
@@ -209,15 +202,18 @@ class SlotPool:
 
     async def idle(self) -> None:
         """Until no slot is busy: every generation and every save written behind has ended."""
-        loop = asyncio.get_running_loop()
         while self._busy:
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            await self._next_release()
+
+    async def _next_release(self) -> None:
+        """Until a slot is freed, on a future of this request's own (resolved by `_free`)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
 
     async def _save_behind(self, slot: int, owner: str) -> None:
         try:

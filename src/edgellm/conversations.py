@@ -205,29 +205,25 @@ class ConversationStore:
         if response.status != 201:
             raise _unavailable(f"append answered {response.status}")
 
-    async def get(self, response_id: str) -> StoredResponse:
+    async def _about(self, response_id: str, method: str, path: str) -> Response:
+        """Ask the object of `response_id`'s conversation; a 404 (or an id of no conversation)
+        is this id's not-found error."""
         conversation = conversation_of(response_id)
         if conversation is None:
             raise not_found(response_id)
-        response = await self._call(conversation, "GET", f"/responses/{response_id}")
+        response = await self._call(conversation, method, path)
         if response.status == 404:
             raise not_found(response_id)
+        return response
+
+    async def get(self, response_id: str) -> StoredResponse:
+        response = await self._about(response_id, "GET", f"/responses/{response_id}")
         return StoredResponse.from_json(json.loads(bytes(response.body)))
 
     async def chain(self, response_id: str) -> list[StoredResponse]:
         """The conversation up to and including `response_id`, root first."""
-        conversation = conversation_of(response_id)
-        if conversation is None:
-            raise not_found(response_id)
-        response = await self._call(conversation, "GET", f"/chain/{response_id}")
-        if response.status == 404:
-            raise not_found(response_id)
+        response = await self._about(response_id, "GET", f"/chain/{response_id}")
         return [StoredResponse.from_json(r) for r in json.loads(bytes(response.body))["chain"]]
 
     async def delete(self, response_id: str) -> None:
-        conversation = conversation_of(response_id)
-        if conversation is None:
-            raise not_found(response_id)
-        response = await self._call(conversation, "DELETE", f"/responses/{response_id}")
-        if response.status == 404:
-            raise not_found(response_id)
+        await self._about(response_id, "DELETE", f"/responses/{response_id}")

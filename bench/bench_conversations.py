@@ -165,6 +165,16 @@ def llama_server(model: str) -> tuple[LlamaCppRunner, str]:
     return runner, runner._server.listening_address.rstrip("/")  # keep the runner: it owns the server
 
 
+def edge_settled(client: httpx.Client, edge: str) -> None:
+    """Until the edge's slot pool is idle (a state written behind is on disk), so that the edge's
+    work never takes a core from the baseline's turn timed next."""
+    while True:
+        described = client.get(f"{edge}/v1/models/{DEFAULT_MODEL}").json().get("edgellm") or {}
+        if not (described.get("slots") or {}).get("busy"):
+            return
+        time.sleep(0.005)
+
+
 def interleaved(client: httpx.Client, edge: str, llama: str, conversations: int, turns: int, system_tokens: int, max_tokens: int) -> bool:
     names = [f"c{i}" for i in range(conversations)]
     ours = [Chat(client, edge, system_prompt(n, system_tokens), headers={"x-session-affinity": n}) for n in names]
@@ -177,6 +187,7 @@ def interleaved(client: httpx.Client, edge: str, llama: str, conversations: int,
         for name, mine, peer in zip(names, ours, theirs):
             q = question(t, name)
             e_ttft, _, e_cached = mine.turn(q, max_tokens)
+            edge_settled(client, edge)
             l_ttft, _, _ = peer.turn(q, max_tokens)
             edge_ttft.append(e_ttft)
             llama_ttft.append(l_ttft)

@@ -287,6 +287,7 @@ class SlotPool:
     def describe(self) -> dict[str, Any]:
         return {
             "slots": len(self._owners),
+            "busy": len(self._busy),  # generating, or writing a state behind
             "saved_states": len(self._saved),
             "saved_bytes": sum(s.size for s in self._saved.values()),
             "disk_budget": self.disk_budget,

@@ -31,14 +31,18 @@ def running_edge(model: str | os.PathLike[str] | None = None, state: str | os.Pa
         command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", str(state)]
         if model:
             command += ["--model", str(model)]
-        process = subprocess.Popen(command + (extra or []), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # Its output goes to a file, never to a pipe nobody reads: the edge logs a line per request,
+        # and a full pipe (64 KiB, some 700 requests) would block it mid-request.
+        output = open(os.path.join(scratch, "edge.log"), "w+b")
+        process = subprocess.Popen(command + (extra or []), stdout=output, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 if process.poll() is not None:
-                    raise RuntimeError(process.stdout.read().decode() if process.stdout else "edge exited")
+                    output.seek(0)
+                    raise RuntimeError(output.read().decode(errors="replace") or "edge exited")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(url + "/healthz", timeout=1).status_code == 200:
                         break
@@ -47,3 +51,4 @@ def running_edge(model: str | os.PathLike[str] | None = None, state: str | os.Pa
         finally:
             process.terminate()
             process.wait(10)
+            output.close()

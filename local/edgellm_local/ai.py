@@ -349,8 +349,11 @@ class LlamaCppAI:
         return OwnedStream(_prepend(first, events))  # the request that opened it owns it
 
 
+@functools.cache
 def _build() -> str:
-    """The llama.cpp build serving (xllamacpp's version pins it), for `system_fingerprint`."""
+    """The llama.cpp build serving (xllamacpp's version pins it), for `system_fingerprint`.
+    Read once: `importlib.metadata` parses the package's METADATA file on every call, ~2 ms,
+    and every answer (HITs included) asks for it twice."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -7,10 +7,10 @@ A slot changing hands is saved first (llama.cpp's `POST /slots/{id}?action=save`
 the in-process server's loopback HTTP API; its Python `handle_*` methods have no slot
 actions) and erased or overwritten by the next owner's saved state, so one conversation's
 cache never serves another's prompt; a request without a session is nobody's continuation
-and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved file is restored only into the conversation
-that wrote it, from this process and this model, and only if its SHA-256 is the one recorded
-when it was written: a stale, corrupted or foreign file is refused (and deleted), and the
-turn is computed in full instead. Neither hash waits in a request's path: the saved file is
+and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved
+file is restored only into the conversation that wrote it, from this process and this model,
+and only if its SHA-256 is the one recorded when it was written: a stale, corrupted or foreign
+file is refused (and deleted), and the turn is computed in full instead. Neither hash waits in a request's path: the saved file is
 hashed in the background (its digest is needed only at restore), and at restore the bytes are
 hashed while llama.cpp loads them, the slot being used only if both agree (else it is erased).
 Hashing a 12 MiB state takes ~15 ms; done in line, twice per change of hands, it kept the pool
@@ -20,9 +20,11 @@ Once conversations have had to share slots (a state was saved), a slot's state i
 as its generation ends ("write-behind"), the slot staying busy until the copy is on disk; the
 request that later takes the slot then finds its previous owner already saved and only restores
 its own. A conversation that comes back warm to its slot drops that copy (it is about to grow).
-While every conversation has a slot of its own, nothing is written. llama.cpp's own RAM prompt cache is turned off for a pooled
-runner (`cache_ram_mib = 0`): it restores by prompt similarity across conversations, the kind
-of reuse this pool exists to rule out.
+While every conversation has a slot of its own, nothing is written.
+
+llama.cpp's own RAM prompt cache is turned off for a pooled runner (`cache_ram_mib = 0`): it
+restores by prompt similarity across conversations, the kind of reuse this pool exists to rule
+out.
 
 Saved states live under `--state`/slots, within a disk budget (least recently used dropped
 first). The index is this process's memory: files a previous process left are deleted at start.
@@ -118,6 +120,7 @@ class SlotPool:
     _waiters: list[asyncio.Future[None]] = field(default_factory=list, init=False, repr=False)
     # Thread futures, not asyncio ones: a digest started while serving one request is read while
     # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
+    _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # saves written behind
     _hashing: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-sha256"), init=False, repr=False)
 
@@ -196,7 +199,9 @@ class SlotPool:
         background and outside any request, and the slot is free once the copy is on disk."""
         owner = self._owners[slot]
         if owner is not None and self._saved and owner not in self._saved:
-            asyncio.get_running_loop().create_task(self._save_behind(slot, owner), context=contextvars.Context())
+            task = asyncio.get_running_loop().create_task(self._save_behind(slot, owner), context=contextvars.Context())
+            self._behind.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(self._behind.discard)
             return
         self._free(slot)
 

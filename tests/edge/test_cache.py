@@ -486,6 +486,9 @@ def test_preload_then_hit_and_stats(cache_edge) -> None:
     assert ai.calls == calls == 2
     not_cacheable = httpx.post(server.url + "/admin/cache/preload", json={"requests": [{"prompt": "x"}]}, headers=ADMIN)
     assert not_cacheable.status_code == 400 and not_cacheable.json()["error"]["code"] == "not_cacheable"
+    for bad_class in ({}, ["faq"], 7):  # a 400 naming 'class', never a TypeError (found by the schema fuzzing)
+        refused = httpx.post(server.url + "/admin/cache/preload", json={"requests": faq, "class": bad_class}, headers=ADMIN)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "class"
     stats = httpx.get(server.url + "/admin/cache/stats", headers=ADMIN).json()
     assert stats["hits"] == 2 and stats["bytes_served"] > 0 and stats["generation"] == 0
 

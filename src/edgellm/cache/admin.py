@@ -87,6 +87,8 @@ def _ttl(body: dict[str, Any], deps: Deps) -> int:
         return min(max(body["ttl"], MIN_TTL), MAX_TTL)
     name = body.get("class")
     if name is not None:
+        if not isinstance(name, str):
+            raise invalid("'class' must be the name of a cache class.", "class", "invalid_type")
         if name not in deps.config.cache_classes:
             raise invalid(f"Unknown cache class {name!r}.", "class", "unknown_cache_class")
         return deps.config.cache_classes[name]

@@ -57,6 +57,7 @@ POST_ROUTES = {  # template -> examples
     "/client/v4/accounts/{account_id}/ai/run/{model}": 150,
     "/admin/cache/preload": 80,
     "/admin/cache/purge": 80,
+    "/v1/responses": 100,
 }
 GET_ROUTES = ["/v1/models", "/healthz", "/models", "/admin/cache/stats", "/admin/usage"]
 
@@ -135,8 +136,15 @@ class OpenAPIDoc:
         for data in events[:-1]:
             self.validate_any(json.loads(data), event_schemas, described)
         last = events[-1]
-        if last != "[DONE]":  # a stream that failed after it started ends with an error event
-            assert "error" in json.loads(last), described
+        if last == "[DONE]":
+            return
+        final = json.loads(last)
+        if isinstance(final.get("type"), str) and final["type"].startswith(("response.", "error")):
+            # the Responses event stream has no [DONE]: it ends with its terminal event
+            self.validate_any(final, event_schemas, described)
+            assert final["type"] in ("response.completed", "response.incomplete", "response.failed", "error"), described
+        else:  # a chat or Workers AI stream that failed after it started ends with an error event
+            assert "error" in final, described
 
     def validate_any(self, instance: Any, pointers: list[str], described: str) -> None:
         errors = []

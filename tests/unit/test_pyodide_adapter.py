@@ -324,6 +324,20 @@ async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
     bare = adapter.pyodide.build_deps(SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=fp.jsnull),
                                       SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
     assert bare.rate_limiter is None and bare.usage is None
+    assert deps.usage.reader is None  # type: ignore[union-attr]  # no account or token: /admin/usage says it cannot query
+    with pytest.raises(NotImplementedError):
+        await deps.usage.query(0, 1, ())  # type: ignore[union-attr]
+    reading = adapter.pyodide.build_deps(
+        SimpleNamespace(**vars(env), ANALYTICS_ACCOUNT_ID="acc123", ANALYTICS_API_TOKEN="tok", USAGE_DATASET="my_usage"),
+        SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
+    reader = reading.usage.reader  # type: ignore[union-attr]
+    assert (reader.account_id, reader.api_token, reader.dataset) == ("acc123", "tok", "my_usage")
+
+    class Reader:
+        async def query(self, *args: Any) -> list[dict[str, Any]]:
+            return [{"asked": args}]
+
+    assert await adapter.pyodide.AnalyticsEngineUsage(FakeDataset(), Reader()).query(0, 1, ("model",), "acme") == [{"asked": (0, 1, ("model",), "acme")}]
 class FakeFetchResponse:
     def __init__(self, status: int, chunks: list[bytes]) -> None:
         self.status, self.headers = status, {"content-type": "text/event-stream"}

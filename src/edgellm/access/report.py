@@ -11,9 +11,9 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import ErrorKind, GatewayError, invalid
+from ..errors import ErrorKind, GatewayError, binding_error, invalid
 from ..http import Request, Response, json_response
-from ..ports import Deps
+from ..ports import BindingError, Deps
 from .guard import unauthenticated
 
 GROUPS = ("tenant", "model", "day", "hour", "route", "cache_status", "key_id")
@@ -84,8 +84,10 @@ async def get_usage(request: Request, deps: Deps) -> Response:
     try:
         rows = await deps.usage.query(start, end, tuple(dict.fromkeys((*group_by, "model"))), tenant)
     except NotImplementedError:
-        raise GatewayError(ErrorKind.NOT_FOUND, "This edge's usage store cannot be queried from the Worker; use the Analytics Engine SQL API.",
-                           code="usage_not_queryable") from None
+        raise GatewayError(ErrorKind.NOT_FOUND, "This edge's usage store cannot be queried from the Worker: set ANALYTICS_ACCOUNT_ID and "
+                           "the ANALYTICS_API_TOKEN secret, or use the Analytics Engine SQL API.", code="usage_not_queryable") from None
+    except BindingError as exc:  # the SQL API refused or failed: a failing dependency
+        raise binding_error(exc, "The usage store", "usage") from exc
     groups = merge(rows, group_by, deps)
     totals = merge(rows, (), deps)
     empty = {**{name: 0 for name in SUMMED}, "cost_usd": 0.0, "saved_usd": 0.0, "hit_rate": 0.0}

@@ -261,10 +261,12 @@ class WorkersRateLimit:
 class AnalyticsEngineUsage:
     """Usage as Workers Analytics Engine data points (`[[analytics_engine_datasets]]`): blobs
     tenant, key id, model, route, cache status; doubles prompt and completion tokens, latency
-    ms, status; indexed by tenant. Reading it back is the Analytics Engine SQL API's job (an
-    account token), not the Worker's, so `query` is not supported here."""
+    ms, status; indexed by tenant. The binding cannot read them back: `query` asks the SQL API
+    (`reader`, core code over the Worker's `fetch`) when the account and a token are configured,
+    and is not supported otherwise."""
 
     binding: Any
+    reader: Any = None  # access.analytics_sql.AnalyticsEngineSQL
 
     async def record(self, event: UsageEvent) -> None:
         self.binding.writeDataPoint(js_options({
@@ -274,7 +276,9 @@ class AnalyticsEngineUsage:
         }))
 
     async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]:
-        raise NotImplementedError("query the Analytics Engine SQL API")
+        if self.reader is None:
+            raise NotImplementedError("set ANALYTICS_ACCOUNT_ID and the ANALYTICS_API_TOKEN secret, or query the Analytics Engine SQL API")
+        return await self.reader.query(start, end, group_by, tenant)
 
     async def tokens_spent(self, key_id: str) -> int:
         return 0  # budgets on Cloudflare count this isolate's charges (IsolateState.access.spent)
@@ -318,9 +322,23 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         conversations=_conversations(env),
         flights=_flights(getattr(env, "FLIGHTS", None)),
         rate_limiter=WorkersRateLimit(_optional(env, "RATE_LIMITER")) if _optional(env, "RATE_LIMITER") else None,
-        usage=AnalyticsEngineUsage(_optional(env, "USAGE")) if _optional(env, "USAGE") else None,
+        usage=_usage(env),
         fetch=_fetch() if state.config.routing.origins else None,
     )
+
+
+def _usage(env: Any) -> AnalyticsEngineUsage | None:
+    """The usage dataset, read back through the SQL API when the account and a token are set."""
+    binding = _optional(env, "USAGE")
+    if binding is None:
+        return None
+    account, token = _optional(env, "ANALYTICS_ACCOUNT_ID"), _optional(env, "ANALYTICS_API_TOKEN")
+    if not account or not token:
+        return AnalyticsEngineUsage(binding)
+    from ..access.analytics_sql import AnalyticsEngineSQL
+
+    dataset = _optional(env, "USAGE_DATASET") or "edgellm_usage"
+    return AnalyticsEngineUsage(binding, AnalyticsEngineSQL(_fetch(), str(account), str(token), str(dataset)))
 
 
 def _conversations(env: Any) -> Any:

@@ -146,6 +146,7 @@ def single_conversation(client: httpx.Client, edge: str, turns: int, system_toke
     for t in range(turns):
         q = question(t, "solo")
         r_ttft, r_text, r_cached = reuse.turn(q, max_tokens)
+        edge_settled(client, edge)  # the slot readied for the next turn: not while timing the other side
         w_ttft, w_text, _ = without.turn(q, max_tokens)
         rows.append((r_ttft, w_ttft))
         print(f"   {t + 1:>4} {r_ttft * 1000:>9.1f} {r_cached:>7} {w_ttft * 1000:>11.1f} {w_ttft / r_ttft:>6.1f}x  {r_text == w_text}", flush=True)

@@ -14,9 +14,9 @@ import json
 import os
 import threading
 import urllib.request
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any, AsyncIterator, Mapping
 
 from edgellm.capabilities import CAPABILITY_NAMES
@@ -116,15 +116,39 @@ class LlamaCppRunner:
     def slot_action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
         """llama.cpp's `POST /slots/{id}?action=save|restore|erase`, on the in-process server's
         loopback port (the Python API has no slot actions). Files are names under `slot_dir`."""
+        return self._loopback(f"/slots/{slot}?action={action}", {"filename": filename} if filename else {}, f"slot {action}")
+
+    def _loopback(self, path: str, payload: dict[str, Any], what: str) -> dict[str, Any]:
         base = self.load()._server.listening_address.rstrip("/")
-        data = json.dumps({"filename": filename} if filename else {}).encode()
-        request = urllib.request.Request(f"{base}/slots/{slot}?action={action}", data=data, method="POST",
+        request = urllib.request.Request(base + path, data=json.dumps(payload).encode(), method="POST",
                                          headers={"content-type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
-            raise BindingError(f"llama.cpp slot {action} failed: {exc.code} {exc.read()[:200]!r}") from exc
+            raise BindingError(f"llama.cpp {what} failed: {exc.code} {exc.read()[:200]!r}") from exc
+
+    def next_turn_prefix(self, messages: list[dict[str, Any]]) -> str | None:
+        """The conversation rendered by the model's chat template up to where the text of the next
+        user message begins (`<|im_end|>\n<|im_start|>user\n` after the last answer, on ChatML):
+        the start every next turn's prompt shares, whatever its question. None if the template
+        does not render a user message's text as given."""
+        rendered = self._loopback("/apply-template", {"messages": [*messages, {"role": "user", "content": NEXT_TURN}]},
+                                  "apply-template").get("prompt")
+        cut = rendered.find(NEXT_TURN) if isinstance(rendered, str) else -1
+        return rendered[:cut] if cut > 0 else None
+
+    def prefill(self, slot: int, messages: list[dict[str, Any]]) -> int:
+        """Compute into `slot` the start of the conversation's next turn (`next_turn_prefix`),
+        generating nothing; llama.cpp reuses what the slot already holds, so this costs the few
+        tokens that close the last answer and open the next user message. The next turn's prompt
+        then begins with them, so that turn computes only its own text. Returns the tokens computed."""
+        prefix = self.next_turn_prefix(messages)
+        if prefix is None:
+            return 0
+        result = self.load()._server.handle_completions({"prompt": prefix, "n_predict": 0, "id_slot": slot, "cache_prompt": True})
+        _raise_llama_error(result)
+        return int(((result or {}).get("timings") or {}).get("prompt_n") or 0)
     def admit(self) -> None:
         """Hold a place in this runner's queue, or refuse as Workers AI does when it is full
         (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever."""
@@ -153,6 +177,10 @@ _PARAMS = {
     "seed": "seed", "repetition_penalty": "repeat_penalty", "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty",
 }
+
+
+# A user message's text, to find where the chat template puts it (never sent to the model).
+NEXT_TURN = "EDGELLM_NEXT_TURN_5f1c2a"
 
 
 def to_llama_request(inputs: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -276,14 +304,21 @@ class LlamaCppAI:
         body.update(id_slot=lease.slot, cache_prompt=True)
         return lease
 
-    @asynccontextmanager
-    async def _held(self, session: str | None, body: dict[str, Any]) -> AsyncIterator[SlotLease | None]:
-        lease = await self._lease(session, body)
-        try:
-            yield lease
-        finally:
-            if lease is not None and self.slots is not None:
-                await self.slots.release(lease.slot)
+    async def _release(self, lease: SlotLease | None, then: Callable[[int], Awaitable[Any]] | None = None) -> None:
+        if lease is not None and self.slots is not None:
+            await self.slots.release(lease.slot, then)
+
+    @staticmethod
+    def _next_turn(runner: LlamaCppRunner, kind: str, body: dict[str, Any], lease: SlotLease | None,
+                   plan: ToolPlan | None, answer: str) -> Callable[[int], Awaitable[Any]] | None:
+        """What readies a conversation's slot for its next turn once this answer is complete (see
+        `LlamaCppRunner.prefill`): the messages as llama.cpp got them and the answer as the client
+        will send it back. Only for a session's plain chat: a tool call comes back as tool messages,
+        not as this text."""
+        if lease is None or lease.session is None or kind != "chat" or plan is not None:
+            return None
+        messages = [*body["messages"], *defuse_messages([{"role": "assistant", "content": answer}], runner.special_pattern)]
+        return lambda slot: asyncio.to_thread(runner.prefill, slot, messages)
 
     @staticmethod
     def _as_text(runner: LlamaCppRunner, body: dict[str, Any]) -> None:
@@ -302,7 +337,9 @@ class LlamaCppAI:
         parts: list[str] = []
         usage: dict[str, Any] = {}
         logprobs: list[dict[str, Any]] = []
-        async with self._held(session, body):
+        lease = await self._lease(session, body)
+        then = None
+        try:
             runner.admit()  # released when the events end (_stream_events)
             events = _stream_events(runner, kind, body)
             try:
@@ -313,6 +350,9 @@ class LlamaCppAI:
                         logprobs.extend(structured.logprobs_of(event, top) or [])
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
+            then = self._next_turn(runner, kind, body, lease, plan, "".join(parts))
+        finally:
+            await self._release(lease, then)
         text = "".join(parts)
         out: dict[str, Any] = {"response": text, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, **usage}}
         if plan is not None:
@@ -333,13 +373,12 @@ class LlamaCppAI:
         try:
             runner.admit()  # released when the stream's events end or are closed (_stream_events)
         except BaseException:
-            if lease is not None and self.slots is not None:
-                await self.slots.release(lease.slot)
+            await self._release(lease)
             raise
         events = _stream_events(runner, kind, body)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)
-        events = _leased(self, lease, events)
+        events = _leased(self, lease, events, lambda answer: self._next_turn(runner, kind, body, lease, plan, answer))
         # Like the real binding, refuse at the call (before any byte is sent) rather than
         # mid-stream: wait for the first event, so a rejected input (context too long) raises here.
         try:
@@ -399,15 +438,20 @@ async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, A
         await rest.aclose()  # type: ignore[attr-defined]
 
 
-async def _leased(ai: LlamaCppAI, lease: SlotLease | None, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    """The stream's events; its slot is released when the stream ends or is closed."""
+async def _leased(ai: LlamaCppAI, lease: SlotLease | None, events: AsyncIterator[dict[str, Any]],
+                  next_turn: Callable[[str], Callable[[int], Awaitable[Any]] | None]) -> AsyncIterator[dict[str, Any]]:
+    """The stream's events; its slot is released when the stream ends or is closed, readied for
+    the conversation's next turn only if the answer is complete."""
+    parts: list[str] = []
+    then = None
     try:
         async for event in events:
+            parts.append(event.get("response") or "")
             yield event
+        then = next_turn("".join(parts))
     finally:
         await events.aclose()  # type: ignore[attr-defined]
-        if lease is not None and ai.slots is not None:
-            await ai.slots.release(lease.slot)
+        await ai._release(lease, then)
 
 
 async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

@@ -9,18 +9,23 @@ actions) and erased or overwritten by the next owner's saved state, so one conve
 cache never serves another's prompt; a request without a session is nobody's continuation
 and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved
 file is restored only into the conversation that wrote it, from this process and this model,
-and only if its SHA-256 is the one recorded when it was written: a stale, corrupted or foreign
-file is refused (and deleted), and the turn is computed in full instead. Neither hash waits in a request's path: the saved file is
-hashed in the background (its digest is needed only at restore), and at restore the bytes are
-hashed while llama.cpp loads them, the slot being used only if both agree (else it is erased).
-Hashing a 12 MiB state takes ~15 ms; done in line, twice per change of hands, it kept the pool
-behind llama.cpp's own RAM cache on interleaved conversations.
+and only if its BLAKE3 digest is the one recorded when it was written: a stale, corrupted or
+foreign file is refused (and deleted), and the turn is computed in full instead. Neither digest
+waits in a request's path: the saved file is hashed in the background (its digest is needed only
+at restore), and at restore the bytes are hashed while llama.cpp loads them, the slot being used
+only if both agree (else it is erased). BLAKE3 rather than SHA-256: a 10 MiB state hashes in
+~2 ms against SHA-256's ~8 ms here, so the check ends before llama.cpp's ~4 ms load does instead
+of outlasting it (SHA-256 added ~12 ms to every change of hands); it is as hard to forge.
 
-Once conversations have had to share slots (a state was saved), a slot's state is saved as soon
-as its generation ends ("write-behind"), the slot staying busy until the copy is on disk; the
-request that later takes the slot then finds its previous owner already saved and only restores
-its own. A conversation that comes back warm to its slot drops that copy (it is about to grow).
-While every conversation has a slot of its own, nothing is written.
+When a conversation's generation ends, the slot is made ready for its next turn before anyone
+asks for it, in the background and outside any request, the slot staying busy until it is:
+- it is prepared (`then`, given by the caller: llama.cpp computes the end of the answer's turn and
+  the start of the next user message, which every next turn begins with), unless a request is
+  already waiting for a slot (it would wait for that work);
+- once conversations have had to share slots (a state was saved), its state is saved
+  ("write-behind"): the request that later takes the slot finds its previous owner already saved
+  and only restores its own. A conversation that comes back warm to its slot drops that copy (it
+  is about to grow). While every conversation has a slot of its own, nothing is written.
 
 llama.cpp's own RAM prompt cache is turned off for a pooled runner (`cache_ram_mib = 0`): it
 restores by prompt similarity across conversations, the kind of reuse this pool exists to rule
@@ -40,9 +45,12 @@ import itertools
 import logging
 import shutil
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import blake3
 
 if TYPE_CHECKING:
     from .ai import LlamaCppRunner
@@ -57,7 +65,7 @@ class SavedState:
 
     session: str
     path: Path
-    sha256: "concurrent.futures.Future[str]"  # computed in the pool's hashing threads
+    digest: "concurrent.futures.Future[str]"  # BLAKE3, computed in the pool's hashing threads
     size: int
     model: str
     tokens: int
@@ -81,18 +89,16 @@ class SlotStats:
     saves: int = 0
     restores: int = 0
     refused: int = 0
+    prepared: int = 0  # slots made ready for their conversation's next turn as a generation ended
     dropped: int = 0  # saved states deleted to stay within the disk budget
 
     def to_json(self) -> dict[str, int]:
         return dict(self.__dict__)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _digest(path: Path) -> str:
+    # one thread: the other core is llama.cpp's, loading or computing
+    return blake3.blake3(max_threads=1).update_mmap(path).hexdigest()
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
@@ -118,11 +124,12 @@ class SlotPool:
     _saved: "OrderedDict[str, SavedState]" = field(default_factory=OrderedDict, init=False, repr=False)
     _clock: Any = field(default_factory=itertools.count, init=False, repr=False)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list, init=False, repr=False)
+    _queued: int = field(default=0, init=False, repr=False)  # requests waiting for a slot
     # Thread futures, not asyncio ones: a digest started while serving one request is read while
     # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
     _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # saves written behind
     _hashing: concurrent.futures.ThreadPoolExecutor = field(
-        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-sha256"), init=False, repr=False)
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-digest"), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.runner.slot_dir is None:
@@ -140,6 +147,11 @@ class SlotPool:
     def saved(self, session: str) -> SavedState | None:
         return self._saved.get(session)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot."""
+        return self._queued
+
     def owner(self, slot: int) -> str | None:
         return self._owners[slot]
 
@@ -154,7 +166,11 @@ class SlotPool:
         runtime's queue would (the local edge's loop refuses one request resolving another's).
         """
         while (slot := self._choose(session)) is None:
-            await self._next_release()
+            self._queued += 1
+            try:
+                await self._next_release()
+            finally:
+                self._queued -= 1
         self._busy.add(slot)
         self._used[slot] = next(self._clock)
         previous = self._owners[slot]
@@ -194,16 +210,20 @@ class SlotPool:
         await self._action(slot, "erase")
         return SlotLease(slot, session)
 
-    async def release(self, slot: int) -> None:
-        """The generation on `slot` ended. Under contention, its state is saved now, in the
-        background and outside any request, and the slot is free once the copy is on disk."""
+    async def release(self, slot: int, then: Callable[[int], Awaitable[Any]] | None = None) -> None:
+        """The generation on `slot` ended. The slot is made ready for its conversation's next
+        turn (`then(slot)`, unless a request waits for a slot) and, under contention, its state
+        saved, in the background and outside any request; the slot is free once both are done."""
         owner = self._owners[slot]
-        if owner is not None and self._saved and owner not in self._saved:
-            task = asyncio.get_running_loop().create_task(self._save_behind(slot, owner), context=contextvars.Context())
-            self._behind.add(task)  # the loop keeps only a weak reference to a task
-            task.add_done_callback(self._behind.discard)
+        prepare = then if owner is not None and not self._queued else None
+        save = owner is not None and bool(self._saved) and owner not in self._saved
+        if prepare is None and not save:
+            self._free(slot)
             return
-        self._free(slot)
+        task = asyncio.get_running_loop().create_task(self._behind_release(slot, owner, prepare, save),
+                                                      context=contextvars.Context())
+        self._behind.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._behind.discard)
 
     async def idle(self) -> None:
         """Until no slot is busy: every generation and every save written behind has ended."""
@@ -220,9 +240,16 @@ class SlotPool:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
-    async def _save_behind(self, slot: int, owner: str) -> None:
+    async def _behind_release(self, slot: int, owner: str | None, prepare: Callable[[int], Awaitable[Any]] | None, save: bool) -> None:
         try:
-            await self._save(slot, owner)
+            if prepare is not None:
+                try:
+                    await prepare(slot)
+                    self.stats.prepared += 1
+                except Exception as exc:  # the next turn computes those tokens itself
+                    log.warning("could not prepare a slot for its conversation's next turn: %s", exc)
+            if save and owner is not None:
+                await self._save(slot, owner)
         finally:
             self._free(slot)
 
@@ -248,7 +275,7 @@ class SlotPool:
         if not path.is_file():
             return
         size = path.stat().st_size
-        state = SavedState(session, path, self._hashing.submit(_sha256, path), size, self.model_id,
+        state = SavedState(session, path, self._hashing.submit(_digest, path), size, self.model_id,
                            int(result.get("n_saved") or 0))
         self._saved.pop(session, None)
         self._saved[session] = state
@@ -283,16 +310,17 @@ class SlotPool:
         return ok
 
     def _intact(self, path: Path, saved: SavedState) -> bool:
-        """In a thread: the file's SHA-256 is the one of the bytes llama.cpp wrote at save."""
+        """In a thread: the file's digest is the one of the bytes llama.cpp wrote at save."""
         try:
-            return _sha256(path) == saved.sha256.result()
+            return _digest(path) == saved.digest.result()
         except OSError:
             return False
 
     def describe(self) -> dict[str, Any]:
         return {
             "slots": len(self._owners),
-            "busy": len(self._busy),  # generating, or writing a state behind
+            "busy": len(self._busy),  # generating, or readying a slot for its conversation's next turn
+            "waiting": self._queued,
             "saved_states": len(self._saved),
             "saved_bytes": sum(s.size for s in self._saved.values()),
             "disk_budget": self.disk_budget,

@@ -46,6 +46,7 @@ class Conversation:
         self.name = name
         self.messages: list[dict[str, str]] = [{"role": "system", "content": f"You are helper {name}."}]
         self.last_prompt_tokens = 0
+        self.last_completion_tokens = 0
 
     async def turn(self, ai: LlamaCppAI, reference: LlamaCppAI, i: int) -> dict[str, Any]:
         self.messages.append({"role": "user", "content": f"Question {i} from {self.name}: tell me about {self.name * (i + 1)}"})
@@ -55,7 +56,12 @@ class Conversation:
         self.messages.append({"role": "assistant", "content": result["response"]})
         usage = result["usage"]
         previous, self.last_prompt_tokens = self.last_prompt_tokens, usage["prompt_tokens"]
-        return {"cached": usage["prompt_tokens_details"]["cached_tokens"], "previous_prompt": previous}
+        held, self.last_completion_tokens = previous + self.last_completion_tokens, usage["completion_tokens"]
+        # `held`: the previous turn's prompt and answer. A slot left as its generation ended holds
+        # at most held - 1 of them (the last token sampled is never computed), so reusing more
+        # than `held` means the slot was readied for this turn (llama.cpp computed the previous
+        # answer's end and this message's opening after that answer).
+        return {"cached": usage["prompt_tokens_details"]["cached_tokens"], "previous_prompt": previous, "held": held}
 
 
 async def test_six_interleaved_conversations_on_two_slots_each_restore_their_own_state(
@@ -67,10 +73,11 @@ async def test_six_interleaved_conversations_on_two_slots_each_restore_their_own
             seen = await conversation.turn(pooled, reference, i)
             if i == 0:
                 assert seen["cached"] == 0  # a new conversation never starts from another's cache
-            else:  # its whole previous prompt was reused: its own state came back
-                assert seen["cached"] >= seen["previous_prompt"] - 1, (conversation.name, i, seen)
+            else:  # its own state came back, as readied for this turn after its last answer
+                assert seen["cached"] > seen["held"], (conversation.name, i, seen)
     await pool.idle()
     assert pool.stats.restores == 6 * 3 and pool.stats.refused == 0
+    assert pool.stats.prepared == 6 * 4  # each readied before it was saved
     # every turn's state was saved once: a's and b's first when c and d took their slots, every
     # later one as its generation ended (written behind, once conversations shared slots)
     assert pool.stats.saves == 6 * 4
@@ -172,3 +179,63 @@ def test_requests_waiting_for_a_slot_share_no_io_under_request_isolation(pooled_
         return await asyncio.gather(*[asyncio.ensure_future(one(f"s{i}")) for i in range(5)])
 
     assert run(main()) == [SAMPLING["max_tokens"]] * 5
+
+
+async def test_a_conversations_slot_is_readied_for_its_next_turn(pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool) -> None:
+    """After each answer, llama.cpp computes the answer's end and the next user message's
+    opening into the slot: the next turn reuses them (the text staying that of the whole history)."""
+    conversation = Conversation("ready")
+    for i in range(3):
+        seen = await conversation.turn(pooled, reference, i)
+        assert i == 0 or seen["cached"] > seen["held"], (i, seen)
+        await pool.idle()
+        assert pool.stats.prepared == i + 1
+    events = await pooled.stream(MODEL, {"messages": conversation.messages + [{"role": "user", "content": "and a streamed one"}],
+                                         **SAMPLING}, session="ready")
+    chunks = [e async for e in events]
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] > conversation.last_prompt_tokens + conversation.last_completion_tokens
+    await pool.idle()
+    assert pool.stats.prepared == 4
+
+
+async def test_no_slot_is_readied_for_a_stream_that_was_left_nor_without_a_session(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    body = {"messages": [{"role": "user", "content": "hello there"}], "temperature": 0, "max_tokens": 20}
+    events = await pooled.stream(MODEL, body, session="left")
+    await anext(events)
+    await events.aclose()  # the client left: the answer it would send back is not this one
+    await pooled.run(MODEL, body)  # nobody's conversation
+    await pool.idle()
+    assert pool.stats.prepared == 0
+
+
+async def test_a_slot_is_not_readied_while_a_request_waits_for_one(pooled_runner: LlamaCppRunner, pool: SlotPool) -> None:
+    import asyncio
+
+    readied: list[int] = []
+
+    async def ready(slot: int) -> None:
+        readied.append(slot)
+
+    first, second = await pool.acquire("p"), await pool.acquire("q")
+    third = asyncio.ensure_future(pool.acquire("r"))
+    while pool.waiting == 0:  # the third request is queued for a slot
+        await asyncio.sleep(0)
+    await pool.release(first.slot, ready)  # readying would keep the waiting request from its slot
+    lease = await third
+    assert lease.slot == first.slot and readied == [] and pool.stats.prepared == 0
+    await pool.release(second.slot, ready)  # nobody waits now
+    await pool.release(lease.slot)
+    await pool.idle()
+    assert readied == [second.slot] and pool.stats.prepared == 1
+
+
+async def test_a_failing_readying_frees_the_slot_and_fails_nothing(pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool) -> None:
+    async def broken(slot: int) -> None:
+        raise RuntimeError("llama.cpp refused the prefill")
+
+    lease = await pool.acquire("f")
+    await pool.release(lease.slot, broken)
+    await pool.idle()  # the slot is free again
+    assert pool.stats.prepared == 0
+    seen = await Conversation("f").turn(pooled, reference, 0)
+    assert seen["cached"] == 0

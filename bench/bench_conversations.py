@@ -167,7 +167,7 @@ def llama_server(model: str) -> tuple[LlamaCppRunner, str]:
 
 
 def edge_settled(client: httpx.Client, edge: str) -> None:
-    """Until the edge's slot pool is idle (a state written behind is on disk), so that the edge's
+    """Until the edge's slot pool is idle (a slot readied for its next turn, a state written behind), so that the edge's
     work never takes a core from the baseline's turn timed next."""
     while True:
         described = client.get(f"{edge}/v1/models/{DEFAULT_MODEL}").json().get("edgellm") or {}

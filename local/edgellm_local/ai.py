@@ -14,9 +14,9 @@ import json
 import os
 import threading
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 from typing import Any, AsyncIterator, Mapping
 
 from edgellm.capabilities import CAPABILITY_NAMES
@@ -149,6 +149,7 @@ class LlamaCppRunner:
         result = self.load()._server.handle_completions({"prompt": prefix, "n_predict": 0, "id_slot": slot, "cache_prompt": True})
         _raise_llama_error(result)
         return int(((result or {}).get("timings") or {}).get("prompt_n") or 0)
+
     def admit(self) -> None:
         """Hold a place in this runner's queue, or refuse as Workers AI does when it is full
         (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever."""

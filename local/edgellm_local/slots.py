@@ -127,7 +127,7 @@ class SlotPool:
     _queued: int = field(default=0, init=False, repr=False)  # requests waiting for a slot
     # Thread futures, not asyncio ones: a digest started while serving one request is read while
     # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
-    _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # saves written behind
+    _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # slots readied and saved behind a release
     _hashing: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-digest"), init=False, repr=False)
 

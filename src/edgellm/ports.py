@@ -55,6 +55,11 @@ class KVRateLimited(KVLimitError):
     retryable = True
 
 
+class UsageNotQueryable(Exception):
+    """The usage sink records but cannot be read back from here (Analytics Engine without the
+    SQL API's account and token): not a failure of the sink, a configuration it lacks."""
+
+
 # --- ports --------------------------------------------------------------------------------
 
 
@@ -195,7 +200,7 @@ class UsageSink(Protocol):
     """Where usage goes: Workers Analytics Engine on Cloudflare (`writeDataPoint`), SQLite locally.
 
     `query` answers `GET /admin/usage`: rows of totals grouped by any of tenant, model, day,
-    route, cache_status. A sink that cannot be queried from the Worker raises `NotImplementedError`."""
+    route, cache_status. A sink that cannot be queried from the Worker raises `UsageNotQueryable`."""
 
     async def record(self, event: UsageEvent) -> None: ...
 

@@ -14,7 +14,7 @@ from edgellm.access.analytics_sql import AnalyticsEngineSQL, UsageQueryError, us
 from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.http import Request
-from edgellm.ports import Deps, FetchResponse
+from edgellm.ports import Deps, FetchResponse, UsageNotQueryable
 from tests.support.fake_ai import ScriptedAI
 
 ADMIN = "admin-secret"
@@ -101,3 +101,16 @@ async def test_a_failing_sql_api_is_a_503_with_retry_after_not_a_500() -> None:
     response = await handle(usage_request(""), deps)
     assert response.status in (502, 503) and "retry-after" in response.headers, (response.status, response.body)
     assert json.loads(response.body)["error"]["code"].startswith("usage")
+
+
+async def test_a_sink_that_cannot_be_read_back_is_a_clear_404_saying_what_to_set() -> None:
+    class WriteOnlySink(ReadOnlySink):
+        async def query(self, *args: Any) -> list[dict[str, Any]]:
+            raise UsageNotQueryable("no account or token")
+
+    deps = Deps(config=Config(admin_token=ADMIN), ai=ScriptedAI(), log=logging.getLogger("edgellm.test"),
+                usage=WriteOnlySink(AnalyticsEngineSQL(SqlApiDouble(), "acc", "tok")))
+    response = await handle(usage_request(""), deps)
+    error = json.loads(response.body)["error"]
+    assert response.status == 404 and error["code"] == "usage_not_queryable", (response.status, response.body)
+    assert "ANALYTICS_API_TOKEN" in error["message"]

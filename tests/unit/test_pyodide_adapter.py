@@ -307,7 +307,7 @@ class FakeDataset:
 
 
 async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
-    from edgellm.ports import UsageEvent
+    from edgellm.ports import UsageEvent, UsageNotQueryable
     from edgellm.state import IsolateState
 
     limiter = adapter.pyodide.WorkersRateLimit(FakeRateLimit(allow=1))
@@ -325,7 +325,7 @@ async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
                                       SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
     assert bare.rate_limiter is None and bare.usage is None
     assert deps.usage.reader is None  # type: ignore[union-attr]  # no account or token: /admin/usage says it cannot query
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(UsageNotQueryable):
         await deps.usage.query(0, 1, ())  # type: ignore[union-attr]
     reading = adapter.pyodide.build_deps(
         SimpleNamespace(**vars(env), ANALYTICS_ACCOUNT_ID="acc123", ANALYTICS_API_TOKEN="tok", USAGE_DATASET="my_usage"),

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ErrorKind, GatewayError, binding_error, invalid
 from ..http import Request, Response, json_response
-from ..ports import BindingError, Deps
+from ..ports import BindingError, Deps, UsageNotQueryable
 from .guard import unauthenticated
 
 GROUPS = ("tenant", "model", "day", "hour", "route", "cache_status", "key_id")
@@ -83,7 +83,7 @@ async def get_usage(request: Request, deps: Deps) -> Response:
         raise GatewayError(ErrorKind.NOT_FOUND, "No usage store is bound on this edge.", code="usage_not_queryable")
     try:
         rows = await deps.usage.query(start, end, tuple(dict.fromkeys((*group_by, "model"))), tenant)
-    except NotImplementedError:
+    except UsageNotQueryable:
         raise GatewayError(ErrorKind.NOT_FOUND, "This edge's usage store cannot be queried from the Worker: set ANALYTICS_ACCOUNT_ID and "
                            "the ANALYTICS_API_TOKEN secret, or use the Analytics Engine SQL API.", code="usage_not_queryable") from None
     except BindingError as exc:  # the SQL API refused or failed: a failing dependency

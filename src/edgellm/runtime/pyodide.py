@@ -24,7 +24,7 @@ from ..http import Request, Response
 from ..ports import (
     BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
     StreamCutError,
-    UsageEvent,
+    UsageEvent, UsageNotQueryable,
 )
 from ..sse import IncompleteStream, decode_events
 from ..structured import for_workers_ai_binding
@@ -277,7 +277,7 @@ class AnalyticsEngineUsage:
 
     async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]:
         if self.reader is None:
-            raise NotImplementedError("set ANALYTICS_ACCOUNT_ID and the ANALYTICS_API_TOKEN secret, or query the Analytics Engine SQL API")
+            raise UsageNotQueryable("set ANALYTICS_ACCOUNT_ID and the ANALYTICS_API_TOKEN secret, or query the Analytics Engine SQL API")
         return await self.reader.query(start, end, group_by, tenant)
 
     async def tokens_spent(self, key_id: str) -> int:

@@ -124,10 +124,9 @@ def test_a_path_segment_longer_than_the_filesystem_allows_is_a_404_json(edge: Ed
 def test_a_lone_surrogate_in_a_cacheable_request_is_answered(edge: EdgeServer) -> None:
     raw = b'{"messages":[{"role":"user","content":"x\\ud800y"}],"temperature":0,"max_tokens":4}'
     response = httpx.post(edge.url + "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=60)
-    assert response.status_code < 500, response.text
-    custom = httpx.post(edge.url + "/v1/chat/completions", json=CHAT, headers={"cf-aig-cache-key": "k\udc80"}, timeout=60) \
-        if False else None  # httpx cannot send a surrogate in a header: headers are latin-1 on the wire
-    assert custom is None
+    assert response.status_code in (200, 400), response.text
+    if response.status_code == 400:
+        assert response.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_transfer_encoding_with_content_length_is_refused_and_closed(admin_edge: EdgeServer) -> None:

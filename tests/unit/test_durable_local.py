@@ -24,12 +24,21 @@ class Room:
     name: str
     opened: asyncio.Event = field(default_factory=asyncio.Event)
     closed_bodies: int = 0
+    waiting: int = 0  # requests inside `/wait`
+    cancelled: int = 0  # `/wait` calls cancelled inside the object
     context: Any = None
 
     async def fetch(self, request: Request) -> Response:
         self.context = current_request()
         if request.path == "/wait":
-            await self.opened.wait()  # another request to this object sets it: they interleave
+            self.waiting += 1
+            try:
+                await self.opened.wait()  # another request to this object sets it: they interleave
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+            finally:
+                self.waiting -= 1
             return Response(200, {"x-name": self.name}, b"opened")
         if request.path == "/open":
             self.opened.set()
@@ -51,6 +60,15 @@ def namespace() -> LocalDurableObjectNamespace:
     return LocalDurableObjectNamespace(Room, class_name="Room")
 
 
+async def until(condition: Any) -> None:
+    """Until `condition()` holds, yielding to the loop (what is awaited runs in the same loop)."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
 def call(ns: DurableObjectNamespace, name: str, path: str, label: str) -> asyncio.Task[Response]:
     with request_context(label):
         return asyncio.ensure_future(ns.get(name).fetch(Request("POST", f"https://room{path}")))
@@ -60,7 +78,7 @@ def test_one_instance_per_name_and_requests_interleave_inside_it() -> None:
     async def main() -> None:
         ns = namespace()
         waiting = call(ns, "a", "/wait", "worker 1")
-        await asyncio.sleep(0.01)
+        await until(lambda: ns.get("a").object.waiting == 1)
         assert not waiting.done()
         assert (await call(ns, "a", "/open", "worker 2")).status == 204
         response = await waiting
@@ -121,12 +139,13 @@ def test_a_cancelled_caller_cancels_the_call() -> None:
     async def main() -> None:
         ns = namespace()
         waiting = call(ns, "a", "/wait", "worker")
-        await asyncio.sleep(0.01)
+        room = ns.get("a").object
+        await until(lambda: room.waiting == 1)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        await asyncio.sleep(0)
-        assert not ns.get("a").object.opened.is_set()
+        await until(lambda: room.waiting == 0)  # the object's own call was cancelled, not left waiting
+        assert room.cancelled == 1
 
     isolation.run(main())
 
@@ -145,20 +164,18 @@ def test_what_the_object_owns_is_not_the_callers() -> None:
     async def main() -> None:
         ns = namespace()
         waiting = call(ns, "a", "/wait", "worker 1")
-        await asyncio.sleep(0.01)
         room = ns.get("a").object
+        await until(lambda: room.waiting == 1)
 
         async def peek() -> None:
             await room.opened.wait()
 
-        peeker = call_peek = None
         with request_context("worker 2"):
-            call_peek = asyncio.ensure_future(peek())
-        await asyncio.sleep(0)
+            peeking = asyncio.ensure_future(peek())
+        await asyncio.sleep(0)  # one turn of the loop: the peek is now blocked on the object's event
         await call(ns, "a", "/open", "worker 3")
         with pytest.raises(CrossRequestIOError):
-            await call_peek
+            await peeking
         assert (await waiting).status == 200
-        del peeker
 
     isolation.run(main())

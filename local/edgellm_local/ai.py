@@ -305,6 +305,17 @@ class LlamaCppAI:
         body.update(id_slot=lease.slot, cache_prompt=True)
         return lease
 
+    async def _admitted_lease(self, runner: LlamaCppRunner, session: str | None, body: dict[str, Any]) -> SlotLease | None:
+        """A place in the runner's queue, then a slot (which may mean waiting for one): the queue's
+        bound counts the requests waiting for a slot, so a flood is refused at once, not queued.
+        The place is released when the generation's events end or are closed (_stream_events)."""
+        runner.admit()
+        try:
+            return await self._lease(session, body)
+        except BaseException:
+            runner.release()
+            raise
+
     async def _release(self, lease: SlotLease | None, then: Callable[[int], Awaitable[Any]] | None = None) -> None:
         if lease is not None and self.slots is not None:
             await self.slots.release(lease.slot, then)
@@ -332,16 +343,15 @@ class LlamaCppAI:
         """The whole answer, generated through llama.cpp's streaming callback so that cancelling
         this (a client that left before its JSON answer) stops the generation at its next token."""
         runner, kind, body = self._prepare(model, inputs)
-        self._as_text(runner, body)
         plan, top = self._structure(inputs, kind, body)
+        self._as_text(runner, body)  # after the structure: tool descriptions and past calls become message text
         body.update(stream=True, stream_options={"include_usage": True})
         parts: list[str] = []
         usage: dict[str, Any] = {}
         logprobs: list[dict[str, Any]] = []
-        lease = await self._lease(session, body)
+        lease = await self._admitted_lease(runner, session, body)
         then = None
         try:
-            runner.admit()  # released when the events end (_stream_events)
             events = _stream_events(runner, kind, body)
             try:
                 async for event in events:
@@ -367,15 +377,10 @@ class LlamaCppAI:
 
     async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
-        self._as_text(runner, body)
         plan, top = self._structure(inputs, kind, body)
+        self._as_text(runner, body)  # after the structure: tool descriptions and past calls become message text
         body.update(stream=True, stream_options={"include_usage": True})
-        lease = await self._lease(session, body)  # may wait for a slot: before anything needs closing
-        try:
-            runner.admit()  # released when the stream's events end or are closed (_stream_events)
-        except BaseException:
-            await self._release(lease)
-            raise
+        lease = await self._admitted_lease(runner, session, body)
         events = _stream_events(runner, kind, body)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)
@@ -386,7 +391,7 @@ class LlamaCppAI:
             first = await anext(events)
         except StopAsyncIteration:
             first = None
-        return OwnedStream(_prepend(first, events))  # the request that opened it owns it
+        return OwnedStream(_Prepended(first, events))  # the request that opened it owns it
 
 
 @functools.cache
@@ -429,14 +434,26 @@ async def _structured_stream(events: AsyncIterator[dict[str, Any]], plan: ToolPl
         await events.aclose()  # type: ignore[attr-defined]
 
 
-async def _prepend(first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    try:
-        if first is not None:
-            yield first
-        async for event in rest:
-            yield event
-    finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+class _Prepended:
+    """The first event, read ahead, then the rest. A class, not a generator: closed before its
+    first read, it still closes the rest (a generator never started skips its `finally`, and
+    the slot would stay held until the garbage collector ran)."""
+
+    def __init__(self, first: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]) -> None:
+        self._first, self._rest = first, rest
+
+    def __aiter__(self) -> "_Prepended":
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await anext(self._rest)
+
+    async def aclose(self) -> None:
+        self._first = None
+        await self._rest.aclose()  # type: ignore[attr-defined]
 
 
 async def _leased(ai: LlamaCppAI, lease: SlotLease | None, events: AsyncIterator[dict[str, Any]],
@@ -451,8 +468,10 @@ async def _leased(ai: LlamaCppAI, lease: SlotLease | None, events: AsyncIterator
             yield event
         then = next_turn("".join(parts))
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
-        await ai._release(lease, then)
+        try:
+            await events.aclose()  # type: ignore[attr-defined]
+        finally:  # even if closing is cancelled (it waits for llama.cpp's next token): never a slot held for ever
+            await ai._release(lease, then)
 
 
 async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

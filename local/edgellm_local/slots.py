@@ -125,6 +125,7 @@ class SlotPool:
     _clock: Any = field(default_factory=itertools.count, init=False, repr=False)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list, init=False, repr=False)
     _queued: int = field(default=0, init=False, repr=False)  # requests waiting for a slot
+    _claiming: set[str] = field(default_factory=set, init=False, repr=False)  # sessions whose slot is being prepared
     # Thread futures, not asyncio ones: a digest started while serving one request is read while
     # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
     _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # slots readied and saved behind a release
@@ -174,14 +175,20 @@ class SlotPool:
         self._busy.add(slot)
         self._used[slot] = next(self._clock)
         previous = self._owners[slot]
+        if session is not None:
+            self._claiming.add(session)  # owner of `slot` only once it is prepared (a save may come first)
         try:
             return await self._prepare(slot, previous, session)
         except BaseException:
             self._owners[slot] = None
             await self.release(slot)
             raise
+        finally:
+            self._claiming.discard(session)  # type: ignore[arg-type]
 
     def _choose(self, session: str | None) -> int | None:
+        if session is not None and session in self._claiming:
+            return None  # a slot is being prepared for it: its next turn waits for that one
         if session is not None and session in self._owners:
             slot = self._owners.index(session)
             return None if slot in self._busy else slot  # the same conversation waits for its own slot

@@ -4,8 +4,9 @@ stale, corrupted or foreign state file is never restored into a conversation."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import pytest
 
@@ -26,8 +27,10 @@ def pooled_runner(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture
-def pool(pooled_runner: LlamaCppRunner) -> SlotPool:
-    return SlotPool(pooled_runner)
+async def pool(pooled_runner: LlamaCppRunner) -> AsyncIterator[SlotPool]:
+    pool = SlotPool(pooled_runner)
+    yield pool
+    await asyncio.wait_for(pool.idle(), 60)  # no save or readying of this test's left to write into the next one's directory
 
 
 @pytest.fixture
@@ -138,6 +141,7 @@ async def test_saved_states_stay_within_the_disk_budget(pooled: LlamaCppAI, refe
     pool.disk_budget = first.size + 10  # room for one saved state
     for conversation in conversations[:2]:
         await conversation.turn(pooled, reference, 1)
+    await pool.idle()
     assert pool.stats.dropped >= 1
     assert sum(1 for _ in pool.directory.glob("*.slot")) <= 1
     assert pool.describe()["saved_bytes"] <= pool.disk_budget
@@ -164,8 +168,6 @@ async def test_a_request_without_a_session_never_starts_from_another_ones_cache(
 def test_requests_waiting_for_a_slot_share_no_io_under_request_isolation(pooled_runner: LlamaCppRunner) -> None:
     """Five requests from five sessions on 2 slots, each in its own request context on the local
     edge's isolating loop: three must wait, and are woken without one request resolving another's future."""
-    import asyncio
-
     from edgellm_local.isolation import request_context, run
 
     async def main() -> list[int]:
@@ -209,8 +211,6 @@ async def test_no_slot_is_readied_for_a_stream_that_was_left_nor_without_a_sessi
 
 
 async def test_a_slot_is_not_readied_while_a_request_waits_for_one(pooled_runner: LlamaCppRunner, pool: SlotPool) -> None:
-    import asyncio
-
     readied: list[int] = []
 
     async def ready(slot: int) -> None:
@@ -239,3 +239,53 @@ async def test_a_failing_readying_frees_the_slot_and_fails_nothing(pooled: Llama
     assert pool.stats.prepared == 0
     seen = await Conversation("f").turn(pooled, reference, 0)
     assert seen["cached"] == 0
+
+
+async def test_one_conversation_never_holds_two_slots(pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool) -> None:
+    """Its second request, arriving while its slot is still being prepared (the previous owner's
+    state being saved), waits for that slot instead of taking the other."""
+    await evict(pooled, reference, "a", "b")  # both slots owned, neither saved yet
+    first, second = asyncio.ensure_future(pool.acquire("S")), asyncio.ensure_future(pool.acquire("S"))
+    lease = await first
+    assert not second.done() and [pool.owner(s) for s in (0, 1)].count("S") == 1
+    await pool.release(lease.slot)
+    again = await second
+    assert again.slot == lease.slot and again.warm
+    await pool.release(again.slot)
+
+
+async def test_a_stream_closed_before_its_first_read_frees_its_slot(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    events = await pooled.stream(MODEL, {"messages": [{"role": "user", "content": "hi"}], **SAMPLING}, session="unread")
+    await events.aclose()  # type: ignore[attr-defined]
+    await asyncio.wait_for(pool.idle(), 30)
+
+
+async def test_a_cancelled_close_still_frees_the_slot(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    events = await pooled.stream(MODEL, {"messages": [{"role": "user", "content": "tell me everything"}],
+                                         "temperature": 0, "max_tokens": 400}, session="cancelled-close")
+    await anext(events)  # type: ignore[call-overload]
+    closing = asyncio.ensure_future(events.aclose())  # type: ignore[attr-defined]
+    await asyncio.sleep(0)  # it is inside the close now, waiting for llama.cpp to stop
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await asyncio.wait_for(pool.idle(), 30)
+
+
+async def test_requests_waiting_for_a_slot_count_in_the_runners_queue(pooled_runner: LlamaCppRunner, pooled: LlamaCppAI, pool: SlotPool) -> None:
+    """Beyond the runner's bound a request is refused at once (a 503 with Retry-After at the
+    gateway), not queued for a slot without end."""
+    from edgellm.ports import CapacityExceeded
+
+    body = {"messages": [{"role": "user", "content": "a long answer please"}], "temperature": 0, "max_tokens": 200}
+    pooled_runner.max_waiting = 2
+    held = []
+    try:
+        held = [await pooled.stream(MODEL, body, session=name) for name in ("q1", "q2")]  # both slots generating
+        with pytest.raises(CapacityExceeded):
+            await asyncio.wait_for(pooled.run(MODEL, body, session="q3"), 30)
+    finally:
+        pooled_runner.max_waiting = None
+        for events in held:
+            await events.aclose()  # type: ignore[attr-defined]
+    await pool.idle()

@@ -17,6 +17,14 @@ mimetypes.add_type("text/javascript", ".js")
 mimetypes.add_type("application/json", ".json")
 
 
+def same_origin(path: str) -> str:
+    """`path` as a redirect target that can only be a path on this origin: exactly one leading
+    slash. The request path may start with several (`//chat.html` is served as `/chat.html`), and
+    a browser reads a Location of `//chat` (or `/\\chat`, or `/<tab>/chat`: it treats a backslash
+    as a slash and drops tabs and newlines) as the host `chat`: an open redirect."""
+    return "/" + path.lstrip("/\\\t\n\r ")
+
+
 @dataclass
 class StaticAssets:
     root: Path
@@ -56,7 +64,7 @@ class StaticAssets:
         if request.path.endswith(".html"):  # html_handling "auto-trailing-slash": the clean URL is the name
             clean = request.path[: -len("index.html")] if request.path.endswith("/index.html") else request.path[: -len(".html")]
             query = request.url.partition("?")[2]
-            return Response(307, {"location": clean + (f"?{query}" if query else ""), "content-length": "0"})
+            return Response(307, {"location": same_origin(clean) + (f"?{query}" if query else ""), "content-length": "0"})
         etag = self._etag(file)
         headers = {
             "etag": etag,

@@ -120,8 +120,14 @@ class EdgeApp:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
+            await work
+        except asyncio.CancelledError:
+            # the client left (the watcher cancelled the work): nothing more to answer. But the
+            # serving task itself being cancelled (the server shutting down) must stay a cancel,
+            # or its canceller would see the request served and carry on as if it had stopped.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
         finally:
             watcher.cancel()
 

@@ -11,12 +11,14 @@ import socket
 import stat
 from pathlib import Path
 from typing import Callable, Iterator
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.edge import dev_stack
+from edgellm_local.assets import StaticAssets
+from edgellm_local.edge import DEFAULT_PUBLIC, dev_stack
 from edgellm_local.faults import FaultPlan
 from edgellm_local.hardening import ServerLimits
 from edgellm_local.server import EdgeApp, EdgeServer
@@ -112,6 +114,34 @@ def test_the_host_header_never_changes_the_route(admin_edge: EdgeServer) -> None
     for host in ("localhost:8787", "127.0.0.1", "[::1]:80", "edge.example.com"):
         status, _, body, _ = exchange(admin_edge, request_bytes("GET", "/healthz", {"Host": host}))
         assert status == 200 and json.loads(body)["status"] == "ok", host
+
+
+@pytest.fixture(params=["fast", "baseline"])
+def assets_edge(request: pytest.FixtureRequest, make_deps) -> Iterator[EdgeServer]:
+    """The edge with `public/` on each HTTP parser: each hands the raw path on in its own way."""
+    with EdgeServer(EdgeApp(make_deps(), StaticAssets(DEFAULT_PUBLIC)), kind=request.param) as server:
+        yield server
+
+
+# a path a browser would follow off the origin if it came back as the Location (`//chat` is the
+# host `chat`), each sent as is, with what the clean URL of the page it names must be
+CLEAN_URLS = {"//chat.html": "/chat", "///chat.html": "/chat", "//index.html": "/", "//chat.html?x=//evil.com": "/chat?x=//evil.com",
+              "//./chat.html": "/./chat", "/%2F/chat.html": "/%2F/chat"}
+NO_PAGE = ["///x/../chat.html", "/\\evil.com/chat.html", "/\\/chat.html", "//evil.com/..%2Fchat.html", "/%2F%2Fevil.com/chat.html",
+           "/%5Cevil.com/chat.html", "/%5C/chat.html"]
+
+
+def test_a_static_assets_redirect_never_leaves_the_origin(assets_edge: EdgeServer) -> None:
+    for target in [*CLEAN_URLS, *NO_PAGE]:
+        status, headers, _, _ = exchange(assets_edge, request_bytes("GET", target, {"Host": "edge.example", "Connection": "close"}))
+        location = headers.get("location")
+        if location is not None:  # what a browser makes of it: a path on this origin
+            assert location[1:2] not in ("/", "\\"), (target, location)
+            assert urlsplit(urljoin("http://edge.example" + target, location)).netloc == "edge.example", (target, location)
+        if target in CLEAN_URLS:
+            assert (status, location) == (307, CLEAN_URLS[target]), target
+        else:
+            assert status == 404 and location is None, target
 
 
 def test_a_path_segment_longer_than_the_filesystem_allows_is_a_404_json(edge: EdgeServer) -> None:

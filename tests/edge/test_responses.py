@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import asyncio
+import os
+import secrets
 
 import httpx
 import openai
@@ -17,10 +19,11 @@ from pydantic import BaseModel
 
 from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
+from edgellm.conversations import conversation_of
 from edgellm.ports import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.conversations import conversation_factory
-from edgellm_local.durable import LocalDurableObjectNamespace
+from edgellm_local.durable import DEFAULT_MAX_LIVE, LocalDurableObjectNamespace
 from edgellm_local.server import EdgeServer
 from edgellm_local.slots import SlotPool
 from tests.conftest import ManualClock
@@ -39,12 +42,13 @@ def pooled_runner(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def conversational(make_deps: Callable[..., Deps], pooled_runner: LlamaCppRunner, tmp_path: Path) -> Callable[..., Deps]:
     """Deps of the local edge as `edgellm dev` builds them: a slot pool and conversation objects."""
 
-    def make(config: Config | None = None, clock: Any = None, **overrides: Any) -> Deps:
+    def make(config: Config | None = None, clock: Any = None, max_live: int = DEFAULT_MAX_LIVE, **overrides: Any) -> Deps:
         config = config or Config(open_access=True)  # keys are tenant tests' own (below, and test_access.py)
         clock = clock or ManualClock()
         ai = LlamaCppAI.for_config(config, pooled_runner)
         ai.slots = SlotPool(pooled_runner)
-        namespace = LocalDurableObjectNamespace(conversation_factory(tmp_path / "conversations", config, clock), class_name="Conversation")
+        namespace = LocalDurableObjectNamespace(conversation_factory(tmp_path / "conversations", config, clock),
+                                                class_name="Conversation", max_live=max_live)
         return make_deps(config=config, clock=clock, ai=ai, conversations=namespace, **overrides)
 
     return make
@@ -165,6 +169,50 @@ def test_stored_responses_expire_after_the_ttl(start_edge: Callable[..., EdgeSer
             sdk.responses.retrieve(response.id)
         with pytest.raises(openai.NotFoundError):
             sdk.responses.create(model=MODEL, input="y", previous_response_id=response.id, max_output_tokens=3)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))  # the server runs in this process, on a thread
+
+
+def unknown_response_id() -> str:
+    return f"resp_{secrets.token_hex(16)}{secrets.token_hex(8)}"  # well formed: it reaches a conversation object
+
+
+def test_unknown_response_ids_leave_no_descriptor_file_or_instance_behind(start_edge: Callable[..., EdgeServer],
+                                                                         conversational: Callable[..., Deps], tmp_path: Path) -> None:
+    """Any client may look up random ids: each lands on an object of its own, which must not keep
+    a SQLite connection, a file, or itself for the life of the server."""
+    server = start_edge(conversational(max_live=8))
+    namespace = server.app.deps.conversations
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        assert http.get(f"/v1/responses/{unknown_response_id()}").status_code == 404  # the connection is open now
+        before = open_fds()
+        assert [http.get(f"/v1/responses/{unknown_response_id()}").status_code for _ in range(300)] == [404] * 300
+        assert open_fds() - before <= 2
+    assert len(namespace.names) <= 8 and namespace.evictions >= 301 - 8
+    assert not list((tmp_path / "conversations").glob("*.sqlite3"))
+
+
+def test_an_evicted_conversation_still_answers_from_its_stored_data(start_edge: Callable[..., EdgeServer],
+                                                                    conversational: Callable[..., Deps]) -> None:
+    server = start_edge(conversational(max_live=2))
+    namespace = server.app.deps.conversations
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60) as sdk:
+        first = sdk.responses.create(model=MODEL, input="one", max_output_tokens=3, temperature=0, extra_headers=NO_CACHE)
+        second = sdk.responses.create(model=MODEL, input="two", previous_response_id=first.id, max_output_tokens=3,
+                                      temperature=0, extra_headers=NO_CACHE)
+        conversation = conversation_of(first.id)
+        assert conversation is not None
+        for _ in range(3):
+            with pytest.raises(openai.NotFoundError):
+                sdk.responses.retrieve(unknown_response_id())
+        assert not any(name.endswith(conversation) for name in namespace.names)  # its instance was evicted
+        assert sdk.responses.retrieve(second.id).output_text == second.output_text  # rebuilt from its file
+        third = sdk.responses.create(model=MODEL, input="three", previous_response_id=second.id, max_output_tokens=3,
+                                     temperature=0, extra_headers=NO_CACHE)  # the whole chain read back
+        assert third.previous_response_id == second.id and third.usage is not None
+        assert third.usage.input_tokens > second.usage.input_tokens  # type: ignore[union-attr]
 
 
 def test_a_conversation_past_its_size_cap_is_a_400(start_edge: Callable[..., EdgeServer], conversational: Callable[..., Deps]) -> None:

@@ -1,9 +1,11 @@
 """The conversation Durable Object's logic over real SQLite storage: append, chain, delete,
-expiry on an injected clock, the size cap."""
+expiry on an injected clock, the size cap; the local storage's file made with the first row,
+and closed when the instance is evicted."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,9 @@ import pytest
 from edgellm.conversations import (
     ConversationObject, StoredResponse, conversation_of, new_conversation_id, new_response_id,
 )
+from edgellm.config import Config
 from edgellm.http import Request, Response
-from edgellm_local.conversations import SqliteSqlStorage
+from edgellm_local.conversations import SqliteSqlStorage, conversation_factory
 from tests.conftest import ManualClock
 
 ORIGIN = "https://conversation.internal"
@@ -85,3 +88,32 @@ async def test_state_survives_a_new_instance_over_the_same_storage(tmp_path: Pat
     await call(first, "POST", "/responses", record(rid, None, "a").to_json())
     again = ConversationObject(SqliteSqlStorage(tmp_path / "c.sqlite3"), clock)
     assert json.loads((await call(again, "GET", f"/responses/{rid}")).body)["output_text"] == "a"
+
+
+async def test_a_conversation_gets_its_file_with_its_first_row(tmp_path: Path, clock: ManualClock) -> None:
+    """Looking up ids of a conversation never stored (any client can, with random ids) leaves no file."""
+    file = tmp_path / "conversations" / "c.sqlite3"
+    rid = new_response_id(new_conversation_id())
+    obj = ConversationObject(SqliteSqlStorage(file), clock)
+    assert (await call(obj, "GET", f"/responses/{rid}")).status == 404
+    assert (await call(obj, "GET", f"/chain/{rid}")).status == 404
+    assert (await call(obj, "DELETE", f"/responses/{rid}")).status == 404
+    assert (await call(obj, "DELETE", "/")).status == 200
+    assert not file.exists()
+    assert (await call(obj, "POST", "/responses", record(rid, None, "a").to_json())).status == 201
+    assert file.exists()
+    obj.storage.close()  # type: ignore[attr-defined]
+    again = ConversationObject(SqliteSqlStorage(file), clock)
+    assert json.loads((await call(again, "GET", f"/responses/{rid}")).body)["output_text"] == "a"
+
+
+async def test_closing_a_local_conversation_closes_its_database(tmp_path: Path, clock: ManualClock) -> None:
+    """What the namespace calls when it evicts the instance: the descriptor goes, the data stays."""
+    build = conversation_factory(tmp_path, Config(), clock)
+    rid = new_response_id(new_conversation_id())
+    obj = build(f"default/{rid}")
+    assert (await call(obj, "POST", "/responses", record(rid, None, "a").to_json())).status == 201
+    open_with_it = len(os.listdir("/proc/self/fd"))
+    obj.close()  # type: ignore[attr-defined]
+    assert len(os.listdir("/proc/self/fd")) == open_with_it - 1
+    assert json.loads((await call(build(f"default/{rid}"), "GET", f"/responses/{rid}")).body)["output_text"] == "a"

@@ -1,10 +1,12 @@
 """The local Durable Object emulation: one instance per name, requests interleaving at await
 points inside it, streamed bodies relayed chunk by chunk, a caller that leaves closing the
-object's body, and nothing shared between the object and the Worker request that called it."""
+object's body, nothing shared between the object and the Worker request that called it, and
+idle instances evicted (closed) past the namespace's cap, busy ones never."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -27,6 +29,10 @@ class Room:
     waiting: int = 0  # requests inside `/wait`
     cancelled: int = 0  # `/wait` calls cancelled inside the object
     context: Any = None
+    closed: bool = False  # the namespace evicted it
+
+    def close(self) -> None:
+        self.closed = True
 
     async def fetch(self, request: Request) -> Response:
         self.context = current_request()
@@ -56,8 +62,8 @@ class Room:
             self.closed_bodies += 1
 
 
-def namespace() -> LocalDurableObjectNamespace:
-    return LocalDurableObjectNamespace(Room, class_name="Room")
+def namespace(max_live: int = 256) -> LocalDurableObjectNamespace:
+    return LocalDurableObjectNamespace(Room, class_name="Room", max_live=max_live)
 
 
 async def until(condition: Any) -> None:
@@ -146,6 +152,7 @@ def test_a_cancelled_caller_cancels_the_call() -> None:
             await waiting
         await until(lambda: room.waiting == 0)  # the object's own call was cancelled, not left waiting
         assert room.cancelled == 1
+        assert ns.get("a").busy == 0  # and the instance is idle again: it may be evicted
 
     isolation.run(main())
 
@@ -177,5 +184,89 @@ def test_what_the_object_owns_is_not_the_callers() -> None:
         with pytest.raises(CrossRequestIOError):
             await peeking
         assert (await waiting).status == 200
+
+    isolation.run(main())
+
+
+# --- eviction of idle instances ----------------------------------------------------------------
+
+
+async def open_rooms(ns: LocalDurableObjectNamespace, *names: str) -> None:
+    for name in names:
+        with request_context(f"worker {name}"):
+            assert (await asyncio.ensure_future(ns.get(name).fetch(Request("POST", "https://room/open")))).status == 204
+
+
+def test_idle_instances_past_the_cap_are_evicted_least_recently_used_first_and_closed() -> None:
+    async def main() -> None:
+        ns = namespace(max_live=2)
+        await open_rooms(ns, "a", "b")
+        b = ns.get("b").object
+        a = ns.get("a").object  # "a" is now the most recently used
+        await open_rooms(ns, "c")
+        assert ns.names == ["a", "c"] and ns.evictions == 1
+        assert b.closed and not a.closed
+        rebuilt = ns.get("b").object  # the next request to an evicted name gets a new instance
+        assert rebuilt is not b and not rebuilt.closed and ns.names == ["c", "b"] and a.closed
+
+    isolation.run(main())
+
+
+def test_a_stub_kept_past_its_eviction_reaches_the_rebuilt_instance() -> None:
+    async def main() -> None:
+        ns = namespace(max_live=1)
+        kept = ns.get("a")
+        await open_rooms(ns, "b")
+        assert kept.evicted and kept.object.closed
+        with request_context("worker"):
+            assert (await asyncio.ensure_future(kept.fetch(Request("POST", "https://room/open")))).status == 204
+        assert ns.names == ["a"] and ns.get("a").object is not kept.object and ns.get("a").object.opened.is_set()
+
+    isolation.run(main())
+
+
+def test_an_instance_serving_a_request_is_never_evicted() -> None:
+    async def main() -> None:
+        ns = namespace(max_live=1)
+        waiting = call(ns, "a", "/wait", "worker 1")
+        room = ns.get("a").object
+        await until(lambda: room.waiting == 1)
+        await open_rooms(ns, "b", "c", "d")
+        assert not room.closed and "a" in ns.names and ns.get("a").object is room
+        assert (await call(ns, "a", "/open", "worker 2")).status == 204
+        assert (await waiting).body == b"opened"
+        await open_rooms(ns, "e")  # idle now: evicted with the next instance made
+        assert room.closed and ns.names == ["e"]
+
+    isolation.run(main())
+
+
+def test_an_instance_whose_body_is_still_open_is_never_evicted() -> None:
+    async def main() -> None:
+        ns = namespace(max_live=1)
+        with request_context("reader"):
+            response = await asyncio.ensure_future(ns.get("a").fetch(Request("POST", "https://room/stream")))
+            assert await asyncio.ensure_future(anext(response.body)) == b"chunk0 "  # type: ignore[arg-type]
+        room = ns.get("a").object
+        await open_rooms(ns, "b", "c")
+        assert not room.closed and "a" in ns.names
+        with request_context("reader"):
+            assert await asyncio.ensure_future(anext(response.body)) == b"chunk1 "  # type: ignore[arg-type]
+            await asyncio.ensure_future(response.body.aclose())  # type: ignore[union-attr]
+        assert ns.get("a").busy == 0
+        await open_rooms(ns, "d")
+        assert room.closed and ns.names == ["d"]
+
+    isolation.run(main())
+
+
+def test_a_body_dropped_unclosed_leaves_its_instance_idle() -> None:
+    async def main() -> None:
+        ns = namespace()
+        with request_context("reader"):
+            response = await asyncio.ensure_future(ns.get("a").fetch(Request("POST", "https://room/stream")))
+        assert ns.get("a").busy == 1
+        del response
+        await until(lambda: gc.collect() >= 0 and ns.get("a").busy == 0)  # once the loop lets go of the finished call
 
     isolation.run(main())

@@ -289,6 +289,33 @@ async def test_a_durable_object_stub_fetch_streams_the_answer(adapter) -> None:
     assert response.body.js_stream.reader.released
 
 
+async def test_an_object_takes_an_order_larger_than_a_client_body(adapter) -> None:
+    """A flight's order is the client's whole input (up to the Worker's 1 MiB) plus its key and
+    route: the object must read it whole, not as an empty body."""
+    from edgellm.config import MAX_BODY_BYTES
+    from edgellm.http import Response
+    from edgellm.runtime import pyodide_durable
+
+    order = b"x" * (MAX_BODY_BYTES + 4096)
+    seen: list[bytes] = []
+
+    class Echo:
+        async def fetch(self, request: Any) -> Response:
+            seen.append(request.body)
+            return Response(204)
+
+    class NativeRequest:
+        method, url = "POST", "https://flight.edgellm.internal/generate"
+        headers = {"content-length": str(len(order))}
+        js_object = SimpleNamespace()
+
+        async def bytes(self) -> bytes:
+            return order
+
+    await pyodide_durable.serve_object(Echo(), NativeRequest())
+    assert seen == [order]
+
+
 class FakeRateLimit:
     def __init__(self, allow: int) -> None:
         self.allow, self.keys = allow, []
@@ -425,9 +452,13 @@ async def test_origin_fetch_failures_and_timeouts_are_fetch_errors(adapter) -> N
 
 
 async def test_request_cf_country_and_continent_reach_the_core(adapter) -> None:
-    request = SimpleNamespace(method="GET", url="https://x/healthz", headers={}, cf=SimpleNamespace(country="DE", continent="EU"))
+    # as workers.Request has it: `cf` only on the JS object underneath, not on the Python wrapper
+    request = SimpleNamespace(method="GET", url="https://x/healthz", headers={},
+                              js_object=SimpleNamespace(cf=SimpleNamespace(country="DE", continent="EU")))
     core = await adapter.pyodide.to_core_request(request, 1024)
     assert core.cf == {"country": "DE", "continent": "EU"}
+    bare = SimpleNamespace(method="GET", url="https://x/healthz", headers={}, js_object=SimpleNamespace())
+    assert (await adapter.pyodide.to_core_request(bare, 1024)).cf == {}
 
 
 class CountingBucket(fp.JsR2Bucket):

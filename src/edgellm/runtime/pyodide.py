@@ -208,8 +208,9 @@ async def to_core_request(request: Any, max_body: int) -> Request:
 
 
 def _cf(request: Any) -> dict[str, str]:
-    """Where the request came from (`request.cf`, set by Cloudflare: the client cannot forge it)."""
-    cf = getattr(request, "cf", None)
+    """Where the request came from (`cf`, set by Cloudflare: the client cannot forge it). It is on
+    the JS request (`request.js_object.cf`), not on the Python `workers.Request`."""
+    cf = getattr(getattr(request, "js_object", None), "cf", None)
     if is_missing(cf):
         return {}
     values = {name: getattr(cf, name, None) for name in ("country", "continent")}

@@ -15,6 +15,7 @@ from typing import Any
 from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
 from ..cache.coalescing import FlightObject
+from ..config import MAX_BODY_BYTES
 from ..durable import DurableObject
 from ..http import Request, Response
 from ..ports import BindingError
@@ -58,7 +59,12 @@ class WorkersDurableObjectNamespace:
         return WorkersDurableObjectStub(self.binding.get(self.binding.idFromName(name)))
 
 
-async def serve_object(obj: DurableObject, request: Any, max_body: int = 1024 * 1024) -> Any:
+# What a Worker sends its objects: a flight's order is the client's whole input (up to the
+# Worker's own MAX_BODY_BYTES) plus its key and route, so an object takes twice that.
+OBJECT_MAX_BODY = 2 * MAX_BODY_BYTES
+
+
+async def serve_object(obj: DurableObject, request: Any, max_body: int = OBJECT_MAX_BODY) -> Any:
     """One request to a Durable Object hosted in workerd: native -> core -> native, body streamed."""
     return to_native_response(await obj.fetch(await to_core_request(request, max_body)))
 

@@ -64,7 +64,7 @@ class FakeObjectBinding:
                                           bytes=_bytes(raw))
                 native = await host.fetch(request)
                 return SimpleNamespace(status=native.status, headers=FakeHeaders(native.headers),
-                                       arrayBuffer=_buffer(native.body))
+                                       body=native.body or None, arrayBuffer=_buffer(native.body))
 
         binding.last = object_id
         return Stub()
@@ -93,7 +93,7 @@ def adapter():
 async def test_a_conversation_round_trips_through_the_durable_object_adapters(adapter) -> None:
     env = SimpleNamespace(CONVERSATION_TTL="3600")
     binding = FakeObjectBinding(lambda: adapter.ConversationHost(SimpleNamespace(storage=SimpleNamespace(sql=FakeSql())), env))
-    store = ConversationStore(adapter.WorkersDurableNamespace(binding))
+    store = ConversationStore(adapter.WorkersDurableObjectNamespace(binding))
     conversation = new_conversation_id()
     first, second = new_response_id(conversation), new_response_id(conversation)
     await store.append(StoredResponse(first, None, 1, "m", None, ({"role": "user", "content": "q"},), "a", "completed"))
@@ -117,7 +117,7 @@ async def test_a_failing_object_is_a_503(adapter) -> None:
                     raise fp.JsException("Error: Durable Object reset because its code was updated.")
             return Stub()
 
-    store = ConversationStore(adapter.WorkersDurableNamespace(Broken()))
+    store = ConversationStore(adapter.WorkersDurableObjectNamespace(Broken()))
     with pytest.raises(GatewayError) as info:
         await store.get(new_response_id(new_conversation_id()))
     assert info.value.status == 503 and info.value.retry_after

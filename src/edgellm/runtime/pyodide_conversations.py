@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyodide.ffi import JsException, jsnull, to_js  # type: ignore[import-not-found]
+from pyodide.ffi import jsnull  # type: ignore[import-not-found]
 
 from ..config import Config
 from ..conversations import ConversationObject
-from ..http import Request, Response
-from ..ports import BindingError, SystemClock
-from .pyodide import EnvMapping, is_missing, js_options, to_core_request, to_native_response
+from ..ports import SystemClock
+from .pyodide import EnvMapping, is_missing
+from .pyodide_durable import WorkersDurableObjectNamespace, serve_object
 
 
 def _binding(value: Any) -> Any:
@@ -46,38 +46,10 @@ class ConversationHost:
                                          self.config.conversation_ttl, self.config.conversation_max_bytes)
 
     async def fetch(self, request: Any) -> Any:
-        core = await to_core_request(request, self.config.conversation_max_bytes + 65536)
-        return to_native_response(await self.object.fetch(core))
+        return await serve_object(self.object, request, self.config.conversation_max_bytes + 65536)
 
 
-class WorkersDurableStub:
-    def __init__(self, stub: Any) -> None:
-        self._stub = stub
-
-    async def fetch(self, request: Request) -> Response:
-        init: dict[str, Any] = {"method": request.method, "headers": dict(request.headers)}
-        if request.body:
-            init["body"] = to_js(request.body)
-        try:
-            answer = await self._stub.fetch(request.url, js_options(init))
-            body = (await answer.arrayBuffer()).to_bytes()
-        except JsException as exc:
-            raise BindingError(f"Durable Object request failed: {getattr(exc, 'message', exc)}") from exc
-        headers = {str(k).lower(): str(v) for k, v in (answer.headers.entries() if hasattr(answer.headers, "entries") else [])}
-        return Response(int(answer.status), headers, bytes(body))
-
-
-class WorkersDurableNamespace:
-    """A Durable Object binding as the core's `DurableObjectNamespace`: one object per name."""
-
-    def __init__(self, binding: Any) -> None:
-        self._binding = binding
-
-    def get(self, name: str) -> WorkersDurableStub:
-        return WorkersDurableStub(self._binding.get(self._binding.idFromName(name)))
-
-
-def conversation_namespace(env: Any) -> WorkersDurableNamespace | None:
+def conversation_namespace(env: Any) -> WorkersDurableObjectNamespace | None:
+    """The Worker's side: the `CONVERSATIONS` binding through the one Durable Object stub."""
     binding = getattr(env, "CONVERSATIONS", None)
-    return None if binding is None or is_missing(binding) else WorkersDurableNamespace(binding)
-
+    return None if binding is None or is_missing(binding) else WorkersDurableObjectNamespace(binding)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from edgellm.cache.key import CacheScope, build_custom_key
 from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.http import Request
-from edgellm.ports import Deps
+from edgellm.ports import BindingError, Deps
 from edgellm.state import AccessState
 from edgellm_local.kv import SqliteKV
 from tests.support.fake_ai import OpenStreamAI, ScriptedAI
@@ -136,3 +137,45 @@ async def test_a_stream_closed_early_frees_its_admission_closes_the_binding_and_
     await asyncio.gather(*background)
     rows = await usage.query(0, clock.now() + 1, ())
     assert rows[0]["requests"] == 1
+
+
+# --- a tenant's cache stats when KV fails ----------------------------------------------------
+
+
+@dataclass
+class ListFailingKV:
+    """The local KV binding whose LIST fails with `error` (as a KV outage or a refused call reaches
+    the core through the runtime adapter); GET and PUT still work, so keys still authenticate."""
+
+    inner: SqliteKV
+    error: BindingError
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def list(self, prefix: str = "", limit: int = 1000, cursor: str | None = None) -> dict[str, Any]:
+        raise self.error
+
+
+def _retryable(message: str) -> BindingError:
+    error = BindingError(message)
+    error.retryable = True
+    return error
+
+
+@pytest.mark.parametrize(("error", "status", "code"), [
+    (_retryable("KV LIST failed: 503 Service Unavailable"), 503, "kv_unavailable"),
+    (BindingError("KV LIST failed: 500 Internal Error"), 502, "kv_error"),
+])
+async def test_a_tenants_cache_stats_when_kv_list_fails_is_a_502_or_503_with_retry_after(
+    error: BindingError, status: int, code: str, clock
+) -> None:
+    kv = SqliteKV(clock=clock)
+    made = new_key("acme", clock.now())
+    await KeyRing(kv).put(made.record)
+    deps = Deps(config=Config(), ai=ScriptedAI(), kv=ListFailingKV(kv, error), clock=clock, log=logging.getLogger("edgellm.test"))
+    response = await handle(Request("GET", "http://edge.test/admin/cache/stats", {"authorization": f"Bearer {made.api_key}"}, b""), deps)
+    assert response.status == status, (response.status, response.body)
+    assert response.headers["retry-after"] == "5"
+    body = json.loads(response.body)["error"]
+    assert set(body) == {"message", "type", "param", "code"} and body["code"] == code and "KV LIST failed" in body["message"]

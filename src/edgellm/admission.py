@@ -4,13 +4,20 @@ Without a bound, a burst of misses queues without end (under 200 clients, misses
 p50) and every one of them waits longer. Beyond the bound a new miss is refused at once with
 503 + Retry-After, in the OpenAI error shape, so clients back off; cache HITs never ask.
 
+Identical cacheable misses coalesce in the flights Durable Object: only the request that
+starts a flight costs a generation. The isolate cannot know which request that is until the
+object answers, so every request of the isolate for the same flight shares one place
+(`admit_shared`), and a request the object says `joined` gives its share back at once: a herd of
+identical misses costs one place, never a 503 each, while the generations this isolate starts
+stay bounded (one object runs at most one flight at a time).
+
 The count is plain data in the isolate (`IsolateState.admission`): no request ever awaits
 another's I/O through it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from .generation import Event
@@ -22,6 +29,17 @@ RETRY_AFTER_SECONDS = 2
 class Admission:
     active: int = 0
     refused: int = 0
+    shared: dict[str, "SharedPlace"] = field(default_factory=dict)  # flight name -> its one place
+
+    def admit_shared(self, name: str, limit: int) -> "Share":
+        """A share of the one place every request of this isolate for flight `name` holds
+        together: the first takes the place (or gets the 503), the others share it; it is
+        freed when the last share is released."""
+        place = self.shared.get(name)
+        if place is None:
+            place = self.shared[name] = SharedPlace(self, name, self.admit(limit))
+        place.holders += 1
+        return Share(place)
 
     def admit(self, limit: int) -> "Ticket":
         # imported here: errors -> ports -> state -> admission would be a cycle at import time
@@ -51,10 +69,39 @@ class Ticket:
             self.admission.active -= 1
 
 
+@dataclass
+class SharedPlace:
+    """One admitted place held by every request of the isolate for one flight."""
+
+    admission: Admission
+    name: str
+    ticket: Ticket
+    holders: int = 0
+
+
+@dataclass
+class Share:
+    """One request's share of a `SharedPlace`; `release` is idempotent, like a `Ticket`'s."""
+
+    place: SharedPlace
+    released: bool = False
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        place = self.place
+        place.holders -= 1
+        if place.holders == 0:
+            place.ticket.release()
+            if place.admission.shared.get(place.name) is place:
+                del place.admission.shared[place.name]
+
+
 class Admitted:
     """A generation's events holding its ticket until they end, fail or are closed."""
 
-    def __init__(self, events: AsyncIterator[Event], ticket: Ticket) -> None:
+    def __init__(self, events: AsyncIterator[Event], ticket: Ticket | Share) -> None:
         self.events, self.ticket = events, ticket
 
     def __aiter__(self) -> "Admitted":

@@ -59,7 +59,8 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
             raise
         except Exception as exc:  # an adapter that let a runtime error through is still a failing dependency
             raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), model) from exc
-        return Generation(model=model, events=apply_stop(source, request.stop, live=request.stream))
+        events_of = apply_stop(source, request.stop, live=request.stream)
+        return Generation(model=model, events=Owning(events_of, events) if request.stream else events_of)
     assert last is not None
     raise binding_error(last, request.model)
 
@@ -125,8 +126,11 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
     usage counts the tokens received.
     """
     if not stops:
-        async for event in events:
-            yield event
+        try:
+            async for event in events:
+                yield event
+        finally:  # closed mid-answer: the stream below is closed now, not whenever it is collected
+            await _aclose(events)
         return
     hold = max(len(s) for s in stops) - 1
     pending, received = "", 0
@@ -153,6 +157,31 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
                 pending = pending[len(pending) - hold :]
     finally:
         await _aclose(events)
+
+
+class Owning:
+    """A generation's events made by generators from a binding stream they own: closing them
+    closes that stream, read or not. An async generator closed before its first read skips its
+    `finally`, so a client gone before the first token would leave the binding's stream open (on
+    the local edge, a llama.cpp slot held until the stream is collected)."""
+
+    def __init__(self, events: AsyncIterator[Event], owned: Any) -> None:
+        self.events, self.owned, self.started, self.closed = events, owned, False, False
+
+    def __aiter__(self) -> "Owning":
+        return self
+
+    async def __anext__(self) -> Event:
+        self.started = True  # from here the generators' own `finally` closes the stream
+        return await anext(self.events)
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await _aclose(self.events)
+        if not self.started:
+            await _aclose(self.owned)
 
 
 async def _final_usage(events: AsyncIterator[Event]) -> Usage:

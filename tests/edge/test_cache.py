@@ -526,3 +526,52 @@ def test_admission_bound_answers_503_at_once_never_to_hits_and_recovers(start_ed
         t.join()
     assert [r.status_code for r in waiting] == [200, 200]
     assert post(server, uncached).status_code == 200 and deps.state.admission.active == 0
+
+
+def test_a_herd_of_identical_misses_joins_one_flight_past_the_admission_bound(start_edge, make_deps) -> None:
+    """Joiners cost the backend nothing: more identical misses than `max_waiting_generations`
+    all join the one flight (one place for the herd), none is refused."""
+    clients = 5
+    deps = make_deps(config=Config(open_access=True, max_waiting_generations=2))
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    # all in: each is subscribed to the flight or was refused (the latter only without the fix)
+    results = run_clients(server, [{**CHAT, "stream": i % 2 == 0} for i in range(clients)],
+                          lambda: subscribers(server) + deps.state.admission.refused == clients, ai)
+    server.drain()
+    assert [r.status_code for r in results] == [200] * clients and deps.state.admission.refused == 0
+    assert ai.calls == 1 and deps.state.cache.coalesced == clients - 1
+    texts = {stream_text(r) if is_stream(r) else chat_text(r) for r in results}
+    assert len(texts) == 1 and texts != {""}
+    assert deps.state.admission.active == 0 and deps.state.admission.shared == {}
+
+
+def test_the_flights_an_isolate_starts_stay_bounded_while_joiners_pass(start_edge, make_deps) -> None:
+    """Two different misses fill a bound of 2: a third different one is refused at once, while
+    one identical to a running flight still joins it."""
+    deps = make_deps(config=Config(open_access=True, max_waiting_generations=2))
+    ai = GatedAI(deps.ai)
+    server = start_edge(replace(deps, ai=ai))
+    first, second, third = ({**CHAT, "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(3))
+    answers: dict[int, httpx.Response] = {}
+
+    def send(i: int, body: dict) -> threading.Thread:
+        thread = threading.Thread(target=lambda: answers.__setitem__(i, httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)))
+        thread.start()
+        return thread
+
+    threads = [send(0, first), send(1, second)]
+    wait_for(lambda: subscribers(server) == 2 and deps.state.admission.active == 2)
+    refused = httpx.post(server.url + "/v1/chat/completions", json=third, timeout=60)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+    assert refused.json()["error"]["code"] == "overloaded"
+    threads.append(send(2, first))  # joins the first flight: shares its place, takes none
+    wait_for(lambda: subscribers(server) == 3 or deps.state.admission.refused > 1)
+    assert deps.state.admission.refused == 1 and deps.state.admission.active == 2
+    ai.gate.set()
+    for thread in threads:
+        thread.join()
+    server.drain()
+    assert [answers[i].status_code for i in range(3)] == [200, 200, 200]
+    assert ai.calls == 2 and chat_text(answers[0]) == chat_text(answers[2])
+    assert deps.state.admission.active == 0 and deps.state.admission.shared == {}

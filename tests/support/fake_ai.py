@@ -110,3 +110,39 @@ class FailingAI:
 
     async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
         raise self.error
+
+
+@dataclass
+class OpenStream:
+    """A binding stream opened at the call, as a Workers AI ReadableStream (or a llama.cpp slot)
+    is: it holds its resource until it ends or is closed, read or not. `closed` says it was."""
+
+    events: list[dict[str, Any]]
+    closed: bool = False
+
+    def __aiter__(self) -> "OpenStream":
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self.closed or not self.events:
+            raise StopAsyncIteration
+        return self.events.pop(0)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class OpenStreamAI(ScriptedAI):
+    """`ScriptedAI` whose streams are `OpenStream`s (kept in `streams`), so a test sees whether
+    closing a generation, even before its first read, closed the binding's stream behind it."""
+
+    streams: list[OpenStream] = field(default_factory=list)
+
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        self._call(model, inputs, session)
+        events = [{"response": token} for token in self.tokens]
+        if self.usage is not None:
+            events.append({"response": "", "usage": dict(self.usage)})
+        self.streams.append(OpenStream(events))
+        return self.streams[-1]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -17,10 +18,10 @@ from edgellm.cache.key import CacheScope, build_custom_key
 from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.http import Request
-from edgellm.ports import Deps
+from edgellm.ports import BindingError, Deps
 from edgellm.state import AccessState
 from edgellm_local.kv import SqliteKV
-from tests.support.fake_ai import ScriptedAI
+from tests.support.fake_ai import OpenStreamAI, ScriptedAI
 
 
 def test_request_window_refuses_then_recovers_on_the_clock(clock) -> None:
@@ -95,3 +96,86 @@ async def test_open_mode_ignores_a_foreign_api_key_but_not_a_bad_edgellm_key(clo
     assert (await handle(call("sk-unused-locally"), keyed_deps)).status == 401
     for bad in (made.api_key, "el-short", "el-abcdefghijkl." + "x" * 30):
         assert (await handle(call(bad), open_deps)).status == 401, bad
+
+
+# --- a streamed answer closed early: its admission, its binding stream and its usage -----------
+
+STREAMED = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+    "/v1/completions": {"prompt": "hi", "stream": True},
+    f"/client/v4/accounts/acc/ai/run/{Config().model}": {"prompt": "hi", "stream": True},
+    "/v1/responses": {"input": "hi", "stream": True},
+}
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["bypass", "miss"])
+@pytest.mark.parametrize("read", [0, 1], ids=["unread", "partly-read"])
+@pytest.mark.parametrize("path", list(STREAMED))
+async def test_a_stream_closed_early_frees_its_admission_closes_the_binding_and_is_recorded_once(
+    path: str, read: int, cached: bool, clock, tmp_path
+) -> None:
+    """The server closes a body whose client left, possibly before its first read. Every layer
+    between the body and the generation (the usage recorder, the Finish tap, the renderer) must
+    pass the close on, or the admission ticket leaks (after `max_waiting_generations` such
+    leaks every miss in the isolate is a 503), the binding keeps streaming, and nothing is recorded."""
+    from edgellm_local.usage import SqliteUsage
+
+    ai, usage, background = OpenStreamAI(), SqliteUsage(tmp_path / "usage.sqlite3"), []
+    deps = Deps(config=Config(open_access=True), ai=ai, kv=SqliteKV(clock=clock) if cached else None, clock=clock,
+                log=logging.getLogger("edgellm.test"), usage=usage, wait_until=background.append)
+    body = {**STREAMED[path], "temperature": 0} if cached else STREAMED[path]
+    response = await handle(Request("POST", f"http://edge.test{path}", {"content-type": "application/json"}, json.dumps(body).encode()), deps)
+    assert response.status == 200 and response.is_streaming
+    assert response.headers["cf-aig-cache-status"] == ("MISS" if cached else "BYPASS")
+    assert deps.state.admission.active == 1
+    for _ in range(read):
+        await anext(response.body)  # type: ignore[arg-type]
+    await response.body.aclose()  # type: ignore[union-attr]
+    await response.body.aclose()  # type: ignore[union-attr]  # a second close changes nothing
+    assert deps.state.admission.active == 0
+    assert [s.closed for s in ai.streams] == [True]
+    await asyncio.gather(*background)
+    rows = await usage.query(0, clock.now() + 1, ())
+    assert rows[0]["requests"] == 1
+
+
+# --- a tenant's cache stats when KV fails ----------------------------------------------------
+
+
+@dataclass
+class ListFailingKV:
+    """The local KV binding whose LIST fails with `error` (as a KV outage or a refused call reaches
+    the core through the runtime adapter); GET and PUT still work, so keys still authenticate."""
+
+    inner: SqliteKV
+    error: BindingError
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def list(self, prefix: str = "", limit: int = 1000, cursor: str | None = None) -> dict[str, Any]:
+        raise self.error
+
+
+def _retryable(message: str) -> BindingError:
+    error = BindingError(message)
+    error.retryable = True
+    return error
+
+
+@pytest.mark.parametrize(("error", "status", "code"), [
+    (_retryable("KV LIST failed: 503 Service Unavailable"), 503, "kv_unavailable"),
+    (BindingError("KV LIST failed: 500 Internal Error"), 502, "kv_error"),
+])
+async def test_a_tenants_cache_stats_when_kv_list_fails_is_a_502_or_503_with_retry_after(
+    error: BindingError, status: int, code: str, clock
+) -> None:
+    kv = SqliteKV(clock=clock)
+    made = new_key("acme", clock.now())
+    await KeyRing(kv).put(made.record)
+    deps = Deps(config=Config(), ai=ScriptedAI(), kv=ListFailingKV(kv, error), clock=clock, log=logging.getLogger("edgellm.test"))
+    response = await handle(Request("GET", "http://edge.test/admin/cache/stats", {"authorization": f"Bearer {made.api_key}"}, b""), deps)
+    assert response.status == status, (response.status, response.body)
+    assert response.headers["retry-after"] == "5"
+    body = json.loads(response.body)["error"]
+    assert set(body) == {"message", "type", "param", "code"} and body["code"] == code and "KV LIST failed" in body["message"]

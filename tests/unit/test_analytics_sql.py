@@ -114,3 +114,18 @@ async def test_a_sink_that_cannot_be_read_back_is_a_clear_404_saying_what_to_set
     error = json.loads(response.body)["error"]
     assert response.status == 404 and error["code"] == "usage_not_queryable", (response.status, response.body)
     assert "ANALYTICS_API_TOKEN" in error["message"]
+
+
+@pytest.mark.parametrize("field", ["from", "to"])
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400"])
+async def test_a_non_finite_time_is_a_400_naming_its_field_never_a_500(field: str, value: str) -> None:
+    """`float` reads these; the SQL API's query needs whole seconds (`int(nan)` raised: a 500)."""
+    api = SqlApiDouble()
+    deps = Deps(config=Config(admin_token=ADMIN), ai=ScriptedAI(), log=logging.getLogger("edgellm.test"),
+                usage=ReadOnlySink(AnalyticsEngineSQL(api, "acc", "tok")))
+    response = await handle(usage_request(f"{field}={value}"), deps)
+    assert response.status == 400, (response.status, response.body)
+    error = json.loads(response.body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", field, "invalid_value")
+    assert api.sent == []  # refused before any query

@@ -13,7 +13,7 @@ from edgellm.errors import GatewayError
 from edgellm.generation import Finish, Generation, GenerationRequest, Token, Usage
 from edgellm.inference import apply_stop, binding_error, candidate_models, finish_reason, start_generation
 from edgellm.ports import BindingError, CapacityExceeded, Deps, InvalidModelInput, ModelNotFound
-from tests.support.fake_ai import ScriptedAI
+from tests.support.fake_ai import OpenStreamAI, ScriptedAI
 
 PRIMARY = "@cf/meta/llama-2-7b-chat-int8"
 FALLBACK = "@cf/meta/llama-2-7b-chat-hf-lora"
@@ -131,6 +131,19 @@ async def test_a_failure_mid_stream_raises_a_gateway_error_after_the_tokens_sent
     assert received == [Token("Hello"), Token(",")]
     assert info.value.status == 502
     assert ai.closed == 1
+
+
+@pytest.mark.parametrize("stop", [(), ("zzz",)])
+@pytest.mark.parametrize("read", [0, 2])
+async def test_closing_a_streamed_generation_closes_the_binding_stream_read_or_not(read: int, stop: tuple[str, ...]) -> None:
+    """A client gone before the first token (read=0) or mid-answer: the binding's stream is
+    closed at once, with or without stop sequences, not left to the garbage collector."""
+    ai = OpenStreamAI()
+    generation = await start_generation(deps_with(ai), request(stream=True, stop=stop))
+    for _ in range(read):
+        await anext(generation.events)
+    await generation.events.aclose()  # type: ignore[attr-defined]
+    assert [s.closed for s in ai.streams] == [True]
 
 
 async def test_a_result_without_text_is_an_upstream_error() -> None:

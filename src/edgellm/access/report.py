@@ -7,6 +7,7 @@ The admin token sees every tenant; a tenant's key sees its own rows only.
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timezone
 from typing import Any
@@ -23,11 +24,17 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(T[\d:.]+(Z|[+-]\d{2}:\d{2})?)?$")
 
 
 def parse_time(value: str, name: str) -> float:
-    """Epoch seconds or an ISO date/time (UTC unless it says otherwise)."""
+    """Epoch seconds or an ISO date/time (UTC unless it says otherwise). `float` also reads
+    "nan", "inf" and "1e400" (infinite): refused here, as the 400 they are, since no store can
+    search a range with no number at its end (the SQL API's query would fail as a 500)."""
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise invalid(f"'{name}' must be a finite number of epoch seconds or an ISO date, not {value!r}.", name)
+        return seconds
     if not _DATE.match(value):
         raise invalid(f"'{name}' must be epoch seconds or an ISO date such as 2026-12-01.", name)
     try:

@@ -4,7 +4,7 @@ tokens charged to the key's window. HITs count as requests, never as tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from ..generation import Event, Finish, Generation
 from ..http import Request, Response
@@ -23,24 +23,44 @@ class Observation:
     completion_tokens: int = 0
 
 
+@dataclass
+class Tapped:
+    """A generation's events on their way to the renderer, filling `seen` from the Finish. A
+    class, not a generator: an async generator closed before its first read skips its `finally`,
+    so closing this unread (a client gone before the first byte) would never close the events
+    behind it, and `Admitted` would keep its admission ticket for good."""
+
+    events: AsyncIterator[Event]
+    seen: Observation
+    closed: bool = False
+
+    def __aiter__(self) -> "Tapped":
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            event = await anext(self.events)
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(event, Finish):
+            self.seen.prompt_tokens, self.seen.completion_tokens = event.usage.prompt_tokens, event.usage.completion_tokens
+        return event
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        close = getattr(self.events, "aclose", None)
+        if close is not None:
+            await close()
+
+
 def observe(request: Request, generation: Generation) -> None:
     """Called by the API handlers with the generation they serve: taps its Finish event."""
     seen = Observation(generation.model, generation.cache_status or "BYPASS")
     request.observed = seen
-    inner = generation.events
-
-    async def tapped() -> AsyncIterator[Event]:
-        try:
-            async for event in inner:
-                if isinstance(event, Finish):
-                    seen.prompt_tokens, seen.completion_tokens = event.usage.prompt_tokens, event.usage.completion_tokens
-                yield event
-        finally:
-            close = getattr(inner, "aclose", None)
-            if close is not None:
-                await close()
-
-    generation.events = tapped()
+    generation.events = Tapped(generation.events, seen)
 
 
 def route_name(request: Request) -> str:
@@ -90,17 +110,37 @@ def account(request: Request, response: Response, deps: Deps, started: float) ->
     if not response.is_streaming:
         _record(request, response, deps, started)
         return response
-    body: Any = response.body
+    response.body = Recorded(response.body, lambda: _record(request, response, deps, started))
+    return response
 
-    async def recorded() -> AsyncIterator[bytes]:
+
+@dataclass
+class Recorded:
+    """A streamed body that records its request once, when it ends, fails or is closed. A class,
+    not a generator, so that a body closed before its first read still closes what it streams
+    (and, through it, the generation's admission ticket) and is still recorded."""
+
+    body: Any
+    on_done: Callable[[], None]
+    done: bool = False
+
+    def __aiter__(self) -> "Recorded":
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in body:
-                yield chunk
-        finally:
-            close = getattr(body, "aclose", None)
+            return await anext(self.body)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            close = getattr(self.body, "aclose", None)
             if close is not None:
                 await close()
-            _record(request, response, deps, started)
-
-    response.body = recorded()
-    return response
+        finally:
+            self.on_done()

@@ -201,7 +201,10 @@ async def tenant_stats(deps: Deps, tenant: str) -> dict[str, Any]:
     entries, cursor, complete = 0, None, False
     if deps.kv is not None:
         for _ in range(MAX_STATS_PAGES):
-            page = await deps.kv.list(prefix=scope.prefix, cursor=cursor)
+            try:
+                page = await deps.kv.list(prefix=scope.prefix, cursor=cursor)
+            except BindingError as exc:  # KV down or refusing: a 502/503 with Retry-After, never a 500
+                raise binding_error(exc, "KV", "kv") from exc
             entries += len(page.get("keys", []))
             cursor = page.get("cursor")
             if page.get("list_complete", True) or not cursor:

@@ -16,7 +16,7 @@ from ..http import Request
 from ..routing.policy import start_routed
 from ..routing.regions import regional_cache
 from ..ports import Deps
-from .coalescing import FlightOrder, RouteContext, shared_generation
+from .coalescing import FlightOrder, RouteContext, flight_name, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import CachePolicy, cache_policy
@@ -116,14 +116,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters.misses += 1
     if deps.flights is not None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, RouteContext.of(request))
-        joined = False
-
-        async def start() -> Generation:
-            nonlocal joined
-            generation, joined = await shared_generation(deps, order)
-            return generation
-
-        generation = await admitted(deps, start)
+        generation, joined = await coalesced(deps, order)
         counters.coalesced += joined
     else:
         generation = await admitted(deps, lambda: start_routed(deps, request, gen_request))
@@ -144,6 +137,27 @@ async def admitted(deps: Deps, start: Callable[[], Awaitable[Generation]]) -> Ge
         raise
     generation.events = Admitted(generation.events, ticket)
     return generation
+
+
+async def coalesced(deps: Deps, order: FlightOrder) -> tuple[Generation, bool]:
+    """A miss through the flights object, admitted as the generation it may start: the isolate's
+    requests for one flight share one place (taken before the object is asked, since only its
+    answer says whether this request starts the flight), and a request that joined gives its
+    share back, since joining costs the backend nothing. So a herd of identical misses in one
+    isolate is never refused for its own size; the place lasts while this isolate may have
+    started the flight, until the starter's events end or are closed."""
+    share = deps.state.admission.admit_shared(flight_name(order.kv_key, order.write, order.ttl),
+                                              deps.config.max_waiting_generations)
+    try:
+        generation, joined = await shared_generation(deps, order)
+    except BaseException:
+        share.release()
+        raise
+    if joined:
+        share.release()
+    else:
+        generation.events = Admitted(generation.events, share)
+    return generation, joined
 
 
 class StoredAfterwards:

@@ -1,17 +1,31 @@
-"""A stand-in for the Pyodide runtime's `js`, `pyodide.ffi` and `workers` modules, reproducing
-the behaviours workers-runtime.md documents (and which bit us): a miss is `jsnull` (falsy, not
-None); options must be converted with `to_js(d, dict_converter=js.Object.fromEntries)` — the
-bindings here reject a raw dict, as the real R2 binding silently misreads one; bytes must be
-converted too; failures are `JsException`s carrying the JS message.
+"""What lies UNDER the Workers Python SDK, stood in so that the real SDK runs under CPython.
 
-It lets the adapter's own logic run under CPython. It proves nothing about workerd itself:
-`wrangler deploy --dry-run` and the real runtime remain the judges of that.
+The tests import the real `workers` package (PyPI `workers-runtime-sdk`, pinned in the `test`
+extra: see pyproject.toml for which version and why). Only what the SDK itself imports from the
+platform is stood in here: the `js` module (the platform's JS classes and bindings), `pyodide`,
+`pyodide.ffi`, `pyodide.http`, and the runtime's private `_cloudflare_compat_flags` and
+`_pyodide_entrypoint_helper`. Nothing here copies the SDK: `workers.Response`, `workers.Request`,
+`workers.fetch`, the Durable Object stub (`_FetcherWrapper`), `_EnvWrapper` and the entrypoint
+classes are the package's own code.
+
+Every contract kept names its source:
+- [ffi]   pyodide 0.28 `pyodide/ffi` as node_modules/pyodide/python_stdlib.zip ships it:
+          `to_js` copies bytes into a Uint8Array and, with `dict_converter=Object.fromEntries`,
+          dicts into JS objects; `create_proxy(bytes).getBuffer().data` (used by
+          workers/utils.py `_get_js_body`); `JsException` carries `.message` and `.name`.
+- [http]  pyodide 0.28 `pyodide/http.py` (same zip): `pyfetch(url, *, signal=None, fetcher=None,
+          **kwargs)` calls `fetcher(url, to_js(kwargs, dict_converter=Object.fromEntries))` with an
+          AbortController's signal added, wraps the answer in `FetchResponse(url, js_response,
+          controller, signal)`, and raises `AbortError` for a `JsException`.
+- [notes] a line of /work/shared/docs/workers-runtime.md, quoted where it is kept.
+- [sdk]   what a workers/*.py file of the SDK reads of a JS object (named there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import traceback
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,7 +34,23 @@ from typing import Any, Iterator
 from edgellm_local.isolation import check_owner, current_request
 
 
+# --- pyodide.ffi -----------------------------------------------------------------------------
+
+
+class JsProxy:
+    """[ffi] the base of every JS object seen from Python. The SDK tells JS classes apart by
+    `obj.constructor.name` (workers/utils.py `_is_js_instance`, `_get_js_constructor_name`)."""
+
+    js_name = "Object"
+
+    @property
+    def constructor(self) -> Any:
+        return types.SimpleNamespace(name=self.js_name)
+
+
 class JsNull:
+    """[notes] "a KV or R2 miss | `pyodide.ffi.jsnull`, NOT `None` (`is None` is False; it is falsy)"."""
+
     def __bool__(self) -> bool:
         return False
 
@@ -32,14 +62,20 @@ jsnull = JsNull()
 
 
 class JsException(Exception):
-    def __init__(self, message: str) -> None:
+    """[notes] "Errors surface as `pyodide.ffi.JsException` with the JS message"."""
+
+    def __init__(self, message: str, name: str = "Error") -> None:
         super().__init__(message)
-        self.message = message
+        self.message, self.name = message, name
+
+
+class JsBuffer(JsProxy):
+    pass
 
 
 @dataclass
-class JsObject:
-    """What `to_js(dict, dict_converter=Object.fromEntries)` yields: a JS object."""
+class JsObject(JsProxy):
+    """[ffi] what `to_js(dict, dict_converter=Object.fromEntries)` yields: a JS object."""
 
     entries: dict[str, Any]
 
@@ -47,11 +83,12 @@ class JsObject:
         try:
             return self.entries[name]
         except KeyError:
-            return None
+            return None  # JS undefined
 
 
 @dataclass
-class Uint8Array:
+class Uint8Array(JsProxy):
+    js_name = "Uint8Array"
     data: bytes
 
     def to_bytes(self) -> bytes:
@@ -59,12 +96,21 @@ class Uint8Array:
 
 
 @dataclass
-class JsDict:
+class ArrayBuffer(JsProxy):
+    js_name = "ArrayBuffer"
+    data: bytes
+
+    def to_bytes(self) -> bytes:
+        return self.data
+
+
+@dataclass
+class JsDict(JsProxy):
     """A JS object handed back to Python: `.to_py()` gives the dict."""
 
     value: Any
 
-    def to_py(self) -> Any:
+    def to_py(self, **kwargs: Any) -> Any:
         return self.value
 
     def __getattr__(self, name: str) -> Any:
@@ -73,19 +119,46 @@ class JsDict:
         raise AttributeError(name)
 
 
+class PyProxy(JsProxy):
+    """[ffi] `create_proxy(obj)`: JS's handle on a Python object. For bytes, `getBuffer()`
+    (workers/utils.py `_get_js_body` hands `.data` to `new Response`)."""
+
+    js_name = "PyProxy"
+
+    def __init__(self, obj: Any) -> None:
+        self.obj, self.destroyed = obj, False
+
+    def getBuffer(self) -> Any:  # noqa: N802 (JS name)
+        return types.SimpleNamespace(data=Uint8Array(bytes(self.obj)), release=lambda: None)
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.obj(*args, **kwargs)
+
+
+def create_proxy(obj: Any, **kwargs: Any) -> PyProxy:
+    return obj if isinstance(obj, PyProxy) else PyProxy(obj)
+
+
+def _unproxy(obj: Any) -> Any:
+    return obj.obj if isinstance(obj, PyProxy) else obj
+
+
 def _from_entries(entries: Any) -> JsObject:
     return JsObject(dict(entries))
 
 
-def to_js(value: Any, dict_converter: Any = None) -> Any:
-    if isinstance(value, (bytes, bytearray)):
+def to_js(value: Any, dict_converter: Any = None, default_converter: Any = None, **kwargs: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
         return Uint8Array(bytes(value))
     if isinstance(value, dict):
         if dict_converter is None:
-            return value  # a Map-like proxy: the fake bindings reject it, like R2 misreads it
-        return dict_converter({k: to_js(v, dict_converter) for k, v in value.items()}.items())
-    if isinstance(value, list):
-        return [to_js(v, dict_converter) for v in value]
+            return value  # a Map-like proxy: the binding stand-ins reject it, like R2 misreads it
+        return dict_converter({k: to_js(v, dict_converter, default_converter) for k, v in value.items()}.items())
+    if isinstance(value, (list, tuple)):
+        return [to_js(v, dict_converter, default_converter) for v in value]
     return value
 
 
@@ -93,67 +166,6 @@ def require_js_object(options: Any) -> dict[str, Any]:
     if not isinstance(options, JsObject):
         raise TypeError(f"binding options must be a JS object made by to_js(..., dict_converter=Object.fromEntries), got {type(options).__name__}")
     return {k: (v.entries if isinstance(v, JsObject) else v) for k, v in options.entries.items()}
-
-
-@dataclass
-class FakeResponse:
-    body: Any
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-class FakeReadableStream:
-    """`ReadableStream.from_(agen)` (what the adapter hands back), or a binding's stream of
-    byte chunks (`chunks`). Like a JS stream, it belongs to the request that created it: reading
-    it while serving another request fails as workerd fails it (the local edge's isolation)."""
-
-    def __init__(self, source: Any = None, chunks: list[bytes] | None = None) -> None:
-        self.source = source
-        self.chunks = list(chunks or [])
-        self.owner = current_request()
-        self.reader: "FakeReader | None" = None
-
-    @classmethod
-    def from_(cls, source: Any) -> "FakeReadableStream":
-        return cls(source)
-
-    def getReader(self) -> "FakeReader":  # noqa: N802 (JS name)
-        if self.reader is not None and not self.reader.released:
-            raise JsException("TypeError: ReadableStream is locked")
-        self.reader = FakeReader(self)
-        return self.reader
-
-
-class FakeReader:
-    def __init__(self, stream: FakeReadableStream) -> None:
-        self.stream = stream
-        self.cancelled = False
-        self.released = False
-
-    async def read(self) -> Any:
-        check_owner(self.stream.owner, "a ReadableStream")
-        if self.released:
-            raise JsException("TypeError: the reader was released")
-        await asyncio.sleep(0)
-        if not self.cancelled and not self.stream.chunks and self.stream.source is not None:
-            try:  # a stream over an async iterator (`from_`, or a binding's body) pulls it
-                chunk = await anext(self.stream.source)
-            except StopAsyncIteration:
-                return types.SimpleNamespace(done=True, value=None)
-            return types.SimpleNamespace(done=False, value=chunk if isinstance(chunk, Uint8Array) else Uint8Array(bytes(chunk)))
-        if self.cancelled or not self.stream.chunks:
-            return types.SimpleNamespace(done=True, value=None)
-        return types.SimpleNamespace(done=False, value=Uint8Array(self.stream.chunks.pop(0)))
-
-    async def cancel(self) -> None:
-        check_owner(self.stream.owner, "a ReadableStream")
-        self.cancelled = True
-        close = getattr(self.stream.source, "aclose", None)
-        if close is not None:
-            await close()
-
-    def releaseLock(self) -> None:  # noqa: N802 (JS name)
-        self.released = True
 
 
 def to_plain(value: Any) -> Any:
@@ -171,6 +183,271 @@ def _entries(obj: Any) -> list[list[Any]]:
     return [[k, v] for k, v in data.items()]
 
 
+# --- streams ---------------------------------------------------------------------------------
+
+
+class FakeReadableStream(JsProxy):
+    """`ReadableStream.from_(create_proxy(agen))` (what the adapter hands back), or a binding's
+    stream of byte chunks (`chunks`). [notes] every chunk from Python must be `to_js(bytes)`:
+    "plain bytes or str give an empty body and `This ReadableStream did not return bytes`". Like a
+    JS stream it belongs to the request that created it ([notes] "Requests are isolated")."""
+
+    js_name = "ReadableStream"
+
+    def __init__(self, source: Any = None, chunks: list[bytes] | None = None) -> None:
+        self.source = _unproxy(source)
+        self.chunks = list(chunks or [])
+        self.owner = current_request()
+        self.reader: "FakeReader | None" = None
+        self.from_python = False
+
+    @classmethod
+    def from_(cls, source: Any) -> "FakeReadableStream":
+        stream = cls(source)
+        stream.from_python = True
+        return stream
+
+    def getReader(self) -> "FakeReader":  # noqa: N802 (JS name)
+        if self.reader is not None and not self.reader.released:
+            raise JsException("ReadableStream is locked", "TypeError")
+        self.reader = FakeReader(self)
+        return self.reader
+
+    async def cancel(self, reason: Any = None) -> None:
+        await FakeReader(self).cancel()
+
+    async def read_all(self) -> bytes:
+        reader, parts = self.getReader(), []
+        while not (result := await reader.read()).done:
+            parts.append(result.value.to_bytes())
+        reader.releaseLock()
+        return b"".join(parts)
+
+
+class FakeReader:
+    def __init__(self, stream: FakeReadableStream) -> None:
+        self.stream = stream
+        self.cancelled = False
+        self.released = False
+
+    async def read(self) -> Any:
+        check_owner(self.stream.owner, "a ReadableStream")
+        if self.released:
+            raise JsException("the reader was released", "TypeError")
+        await asyncio.sleep(0)
+        if not self.cancelled and not self.stream.chunks and self.stream.source is not None:
+            try:  # a stream over an async iterator (`from_`, or a binding's body) pulls it
+                chunk = await anext(self.stream.source)
+            except StopAsyncIteration:
+                return types.SimpleNamespace(done=True, value=None)
+            if not isinstance(chunk, Uint8Array):
+                if self.stream.from_python:
+                    raise JsException("This ReadableStream did not return bytes.", "TypeError")
+                chunk = Uint8Array(bytes(chunk))
+            return types.SimpleNamespace(done=False, value=chunk)
+        if self.cancelled or not self.stream.chunks:
+            return types.SimpleNamespace(done=True, value=None)
+        return types.SimpleNamespace(done=False, value=Uint8Array(self.stream.chunks.pop(0)))
+
+    async def cancel(self, reason: Any = None) -> None:
+        check_owner(self.stream.owner, "a ReadableStream")
+        self.cancelled = True
+        close = getattr(self.stream.source, "aclose", None)
+        if close is not None:
+            await close()
+
+    def releaseLock(self) -> None:  # noqa: N802 (JS name)
+        self.released = True
+
+
+class _BytesSource:
+    """A fixed body's chunks (what `new Response(bytes)` streams)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data: bytes | None = data
+
+    def __aiter__(self) -> "_BytesSource":
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self.data:
+            raise StopAsyncIteration
+        data, self.data = self.data, None
+        return data
+
+
+def _body_stream(body: Any) -> Any:
+    """A Request/Response body as the platform holds it: a stream, or null for no body."""
+    body = _unproxy(body)
+    if body is None or body is jsnull:
+        return jsnull
+    if isinstance(body, FakeReadableStream):
+        return body
+    if isinstance(body, (Uint8Array, ArrayBuffer)):
+        return FakeReadableStream(_BytesSource(body.data))
+    if isinstance(body, str):
+        return FakeReadableStream(_BytesSource(body.encode()))
+    if isinstance(body, (bytes, bytearray)):
+        # [notes] "R2 `put(key, bytes)` fails with a TypeError: pass `pyodide.ffi.to_js(data)`"
+        raise JsException("a Python bytes body must go through to_js (or the SDK's getBuffer)", "TypeError")
+    raise JsException(f"Unsupported body type {type(body).__name__}", "TypeError")
+
+
+# --- Headers, Request, Response, AbortController -----------------------------------------------
+
+
+class Headers(JsProxy):
+    """JS `Headers`: names lower-cased; iterating gives [name, value] pairs ([sdk] workers/utils.py
+    `_js_headers_to_http_message` iterates it; `_to_js_headers` calls `Headers.new(items)`)."""
+
+    js_name = "Headers"
+
+    def __init__(self, values: dict[str, str] | None = None) -> None:
+        self.values = {k.lower(): str(v) for k, v in (values or {}).items()}
+
+    @classmethod
+    def new(cls, init: Any = None) -> "Headers":
+        if init is None or init is jsnull:
+            return cls()
+        if isinstance(init, Headers):
+            return cls(init.values)
+        if isinstance(init, JsObject):
+            return cls(dict(init.entries))
+        if isinstance(init, dict):
+            return cls(init)
+        return cls({str(k): str(v) for k, v in init})
+
+    def __iter__(self) -> Iterator[list[str]]:
+        return iter([[k, v] for k, v in self.values.items()])
+
+    def entries(self) -> list[list[str]]:
+        return [[k, v] for k, v in self.values.items()]
+
+    def get(self, name: str) -> Any:
+        return self.values.get(name.lower(), jsnull)
+
+    def has(self, name: str) -> bool:
+        return name.lower() in self.values
+
+    def set(self, name: str, value: str) -> None:
+        self.values[name.lower()] = str(value)
+
+    def getSetCookie(self) -> list[str]:  # noqa: N802 (JS name)
+        return []
+
+
+def _init(init: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A JS call's options: a JS object, or Python keywords (pyodide turns `f(x, **kw)` into
+    `f(x, {..kw})`, which is how the SDK calls `Response.new(body, **options)`)."""
+    options = dict(init.entries) if isinstance(init, JsObject) else dict(init or {})
+    options.update(kwargs)
+    return options
+
+
+class AbortSignal(JsProxy):
+    """JS `AbortSignal`: `aborted`, `reason`, and 'abort' listeners ([notes] "Workers exposes the
+    client's departure as `request.signal` (the `enable_request_signal` compatibility flag)")."""
+
+    js_name = "AbortSignal"
+
+    def __init__(self) -> None:
+        self.aborted, self.reason, self.listeners = False, None, []
+
+    def addEventListener(self, kind: str, listener: Any, *options: Any) -> None:  # noqa: N802 (JS name)
+        assert kind == "abort"
+        assert isinstance(listener, PyProxy), "a Python listener kept by JS must be a create_proxy"
+        self.listeners.append(listener)
+
+    def removeEventListener(self, kind: str, listener: Any, *options: Any) -> None:  # noqa: N802 (JS name)
+        self.listeners = [entry for entry in self.listeners if entry is not listener]
+
+    def abort(self, reason: Any = None) -> None:
+        if self.aborted:
+            return
+        self.aborted, self.reason = True, reason
+        for listener in list(self.listeners):
+            listener(types.SimpleNamespace(type="abort"))
+
+
+class AbortController(JsProxy):
+    js_name = "AbortController"
+
+    def __init__(self) -> None:
+        self.signal = AbortSignal()
+
+    @classmethod
+    def new(cls) -> "AbortController":
+        return cls()
+
+    def abort(self, reason: Any = None) -> None:
+        self.signal.abort(reason)
+
+
+class FakeRequest(JsProxy):
+    """JS `Request` ([sdk] workers/request.py reads `method`, `url`, `headers`, `cf`, `bodyUsed`,
+    `arrayBuffer()`, `text()`; [notes] "`request.cf` is not on the Python `Request`")."""
+
+    js_name = "Request"
+
+    def __init__(self, url: str, method: str = "GET", headers: Headers | None = None, body: Any = jsnull,
+                 cf: Any = None, signal: AbortSignal | None = None) -> None:
+        self.url, self.method, self.headers = url, method.upper(), headers or Headers()
+        self.body, self.cf = body, cf
+        self.signal = signal or AbortSignal()
+        self.bodyUsed = False
+
+    @classmethod
+    def new(cls, url: Any, init: Any = None, **kwargs: Any) -> "FakeRequest":
+        options = _init(init, kwargs)
+        if isinstance(url, FakeRequest):
+            return cls(url.url, url.method, Headers.new(url.headers), url.body, url.cf, url.signal)
+        return cls(str(url), str(options.get("method") or "GET"), Headers.new(options.get("headers")),
+                   _body_stream(options.get("body")), options.get("cf"), options.get("signal"))
+
+    async def arrayBuffer(self) -> ArrayBuffer:  # noqa: N802 (JS name)
+        self.bodyUsed = True
+        return ArrayBuffer(b"" if self.body is jsnull else await self.body.read_all())
+
+    async def text(self) -> str:
+        return (await self.arrayBuffer()).data.decode()
+
+
+class FakeJsResponse(JsProxy):
+    """JS `Response` ([sdk] workers/response.py: `Response.new(body, **options)`, `status`,
+    `statusText`, `headers`, `body`, `url`, `type`, `bodyUsed`; pyodide/http.py reads `ok`,
+    `arrayBuffer()`, `text()`)."""
+
+    js_name = "Response"
+
+    def __init__(self, body: Any, status: int = 200, headers: Headers | None = None, status_text: str = "") -> None:
+        self.body, self.status, self.headers = body, status, headers or Headers()
+        self.statusText, self.url, self.type, self.redirected = status_text, "", "default", False
+        self.bodyUsed = False
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    @classmethod
+    def new(cls, body: Any = None, init: Any = None, **kwargs: Any) -> "FakeJsResponse":
+        options = _init(init, kwargs)
+        return cls(_body_stream(body), int(options.get("status") or 200), Headers.new(options.get("headers")),
+                   str(options.get("statusText") or ""))
+
+    async def arrayBuffer(self) -> ArrayBuffer:  # noqa: N802 (JS name)
+        if self.bodyUsed:
+            raise JsException("Body has already been used", "TypeError")
+        self.bodyUsed = True
+        return ArrayBuffer(b"" if self.body is jsnull else await self.body.read_all())
+
+    async def text(self) -> str:
+        return (await self.arrayBuffer()).data.decode()
+
+
+# the names earlier tests used
+FakeHeaders = Headers
+
+
 @dataclass(frozen=True)
 class FakeDate:
     ms: float
@@ -181,6 +458,99 @@ class FakeDate:
 
     def getTime(self) -> float:  # noqa: N802 (JS name)
         return self.ms
+
+
+# --- pyodide.http ------------------------------------------------------------------------------
+
+
+class BodyUsedError(OSError):
+    pass
+
+
+class AbortError(OSError):
+    """[http] `AbortError(reason: JsException)`; [notes] "Errors thrown in the DO reach the
+    Worker's `await stub.fetch(...)` as `pyodide.http.AbortError` carrying the DO's traceback text"."""
+
+    def __init__(self, reason: Any) -> None:
+        super().__init__(getattr(reason, "message", reason))
+        self.reason = reason
+
+
+class FetchResponse:
+    """[http] `FetchResponse(url, js_response, abort_controller, abort_signal)`: what
+    `workers.Response` subclasses (workers/response.py)."""
+
+    def __init__(self, url: str, js_response: Any, abort_controller: Any = None, abort_signal: Any = None) -> None:
+        self._url, self.js_response = url, js_response
+        self.abort_controller, self.abort_signal = abort_controller, abort_signal
+
+    @property
+    def body_used(self) -> bool:
+        return bool(self.js_response.bodyUsed)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self.js_response.headers.entries())
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.js_response.ok)
+
+    @property
+    def status(self) -> int:
+        return int(self.js_response.status)
+
+    @property
+    def status_text(self) -> str:
+        return str(self.js_response.statusText)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def _raise_if_failed(self) -> None:
+        if self.body_used:
+            raise BodyUsedError
+
+    async def buffer(self) -> Any:
+        self._raise_if_failed()
+        return await self.js_response.arrayBuffer()
+
+    async def bytes(self) -> bytes:
+        return (await self.buffer()).to_bytes()
+
+    async def text(self) -> str:
+        return (await self.bytes()).decode()
+
+    async def json(self, **kwargs: Any) -> Any:
+        import json
+
+        return json.loads(await self.text(), **kwargs)
+
+    def abort(self, reason: Any = None) -> None:
+        if self.abort_controller is not None:
+            self.abort_controller.abort(reason)
+
+
+async def pyfetch(url: Any, /, *, signal: Any = None, fetcher: Any = None, **kwargs: Any) -> FetchResponse:
+    """[http] pyfetch, as pyodide 0.28.3 has it (abortSignalAny of a given signal left out)."""
+    controller = AbortController.new()
+    kwargs["signal"] = signal or controller.signal
+    fetcher = fetcher or _js_module().fetch
+    try:
+        return FetchResponse(url, await fetcher(url, to_js(kwargs, dict_converter=_from_entries)), controller, kwargs["signal"])
+    except asyncio.CancelledError:
+        controller.abort()
+        raise
+    except JsException as exc:
+        raise AbortError(exc) from None
+
+
+def _js_module() -> Any:
+    return sys.modules["js"]
+
+
+# --- bindings (KV, R2, the Cache API) kept by the local edge's real stores ----------------------
 
 
 def _js_error(exc: Exception) -> JsException:
@@ -304,40 +674,6 @@ class JsR2Bucket:
                                      delimitedPrefixes=list(page.get("delimitedPrefixes", [])), cursor=page.get("cursor"))
 
 
-@dataclass
-class FakeHeaders:
-    values: dict[str, str]
-
-    def entries(self) -> list[list[str]]:
-        return [[k, v] for k, v in self.values.items()]
-
-    def get(self, name: str) -> Any:
-        return self.values.get(name.lower(), jsnull)
-
-
-@dataclass
-class FakeRequest:
-    url: str
-    headers: dict[str, str]
-
-    @classmethod
-    def new(cls, url: str, init: Any = None) -> "FakeRequest":
-        headers = to_plain(require_js_object(init)).get("headers") or {} if init is not None else {}
-        return cls(url, {k.lower(): v for k, v in headers.items()})
-
-
-@dataclass
-class FakeJsResponse:
-    body: Any
-    status: int
-    headers: FakeHeaders
-
-    @classmethod
-    def new(cls, body: Any, init: Any) -> "FakeJsResponse":
-        opts = to_plain(require_js_object(init))
-        return cls(body, int(opts.get("status", 200)), FakeHeaders({k.lower(): v for k, v in (opts.get("headers") or {}).items()}))
-
-
 class FakeCacheStorage:
     """`caches`: `open(name)` gives a cache answering as the Cache API does, kept by the local
     edge's `MemoryEdgeCache` (a whole 200 stored, a Range answered with a 206 from it)."""
@@ -357,7 +693,7 @@ class FakeCache:
     store: Any
 
     async def match(self, request: FakeRequest) -> Any:
-        hit = await self.store.match(request.url, request.headers)
+        hit = await self.store.match(request.url, request.headers.values)
         if hit is None:
             return None  # JS undefined
         return FakeJsResponse(FakeReadableStream(hit.body), hit.status, FakeHeaders(hit.headers))
@@ -375,39 +711,192 @@ class FakeCache:
             raise JsException(f"TypeError: {exc}") from exc
 
 
+
+
+# --- the platform: contexts and the Durable Object binding -----------------------------------
+
+
+class ExecutionContext(JsProxy):
+    """The Worker's `ctx`. [notes] "Background work after the response: `self.ctx.waitUntil(coro_or_future)`
+    (a bare coroutine, a task or a future all work) **on the Worker's context only**"."""
+
+    js_name = "ExecutionContext"
+
+    def __init__(self) -> None:
+        self.kept: list[asyncio.Future[Any]] = []
+
+    def waitUntil(self, awaitable: Any) -> None:  # noqa: N802 (JS name)
+        self.kept.append(asyncio.ensure_future(awaitable))
+
+    async def settle(self) -> None:
+        """What the runtime does after the response: wait for everything handed to waitUntil."""
+        while pending := [f for f in self.kept if not f.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+class DurableObjectState(ExecutionContext):
+    """A Durable Object's `ctx`. [notes] "A Durable Object's `self.ctx.waitUntil` is not adapted for
+    Python awaitables: a bare coroutine handed to it never runs (the log says `coroutine '...' was
+    never awaited`); schedule it first (`asyncio.ensure_future`, keep a reference) and hand over the
+    task". A coroutine handed over is dropped here (closed, its name kept in `ignored`)."""
+
+    js_name = "DurableObjectState"
+
+    def __init__(self, storage: Any = None) -> None:
+        super().__init__()
+        self.storage = storage
+        self.ignored: list[str] = []
+
+    def waitUntil(self, awaitable: Any) -> None:  # noqa: N802 (JS name)
+        if asyncio.iscoroutine(awaitable):
+            self.ignored.append(awaitable.__qualname__)
+            awaitable.close()  # never awaited, as in the runtime (closed here to keep the test quiet)
+            return
+        self.kept.append(asyncio.ensure_future(awaitable))
+
+
+class JsEnv(JsProxy):
+    """The JS `env` the platform hands an entrypoint: bindings and `[vars]` as attributes (the SDK
+    wraps it in `_EnvWrapper`, workers/rpc.py). A missing name raises AttributeError, as
+    `getattr(jsproxy, missing)` does. Binding stand-ins carry no `constructor` name in the SDK's
+    `_EnvWrapper._BINDING_TYPES`: workerd 1.20260426's SDK copy hands KV, R2, AI and the rate limiter
+    over unwrapped (its `_EnvWrapper`: "TODO: Implement APIs for bindings"), and so does this env."""
+
+    js_name = "Object"
+
+    def __init__(self, **bindings: Any) -> None:
+        self.__dict__.update(bindings)
+
+
+@dataclass(frozen=True)
+class DurableObjectId(JsProxy):
+    js_name = "DurableObjectId"
+    name: str
+
+    def toString(self) -> str:  # noqa: N802 (JS name)
+        return f"id:{self.name}"
+
+
+class DurableObjectNamespace(JsProxy):
+    """A Durable Object binding hosting a Python `workers.DurableObject` class: one instance per
+    id, made on first use with its own `DurableObjectState` and the object's env ([notes] "One
+    single-threaded instance per id"; "on Cloudflare a Durable Object runs in its own isolate":
+    nothing here links the instances to the Worker but `fetch`). `stub.fetch(url, init)` runs the
+    object's `fetch` with a `workers.Request` and answers its `workers.Response`'s JS object; an
+    exception in the object rejects the call with its traceback ([notes] "Errors thrown in the DO
+    reach the Worker's `await stub.fetch(...)` as `pyodide.http.AbortError` carrying the DO's
+    traceback text")."""
+
+    js_name = "DurableObjectNamespace"
+
+    def __init__(self, cls: Any, env: Any, storage: Any = None) -> None:
+        self.cls, self.env, self.storage = cls, env, storage
+        self.instances: dict[str, Any] = {}
+        self.states: dict[str, DurableObjectState] = {}
+        self.calls: list[tuple[str, FakeRequest]] = []
+
+    def idFromName(self, name: str) -> DurableObjectId:  # noqa: N802 (JS name)
+        return DurableObjectId(name)
+
+    def get(self, object_id: DurableObjectId) -> "DurableObjectStub":
+        return DurableObjectStub(self, object_id.name)
+
+    def instance(self, name: str) -> Any:
+        if name not in self.instances:
+            state = DurableObjectState(self.storage() if callable(self.storage) else self.storage)
+            self.states[name] = state
+            self.instances[name] = self.cls(state, self.env)
+        return self.instances[name]
+
+    async def settle(self) -> None:
+        for state in list(self.states.values()):
+            await state.settle()
+
+
+@dataclass
+class DurableObjectStub(JsProxy):
+    js_name = "DurableObject"
+    namespace: DurableObjectNamespace
+    name: str
+
+    async def fetch(self, url: Any, init: Any = None) -> FakeJsResponse:
+        request = FakeRequest.new(url, init)
+        self.namespace.calls.append((self.name, request))
+        workers = sys.modules["workers"]
+        try:
+            answer = await self.namespace.instance(self.name).fetch(workers.Request(request))
+        except Exception:
+            raise JsException("PythonError: " + traceback.format_exc()) from None
+        return answer.js_object
+
+
+
+
 @contextmanager
-def installed() -> Iterator[types.SimpleNamespace]:
-    """Install the fake modules into sys.modules for the duration of a test."""
+def installed(**flags: bool) -> Iterator[types.SimpleNamespace]:
+    """Install the stand-ins into sys.modules and import the real `workers` SDK over them, for the
+    duration of a test (the SDK and the adapters are imported afresh, bound to this test's `js`).
+    `flags` are compatibility flags as `_cloudflare_compat_flags` exposes them."""
     js = types.ModuleType("js")
     js.Object = types.SimpleNamespace(fromEntries=_from_entries, entries=_entries)  # type: ignore[attr-defined]
     js.Date = FakeDate  # type: ignore[attr-defined]
     js.caches = FakeCacheStorage()  # type: ignore[attr-defined]
     js.Request = FakeRequest  # type: ignore[attr-defined]
     js.Response = FakeJsResponse  # type: ignore[attr-defined]
+    js.Headers = Headers  # type: ignore[attr-defined]
     js.ReadableStream = FakeReadableStream  # type: ignore[attr-defined]
+    js.AbortController = AbortController  # type: ignore[attr-defined]
+    js.Array = types.SimpleNamespace(new=list)  # type: ignore[attr-defined]
+    js.Error = types.SimpleNamespace(new=lambda message: JsException(message))  # type: ignore[attr-defined]
     js.null = jsnull  # type: ignore[attr-defined]
+
+    async def no_network(url: Any, init: Any = None) -> Any:
+        raise JsException("no network in the tests: set js.fetch", "TypeError")
+
+    js.fetch = no_network  # type: ignore[attr-defined]
     pyodide = types.ModuleType("pyodide")
+    pyodide.__version__ = "0.28.2"  # type: ignore[attr-defined]  # [notes] "workerd 1.20260426 + Pyodide 0.28.2"
+    pyodide.__path__ = []  # type: ignore[attr-defined]
     ffi = types.ModuleType("pyodide.ffi")
     ffi.JsException = JsException  # type: ignore[attr-defined]
-    ffi.create_proxy = lambda obj: obj  # type: ignore[attr-defined]
+    ffi.JsProxy = JsProxy  # type: ignore[attr-defined]
+    ffi.JsBuffer = JsBuffer  # type: ignore[attr-defined]
+    ffi.create_proxy = create_proxy  # type: ignore[attr-defined]
+    ffi.create_once_callable = create_proxy  # type: ignore[attr-defined]
+    ffi.destroy_proxies = lambda proxies: None  # type: ignore[attr-defined]
     ffi.to_js = to_js  # type: ignore[attr-defined]
     ffi.jsnull = jsnull  # type: ignore[attr-defined]
-    pyodide.ffi = ffi  # type: ignore[attr-defined]
-    workers = types.ModuleType("workers")
-    workers.Response = FakeResponse  # type: ignore[attr-defined]
-    modules = {"js": js, "pyodide": pyodide, "pyodide.ffi": ffi, "workers": workers}
+    http = types.ModuleType("pyodide.http")
+    http.pyfetch = pyfetch  # type: ignore[attr-defined]
+    http.FetchResponse = FetchResponse  # type: ignore[attr-defined]
+    http.AbortError = AbortError  # type: ignore[attr-defined]
+    http.BodyUsedError = BodyUsedError  # type: ignore[attr-defined]
+    pyodide.ffi, pyodide.http = ffi, http  # type: ignore[attr-defined]
+    compat = types.ModuleType("_cloudflare_compat_flags")
+    for name, value in flags.items():
+        setattr(compat, name, value)
+    helper = types.ModuleType("_pyodide_entrypoint_helper")
+    # workerd's JS side of the SDK: `patchWaitUntil(ctx)` adapts the Worker's ctx for Python
+    # awaitables; what it leaves undone in a Durable Object is DurableObjectState's own behaviour
+    helper.patchWaitUntil = lambda ctx: None  # type: ignore[attr-defined]
+    modules = {"js": js, "pyodide": pyodide, "pyodide.ffi": ffi, "pyodide.http": http,
+               "_cloudflare_compat_flags": compat, "_pyodide_entrypoint_helper": helper}
     saved = {name: sys.modules.get(name) for name in modules}
-    adapters = [name for name in sys.modules if name.startswith("edgellm.runtime.pyodide")]
-    for name in adapters:
-        del sys.modules[name]
+
+    def forget() -> None:  # modules bound to a test's stand-ins: the SDK, the adapters, the entry module
+        for name in [n for n in sys.modules if n == "workers" or n.startswith(("workers.", "edgellm.runtime.pyodide")) or n == "entry"]:
+            del sys.modules[name]
+
+    forget()
     sys.modules.update(modules)
     try:
-        yield types.SimpleNamespace(js=js, ffi=ffi, workers=workers)
+        import workers  # the real SDK
+
+        yield types.SimpleNamespace(js=js, ffi=ffi, http=http, workers=workers, compat=compat)
     finally:
         for name, module in saved.items():
             if module is None:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
-        for name in [n for n in sys.modules if n.startswith("edgellm.runtime.pyodide")]:
-            del sys.modules[name]
+        forget()

@@ -1,7 +1,9 @@
-"""The Pyodide adapter's own logic, run under CPython against `tests/support/fake_pyodide`.
+"""The Pyodide adapter's own logic, run under CPython over the real `workers` SDK, with only
+what lies under it stood in (`tests/support/fake_pyodide`).
 
 Each test pins one documented runtime behaviour the adapter must respect (workers-runtime.md):
-misses are `jsnull`, options objects and bytes need `to_js`, errors arrive as `JsException`.
+misses are `jsnull`, options objects and bytes need `to_js`, errors arrive as `JsException`,
+responses are the SDK's `workers.Response`.
 """
 
 from __future__ import annotations
@@ -201,7 +203,7 @@ async def test_streamed_responses_become_readable_streams_of_uint8arrays(adapter
     chunks = [chunk async for chunk in native.body.source]
     assert all(isinstance(c, fp.Uint8Array) for c in chunks) and b"".join(c.data for c in chunks).endswith(b"[DONE]\n\n")
     plain = adapter.pyodide.to_native_response(Response(404, {"content-type": "application/json"}, b"{}"))
-    assert plain.status == 404 and plain.body == b"{}"
+    assert plain.status == 404 and await plain.bytes() == b"{}"
 
 
 def test_config_reads_vars_from_env_attributes(adapter) -> None:
@@ -221,7 +223,7 @@ async def test_a_misconfigured_worker_answers_json_not_a_bare_500(adapter) -> No
     from edgellm.state import IsolateState
 
     native = await adapter.pyodide.fetch(NativeRequest(), env, ctx, IsolateState())
-    error = __import__("json").loads(native.body)["error"]
+    error = __import__("json").loads(await native.bytes())["error"]
     assert native.status == 500 and native.headers["content-type"] == "application/json"
     assert error["code"] == "worker_setup_failed" and "JSONDecodeError" in error["message"]
 
@@ -249,41 +251,35 @@ def test_kv_errors_are_classified_by_their_status(adapter, message: str, error: 
     assert type(adapter.pyodide.kv_error(fp.JsException(message))).__name__ == error
 
 
-class FakeDurableObjects:
-    """`env.FLIGHTS`: `idFromName`, `get(id).fetch(url, init)` answering a streamed Response."""
-
-    def __init__(self, chunks: list[bytes], status: int = 200) -> None:
-        self.chunks, self.status, self.calls = chunks, status, []
-
-    def idFromName(self, name: str) -> str:  # noqa: N802 (JS name)
-        return f"id:{name}"
-
-    def get(self, object_id: str) -> Any:
-        outer = self
-
-        class Stub:
-            async def fetch(self, url: str, init: Any) -> Any:
-                outer.calls.append((object_id, url, fp.require_js_object(init)))
-                headers = [["Content-Type", "application/x-ndjson"], ["x-edgellm-model", "@cf/m"]]
-                return SimpleNamespace(status=outer.status, headers=SimpleNamespace(entries=lambda: headers),
-                                       body=fp.FakeReadableStream(chunks=list(outer.chunks)))
-
-        return Stub()
-
-
 async def test_a_durable_object_stub_fetch_streams_the_answer(adapter) -> None:
-    from edgellm.http import Request
+    """Through the SDK's stub (`_DurableObjectNamespaceWrapper` -> `_FetcherWrapper` ->
+    `workers.fetch`): the order goes as keywords, the streamed answer comes back read chunk by
+    chunk from the JS body, and its reader is released at the end."""
+    import workers
 
+    from edgellm.cache.coalescing import FlightEvents
+    from edgellm.http import Request, Response
     from edgellm.runtime import pyodide_durable
 
-    binding = FakeDurableObjects([b'{"token":"Pa"}\n{"tok', b'en":"ris"}\n', b'{"finish":"stop","usage":{}}\n'])
-    stub = pyodide_durable.WorkersDurableObjectNamespace(binding).get("cache/k|w|60")
+    seen: list[Any] = []
+
+    class Answering(workers.DurableObject):
+        async def fetch(self, request: Any) -> Any:
+            seen.append((request.method, request.url, request.headers.get("content-type"), await request.bytes()))
+
+            async def lines():
+                for line in (b'{"token":"Pa"}\n{"tok', b'en":"ris"}\n', b'{"finish":"stop","usage":{}}\n'):
+                    yield line
+
+            return pyodide_durable.to_native_response(Response(200, {"content-type": "application/x-ndjson", "x-edgellm-model": "@cf/m"}, lines()))
+
+    binding = fp.DurableObjectNamespace(Answering, fp.JsEnv())
+    flights = workers._EnvWrapper(fp.JsEnv(FLIGHTS=binding)).FLIGHTS
+    stub = pyodide_durable.WorkersDurableObjectNamespace(flights).get("cache/k|w|60")
     response = await stub.fetch(Request("POST", "https://flight.edgellm.internal/generate", {"content-type": "application/json"}, b"{}"))
     assert response.status == 200 and response.is_streaming and response.headers["x-edgellm-model"] == "@cf/m"
-    object_id, url, init = binding.calls[0]
-    assert object_id == "id:cache/k|w|60" and init["method"] == "POST" and isinstance(init["body"], fp.Uint8Array)
-    from edgellm.cache.coalescing import FlightEvents
-
+    assert seen == [("POST", "https://flight.edgellm.internal/generate", "application/json", b"{}")]
+    assert list(binding.instances) == ["cache/k|w|60"]
     events = [e async for e in FlightEvents(response.body)]
     assert [getattr(e, "text", None) for e in events] == ["Pa", "ris", None]
     assert response.body.js_stream.reader.released

@@ -1,6 +1,8 @@
-"""The conversation Durable Object's Pyodide adapters, run under CPython against
-`tests/support/fake_pyodide`: the Worker's stub calls reach a hosted `ConversationObject` whose
-storage is `ctx.storage.sql` (here SQLite behind the same cursor shape), and back."""
+"""The conversation Durable Object's Pyodide adapters, run under CPython over the real `workers`
+SDK (`tests/support/fake_pyodide` stands in only what lies under it): the Worker's calls go
+through the SDK's Durable Object stub to `entry.Conversation`, a `workers.DurableObject` hosting a
+`ConversationObject` whose storage is `ctx.storage.sql` (here SQLite behind the same cursor
+shape), and back."""
 
 from __future__ import annotations
 
@@ -30,76 +32,29 @@ class FakeSql:
         return SimpleNamespace(toArray=lambda: rows)
 
 
-class FakeHeaders:
-    def __init__(self, headers: dict[str, str]) -> None:
-        self._headers = headers
-
-    def items(self) -> Any:
-        return self._headers.items()
-
-    def entries(self) -> Any:
-        return list(self._headers.items())
-
-
-class FakeObjectBinding:
-    """`env.CONVERSATIONS`: one hosted object per name, reached by `stub.fetch(url, init)`."""
-
-    def __init__(self, host_factory: Any) -> None:
-        self.hosts: dict[str, Any] = {}
-        self.factory = host_factory
-
-    def idFromName(self, name: str) -> str:  # noqa: N802 (Cloudflare's name)
-        return f"id:{name}"
-
-    def get(self, object_id: str) -> Any:
-        host = self.hosts.setdefault(object_id, self.factory())
-        binding = self
-
-        class Stub:
-            async def fetch(self, url: str, init: Any) -> Any:
-                options = fp.require_js_object(init)
-                body = options.get("body")
-                raw = body.data if isinstance(body, fp.Uint8Array) else b""
-                request = SimpleNamespace(method=options["method"], url=url, headers=FakeHeaders(options["headers"]),
-                                          bytes=_bytes(raw))
-                native = await host.fetch(request)
-                return SimpleNamespace(status=native.status, headers=FakeHeaders(native.headers),
-                                       body=native.body or None, arrayBuffer=_buffer(native.body))
-
-        binding.last = object_id
-        return Stub()
-
-
-def _bytes(raw: bytes) -> Any:
-    async def read() -> bytes:
-        return raw
-    return read
-
-
-def _buffer(raw: bytes) -> Any:
-    async def read() -> Any:
-        return SimpleNamespace(to_bytes=lambda: raw)
-    return read
-
-
 @pytest.fixture
 def adapter():
-    with fp.installed():
+    with fp.installed() as rt:
+        import entry
         from edgellm.runtime import pyodide_conversations
 
+        pyodide_conversations.entry = entry
+        pyodide_conversations.rt = rt
         yield pyodide_conversations
 
 
 async def test_a_conversation_round_trips_through_the_durable_object_adapters(adapter) -> None:
-    env = SimpleNamespace(CONVERSATION_TTL="3600")
-    binding = FakeObjectBinding(lambda: adapter.ConversationHost(SimpleNamespace(storage=SimpleNamespace(sql=FakeSql())), env))
-    store = ConversationStore(adapter.WorkersDurableObjectNamespace(binding))
+    env = fp.JsEnv(CONVERSATION_TTL="3600")
+    binding = fp.DurableObjectNamespace(adapter.entry.Conversation, env, storage=lambda: SimpleNamespace(sql=FakeSql()))
+    # what the Worker's env holds: the SDK's wrapper over the binding (workers/rpc.py _EnvWrapper)
+    wrapped = adapter.rt.workers._EnvWrapper(fp.JsEnv(CONVERSATIONS=binding)).CONVERSATIONS
+    store = ConversationStore(adapter.WorkersDurableObjectNamespace(wrapped))
     conversation = new_conversation_id()
     first, second = new_response_id(conversation), new_response_id(conversation)
     await store.append(StoredResponse(first, None, 1, "m", None, ({"role": "user", "content": "q"},), "a", "completed"))
     await store.append(StoredResponse(second, first, 2, "m", None, ({"role": "user", "content": "q2"},), "b", "completed"))
     assert [r.id for r in await store.chain(second)] == [first, second]
-    assert list(binding.hosts) == [f"id:default/{conversation}"]  # one object per conversation, named in its tenant
+    assert list(binding.instances) == [f"default/{conversation}"]  # one object per conversation, named in its tenant
     await store.delete(first)
     with pytest.raises(GatewayError) as info:
         await store.get(first)
@@ -107,17 +62,16 @@ async def test_a_conversation_round_trips_through_the_durable_object_adapters(ad
 
 
 async def test_a_failing_object_is_a_503(adapter) -> None:
-    class Broken:
-        def idFromName(self, name: str) -> str:  # noqa: N802
-            return name
+    class Reset(fp.DurableObjectStub):
+        async def fetch(self, url: Any, init: Any = None) -> Any:
+            raise fp.JsException("Error: Durable Object reset because its code was updated.")
 
-        def get(self, object_id: str) -> Any:
-            class Stub:
-                async def fetch(self, url: str, init: Any) -> Any:
-                    raise fp.JsException("Error: Durable Object reset because its code was updated.")
-            return Stub()
+    class Broken(fp.DurableObjectNamespace):
+        def get(self, object_id: Any) -> Any:
+            return Reset(self, object_id.name)
 
-    store = ConversationStore(adapter.WorkersDurableObjectNamespace(Broken()))
+    wrapped = adapter.rt.workers._EnvWrapper(fp.JsEnv(CONVERSATIONS=Broken(adapter.entry.Conversation, fp.JsEnv()))).CONVERSATIONS
+    store = ConversationStore(adapter.WorkersDurableObjectNamespace(wrapped))
     with pytest.raises(GatewayError) as info:
         await store.get(new_response_id(new_conversation_id()))
     assert info.value.status == 503 and info.value.retry_after

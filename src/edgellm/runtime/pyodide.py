@@ -309,7 +309,10 @@ class EnvMapping(Mapping[str, Any]):
         return 0
 
 
-def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
+def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) -> Deps:
+    """The core's ports over the bindings. `wait_until` replaces `ctx.waitUntil` where that one
+    is not adapted for Python awaitables (a Durable Object's: `pyodide_durable.ObjectBackground`)."""
+    wait_until = wait_until or ctx.waitUntil
     if state.config is None:  # `[vars]` do not change within an isolate: parse them once
         state.config = Config.from_env(EnvMapping(env))
     kv, r2 = getattr(env, "CACHE", None), getattr(env, "ARTIFACTS", None)
@@ -317,8 +320,8 @@ def build_deps(env: Any, ctx: Any, state: IsolateState) -> Deps:
         config=state.config,
         ai=WorkersAI(env.AI),
         kv=None if is_missing(kv) else WorkersKV(kv),
-        r2=_r2(r2, ctx.waitUntil),
-        wait_until=ctx.waitUntil,
+        r2=_r2(r2, wait_until),
+        wait_until=wait_until,
         state=state,
         conversations=_conversations(env),
         flights=_flights(getattr(env, "FLIGHTS", None)),

@@ -1,18 +1,23 @@
 """Durable Objects on workerd: the core's `DurableObjectNamespace` over a DO binding, and the
 hosting of a core `DurableObject` inside a `workers.DurableObject` class (`src/entry.py`).
 
-Runtime facts (../shared/docs/workers-runtime.md, "Durable Objects from Python"): the Worker
-reaches an object with `env.FLIGHTS.get(env.FLIGHTS.idFromName(name))` and `await
-stub.fetch(url, init)`; a streamed Response comes back as a stream; errors thrown in the object
-arrive as an exception (`AbortError`) carrying its traceback, translated here in one place.
+Runtime facts (../shared/docs/workers-runtime.md, "Durable Objects from Python", and the SDK's
+own workers/rpc.py): `env.FLIGHTS` is the SDK's `_DurableObjectNamespaceWrapper`; its `get(id)`
+is a `_FetcherWrapper` whose `fetch` is `workers.fetch`: options are keyword arguments only
+(`method=`, `headers=`, `body=`) and the answer is a `workers.Response` (its JS Response is
+`.js_object`, its body a JS ReadableStream or None). A streamed answer is read chunk by chunk;
+errors thrown in the object arrive as an exception (`pyodide.http.AbortError`) carrying its
+traceback, translated here in one place.
+
+Inside an object, `ctx.waitUntil` is not adapted for Python awaitables (a bare coroutine handed
+to it never runs): `ObjectBackground` schedules the work first and hands over the task.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
-
-from pyodide.ffi import to_js  # type: ignore[import-not-found]
+import asyncio
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable
 
 from ..cache.coalescing import FlightObject
 from ..config import MAX_BODY_BYTES
@@ -20,35 +25,36 @@ from ..durable import DurableObject
 from ..http import Request, Response
 from ..ports import BindingError
 from ..state import IsolateState
-from .pyodide import build_deps, is_missing, js_options, to_core_request, to_native_response
+from .pyodide import build_deps, is_missing, to_core_request, to_native_response
 from .pyodide_r2 import R2Body as JsBody
 
 STREAMED_TYPES = ("application/x-ndjson", "text/event-stream")
 
 
 def _headers(native: Any) -> dict[str, str]:
-    return {str(entry[0]).lower(): str(entry[1]) for entry in native.headers.entries()}
+    """A `workers.Response`'s headers (an `http.client.HTTPMessage`, names lower-cased)."""
+    return {str(name).lower(): str(value) for name, value in native.headers.items()}
 
 
 @dataclass
 class WorkersDurableObjectStub:
-    stub: Any
+    stub: Any  # the SDK's _FetcherWrapper
 
     async def fetch(self, request: Request) -> Response:
-        init: dict[str, Any] = {"method": request.method, "headers": dict(request.headers)}
+        options: dict[str, Any] = {"method": request.method, "headers": dict(request.headers)}
         if request.body:
-            init["body"] = to_js(bytes(request.body))
+            options["body"] = bytes(request.body)  # pyfetch's to_js makes it a Uint8Array
         try:
-            native = await self.stub.fetch(request.url, js_options(init))
-        except Exception as exc:  # JsException, or pyodide.http.AbortError from the object
+            native = await self.stub.fetch(request.url, **options)
+        except Exception as exc:  # pyodide.http.AbortError from the object, or a JsException
             raise BindingError(f"Durable Object fetch failed: {getattr(exc, 'message', None) or exc}") from exc
-        headers = _headers(native)
-        body = getattr(native, "body", None)
+        status, headers = int(native.status), _headers(native)
+        body = native.body  # the JS ReadableStream, or None for no body (workers/response.py)
         if body is None or is_missing(body):
-            return Response(int(native.status), headers, b"")
-        if native.status == 200 and headers.get("content-type", "").startswith(STREAMED_TYPES):
+            return Response(status, headers, b"")
+        if status == 200 and headers.get("content-type", "").startswith(STREAMED_TYPES):
             return Response(200, headers, JsBody(body))  # read chunk by chunk; closing it cancels the reader
-        return Response(int(native.status), headers, bytes((await native.arrayBuffer()).to_bytes()))
+        return Response(status, headers, bytes(await native.bytes()))
 
 
 @dataclass
@@ -69,7 +75,24 @@ async def serve_object(obj: DurableObject, request: Any, max_body: int = OBJECT_
     return to_native_response(await obj.fetch(await to_core_request(request, max_body)))
 
 
+@dataclass
+class ObjectBackground:
+    """`wait_until` inside a Durable Object. Its `ctx.waitUntil` drops a bare coroutine (the runtime
+    logs "coroutine ... was never awaited"), so the work is scheduled here first, a reference kept
+    until it ends (a task nobody holds can vanish), and the task handed to `waitUntil`, which keeps
+    the object alive until it is done."""
+
+    ctx: Any
+    tasks: set[asyncio.Future[Any]] = field(default_factory=set)
+
+    def __call__(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        self.ctx.waitUntil(task)
+
+
 def flight_object(env: Any, ctx: Any) -> FlightObject:
     """The flights object's logic over the object's own bindings (it never calls FLIGHTS itself)."""
-    deps = build_deps(env, ctx, IsolateState())
+    deps = build_deps(env, ctx, IsolateState(), wait_until=ObjectBackground(ctx))
     return FlightObject(replace(deps, flights=None))

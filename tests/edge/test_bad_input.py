@@ -12,6 +12,7 @@ import pytest
 
 from edgellm.config import MAX_BODY_BYTES, Config
 from edgellm.ports import Deps
+from edgellm.validation import MAX_JSON_DEPTH
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.server import EdgeApp, EdgeServer
 from tests.conftest import target_base_url
@@ -52,7 +53,10 @@ OUT_OF_RANGE = [
 CASES: list[Case] = [
     *[(400, None, ("json",), "POST", path, b'{"messages": [') for path in BASE],
     *[(400, None, ("empty",), "POST", path, b"") for path in BASE],
-    *[(400, None, ("nested",), "POST", path, b"[" * 100_000 + b"]" * 100_000) for path in BASE],
+    # refused before parsing, naming the limit (on workerd ~5000 deep kills the isolate)
+    *[(400, None, ("nested", str(MAX_JSON_DEPTH)), "POST", path, b"[" * 100_000 + b"]" * 100_000) for path in BASE],
+    *[(400, None, ("nested", str(MAX_JSON_DEPTH)), "POST", path, b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}")
+      for path in BASE],
     *[(400, None, ("object",), "POST", path, b"[1, 2]") for path in BASE],
     *[(413, None, ("exceeds", str(MAX_BODY_BYTES)), "POST", path, b" " * (MAX_BODY_BYTES + 1)) for path in BASE],
     *[case for name, value in WRONG_TYPES.items() for case in for_each_route(400, name, (name,), {name: value})],

@@ -187,3 +187,29 @@ async def test_identical_misses_share_one_generation_in_one_object(runtime: Any)
     assert ai.calls == 1 and len(platform.flights.instances) == 1
     assert all(t.rstrip().endswith("data: [DONE]") for t in texts)
     await platform.settle()
+
+
+async def test_a_deeply_nested_body_is_refused_before_parsing_on_the_worker(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20 (3): 5000 deep was fatal to the isolate inside json.loads. The Worker refuses it
+    with a 400 naming the limit without parsing it, and the same Worker keeps answering."""
+    rt, entry = runtime
+    from edgellm import validation
+
+    platform = Platform(rt, entry, PlatformAI())
+    real_loads, parsed = validation.json.loads, []
+
+    def loads(data: Any, **kwargs: Any) -> Any:
+        parsed.append(len(data))
+        return real_loads(data, **kwargs)
+
+    monkeypatch.setattr(validation.json, "loads", loads)
+    request = fp.FakeRequest.new(URL, fp.to_js({"method": "POST", "headers": {"content-type": "application/json"},
+                                                "body": b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"},
+                                               dict_converter=fp._from_entries))
+    native = await entry.Default(platform.ctx, platform.env).fetch(rt.workers.Request(request))
+    error = json.loads(await native.bytes())["error"]
+    assert native.status == 400 and error["code"] == "json_too_deep" and str(validation.MAX_JSON_DEPTH) in error["message"]
+    assert parsed == []
+    after = await platform.fetch(ask())
+    assert after.status == 200
+    await platform.settle()

@@ -31,6 +31,7 @@ from edgellm.cache.coalescing import FlightObject
 from edgellm.durable import DurableObject
 from edgellm.http import Request, Response
 from edgellm.ports import Deps
+from edgellm.state import IsolateState
 
 from .isolation import RequestContext, call_in, context_of
 
@@ -186,11 +187,13 @@ class LocalDurableObjectNamespace:
 def local_flights(deps: Deps | Callable[[], Deps], wait_until: Callable[[Any], None]) -> LocalDurableObjectNamespace:
     """The `FLIGHTS` binding of the local edge: one `FlightObject` per flight name. The objects
     use the edge's bindings (`deps`, or a callable giving them as they are when an object is
-    created) and its `waitUntil` (so a drain waits for their KV writes), and count into the same
-    stats: on the local edge, as under Miniflare, Worker and objects share a process."""
+    created) and its `waitUntil` (so a drain waits for their KV writes). Each gets a fresh
+    `IsolateState`, as on Cloudflare, where an object runs in an isolate of its own: nothing the
+    Worker keeps per isolate (breaker, routing counters, tokenizer, admission) is the object's,
+    so code that leaned on sharing it fails here too."""
 
     def build(name: str) -> DurableObject:
         current = deps() if callable(deps) else deps
-        return FlightObject(replace(current, wait_until=wait_until, flights=None))
+        return FlightObject(replace(current, wait_until=wait_until, flights=None, state=IsolateState(config=current.config)))
 
     return LocalDurableObjectNamespace(build, class_name="Flight")

@@ -419,8 +419,10 @@ def test_kv_failure_fails_open(start_edge, make_deps) -> None:
     streamed = post(server, {**CHAT, "stream": True})
     assert sse_payloads(streamed)[-1] == "[DONE]"
     stats = httpx.get(server.url + "/admin/cache/stats", headers=ADMIN).json()
-    # each of the 3 requests read its namespace generation and its entry; the stats route its generation
-    assert stats["read_errors"] == 7 and stats["write_errors"] == 3
+    # each of the 3 requests read its namespace generation and its entry; the stats route its generation.
+    # The 3 failed writes are the flights objects' (each with its own state, as on Cloudflare, where
+    # an object runs in another isolate): logged there, not counted in the Worker's stats
+    assert stats["read_errors"] == 7 and stats["write_errors"] == 0
 
 
 def test_corrupt_entry_is_a_miss_and_is_overwritten(cache_edge, clock) -> None:

@@ -150,18 +150,118 @@ def test_every_event_crosses_the_wire_whole() -> None:
     assert [decode_event(json.loads(encode_event(e))) for e in events] == events
 
 
-def test_the_route_context_routes_the_objects_generation_like_the_request() -> None:
-    from edgellm.cache.coalescing import RouteContext
+def test_the_flight_plan_crosses_the_wire_whole() -> None:
+    """Route, budgets, model ids and the breaker's verdict (skip, probe) decided by the Worker
+    reach the object unchanged: the object never plans."""
+    from edgellm.cache.coalescing import FlightPlan
+
+    plan = FlightPlan(routed=True, edge=True, origins=("eu", "us"), reason="primary", probe=True, prompt_tokens=42,
+                      first_token_s=0.3, stall_ms=700, models=("@cf/a", "@cf/b"))
+    assert FlightOrder.decode(replace(ORDER, plan=plan).encode()).plan == plan
+    skipped = FlightPlan(routed=True, edge=False, origins=("eu",), reason="breaker")
+    assert FlightOrder.decode(replace(ORDER, plan=skipped).encode()).plan == skipped
+    assert FlightOrder.decode(ORDER.encode()).plan == FlightPlan()
+
+
+ROUTED = '[{"name": "o1", "url": "http://origin.invalid/v1", "timeout_ms": 5000}]'
+
+
+class OriginFetch:
+    """The Worker's `fetch` port answering as an OpenAI-compatible origin streams."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def post(self, url: str, body: bytes, headers: Any, timeout: float) -> Any:
+        from edgellm.ports import FetchResponse
+
+        self.calls += 1
+
+        async def chunks() -> Any:
+            yield b'data: {"choices": [{"delta": {"content": "From origin"}, "finish_reason": null}]}\n\n'
+            yield b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}\n\n'
+            yield b"data: [DONE]\n\n"
+
+        return FetchResponse(200, {"content-type": "text/event-stream"}, chunks())
+
+
+def routed(ai: ScriptedAI) -> tuple[Deps, OriginFetch, list[Any]]:
+    background: list[Any] = []
+    fetch = OriginFetch()
+    config = Config.from_env({"ORIGINS": ROUTED, "EDGE_FIRST_TOKEN_MS": "5000"})
+    deps = Deps(config, ai, kv=SqliteKV(":memory:", clock=ManualClock()), clock=ManualClock(), fetch=fetch)
+    return replace(deps, flights=local_flights(deps, lambda aw: background.append(asyncio.ensure_future(aw)))), fetch, background
+
+
+async def miss(deps: Deps, prompt: str = "hi") -> list[Any]:
+    from edgellm.cache.service import cached_generation
     from edgellm.http import Request
 
-    request = Request("POST", "https://x/v1/chat/completions", {"cf-aig-request-timeout": "300", "cf-ipcountry": "DE",
-                                                                "authorization": "Bearer secret"}, b"{}", cf={"country": "DE"})
-    order = replace(ORDER, route=RouteContext.of(request))
-    decoded = FlightOrder.decode(order.encode())
-    assert decoded == order
-    rebuilt = decoded.route.request()
-    assert rebuilt.header("cf-aig-request-timeout") == "300" and rebuilt.cf == {"country": "DE"}
-    assert rebuilt.header("authorization") is None  # only what routing reads goes to the object
+    request = Request("POST", "https://edge.example/v1/chat/completions", {"content-type": "application/json"}, b"{}")
+    gen_request = GenerationRequest("@cf/meta/llama-2-7b-chat-int8", {"messages": [{"role": "user", "content": prompt}], "temperature": 0},
+                                    stream=True)
+    generation = await cached_generation(deps, request, gen_request)
+    return [event async for event in generation.events]
+
+
+def test_the_workers_breaker_and_counters_see_a_flights_failover() -> None:
+    """The edge fails before its first token inside the object, which fails over to the origin:
+    the Worker's own breaker records the failure and its counters the failover (on Cloudflare the
+    object's isolate is not the Worker's, so its state is fresh and /admin/routing/stats never saw
+    it). Leaning on a state shared with the object fails here since objects get their own."""
+
+    async def main() -> None:
+        deps, fetch, background = routed(ScriptedAI(fail=CapacityExceeded("3040: Capacity temporarily exceeded")))
+        events = await serve(miss(deps), "worker")
+        assert isinstance(events[-1], Finish) and "origin" in (events[-1].route or "")
+        counters, breaker = deps.state.routing.counters, deps.state.routing.breaker
+        assert counters.failovers_before_first_token == 1 and counters.origin == 1 and fetch.calls == 1
+        assert breaker is not None and len(breaker.failures) == 1
+        await asyncio.gather(*background)
+
+    isolation.run(main())
+
+
+def test_an_open_breaker_in_the_worker_keeps_the_flight_off_the_edge() -> None:
+    """The Worker's open breaker decides: the object, whose own state knows no failure, goes
+    straight to the origin and never calls the edge."""
+    from edgellm.routing.policy import routing_state
+
+    async def main() -> None:
+        ai = ScriptedAI()
+        deps, fetch, background = routed(ai)
+        breaker = routing_state(deps).breaker
+        assert breaker is not None
+        for _ in range(breaker.config.failures):
+            breaker.failure(deps.clock.now())
+        events = await serve(miss(deps), "worker")
+        assert ai.calls == [] and fetch.calls == 1
+        assert events[-1].route == "origin; reason=breaker; origin=o1"
+        assert deps.state.routing.counters.breaker_skips == 1 and deps.state.routing.counters.origin == 1
+        await asyncio.gather(*background)
+
+    isolation.run(main())
+
+
+def test_a_probe_decides_the_workers_half_open_breaker() -> None:
+    """After the cool-down the Worker lets one flight probe the edge; its success, run in the
+    object, closes the Worker's breaker."""
+    from edgellm.routing.breaker import CLOSED, HALF_OPEN
+    from edgellm.routing.policy import routing_state
+
+    async def main() -> None:
+        deps, fetch, background = routed(ScriptedAI())
+        breaker = routing_state(deps).breaker
+        assert breaker is not None
+        for _ in range(breaker.config.failures):
+            breaker.failure(deps.clock.now())
+        deps.clock.advance(breaker.config.cooldown_s + 1)  # type: ignore[attr-defined]
+        events = await serve(miss(deps), "worker")
+        assert events[-1].route == "edge" and fetch.calls == 0
+        assert breaker.state == CLOSED and breaker.state != HALF_OPEN and deps.state.routing.counters.edge == 1
+        await asyncio.gather(*background)
+
+    isolation.run(main())
 
 
 def test_a_flight_order_carries_the_whole_generation_request_across_the_wire() -> None:

@@ -9,67 +9,168 @@ generation between requests inside an isolate is what workerd forbids.
 
 Between the Worker and the object the events travel as JSON lines (one per event; a failure is
 a last `error` line), so a stream cut anywhere is told from a finished one.
+
+The object only shares a stream: the Worker plans the route (`FlightPlan`, in the order) with
+its own breaker and counters, and applies what the object reports at the end (`FlightVerdict`,
+on the last line), because on Cloudflare the object's isolate is not the Worker's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable
 
 from ..errors import ErrorKind, GatewayError
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request, Response, json_bytes
 from ..ports import Deps
-from ..routing.policy import TIMEOUT_HEADER, start_routed
+from ..inference import start_generation
+from ..routing.breaker import CircuitBreaker
+from ..routing.policy import Plan, first_token_budget, plan_route, routing_state, start_routed
+from ..routing.state import RoutingState
 from .entry import record
 from .store import store
 from .flight import Flight, Subscription
 
 FLIGHT_URL = "https://flight.edgellm.internal/generate"
 FLIGHT_CONTENT_TYPE = "application/x-ndjson"
-
-
-ROUTE_HEADERS = (TIMEOUT_HEADER, "cf-ipcountry", "cf-ipcontinent")
+VERDICT_HEADER = "x-edgellm-flight-verdict"  # a flight that failed to start: its verdict (JSON)
 
 
 @dataclass(frozen=True)
-class RouteContext:
-    """What routing reads from the request that starts a flight (its region, its first-token
-    budget): the object routes the shared generation as the Worker would have routed it. Joiners
-    share the starter's route; their region is the same wherever it matters, since a resident
-    region's answers live under a key (hence a flight) of their own."""
+class FlightPlan:
+    """The route the Worker decided for a flight, sent whole in its order: the object only
+    shares a stream, it never plans. On Cloudflare the object runs in an isolate of its own, often
+    elsewhere, with fresh per-isolate state; the Worker's isolate holds the breaker, the routing
+    counters and the parsed tokenizer, and sees every miss. So the Worker plans (region, token
+    count, what its breaker allows: edge or skip, a probe), and the object runs that plan with the
+    Worker's budgets and model ids, then reports what happened (`FlightVerdict`) for the Worker to
+    apply to its breaker and counters."""
 
-    headers: dict[str, str] = field(default_factory=dict)
-    cf: dict[str, str] = field(default_factory=dict)
+    routed: bool = False  # routing configured; else the edge-only gateway
+    edge: bool = True
+    origins: tuple[str, ...] = ()  # names from ROUTING_ORIGINS, in the order to try them
+    reason: str = "primary"
+    probe: bool = False  # this flight decides the Worker's half-open breaker
+    prompt_tokens: int | None = None
+    first_token_s: float | None = None  # the edge's first-token budget (cf-aig-request-timeout)
+    stall_ms: int | None = None
+    models: tuple[str, ...] | None = None  # the edge's fallback model ids (None: the object's own)
 
     @classmethod
-    def of(cls, request: Request) -> "RouteContext":
-        headers = {name: value for name in ROUTE_HEADERS if (value := request.header(name)) is not None}
-        cf = {k: str(v) for k, v in request.cf.items() if k in ("country", "continent")}
-        return cls(headers, cf)
+    async def decide(cls, deps: Deps, request: Request, gen_request: GenerationRequest) -> "FlightPlan":
+        """Plan in the Worker, with its breaker and counters (a refusal is raised here, before
+        any object is asked)."""
+        config = deps.config
+        if not config.routing.active:
+            return cls(models=config.fallback_models)
+        plan = await plan_route(deps, request, gen_request)
+        budget = first_token_budget(config.routing, request) if plan.edge and plan.origins else None
+        return cls(True, plan.edge, tuple(o.name for o in plan.origins), plan.reason, plan.probe, plan.prompt_tokens,
+                   budget, config.routing.stall_ms, config.fallback_models)
 
-    def request(self) -> Request:
-        return Request("POST", FLIGHT_URL, dict(self.headers), b"", cf=dict(self.cf))
+    def to_json(self) -> dict[str, Any]:
+        return {"routed": self.routed, "edge": self.edge, "origins": list(self.origins), "reason": self.reason,
+                "probe": self.probe, "prompt_tokens": self.prompt_tokens, "first_token_s": self.first_token_s,
+                "stall_ms": self.stall_ms, "models": None if self.models is None else list(self.models)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "FlightPlan":
+        if not isinstance(data, dict):
+            return cls()
+        tokens, budget, stall, models = data.get("prompt_tokens"), data.get("first_token_s"), data.get("stall_ms"), data.get("models")
+        return cls(bool(data.get("routed")), bool(data.get("edge", True)), tuple(str(o) for o in data.get("origins") or ()),
+                   str(data.get("reason") or "primary"), bool(data.get("probe")), None if tokens is None else int(tokens),
+                   None if budget is None else float(budget), None if stall is None else int(stall),
+                   None if models is None else tuple(str(m) for m in models))
+
+    def in_object(self, deps: Deps) -> tuple[Deps, Plan | None, RoutingState]:
+        """The object's deps for this flight (the Worker's model ids and stall budget, a routing
+        state of the flight's own whose breaker only records), and the core plan to run."""
+        config = deps.config
+        if self.models is not None:
+            config = replace(config, fallback_models=self.models)
+        if self.stall_ms is not None:
+            config = replace(config, routing=replace(config.routing, stall_ms=self.stall_ms))
+        routing = RoutingState(breaker=VerdictBreaker(config.routing.breaker))
+        flight_deps = replace(deps, config=config, state=replace(deps.state, routing=routing))
+        if not self.routed:
+            return flight_deps, None, routing
+        by_name = {o.name: o for o in config.routing.origins}
+        origins = tuple(by_name[name] for name in self.origins if name in by_name)
+        return flight_deps, Plan(self.edge, origins, self.reason, self.probe, self.prompt_tokens), routing
+
+
+class VerdictBreaker(CircuitBreaker):
+    """The breaker a flight runs with inside the object: it decides nothing (the Worker's breaker
+    did, in the plan) and only records the verdict the run gives, for the Worker to apply."""
+
+    verdict: str | None = None
+
+    def admit(self, now: float) -> str:
+        return "edge"
+
+    def success(self, now: float) -> None:
+        self.verdict = "success"
+
+    def failure(self, now: float) -> None:
+        self.verdict = "failure"
+
+    def abandon(self) -> None:
+        pass
+
+
+def flight_verdict(routing: RoutingState | None) -> dict[str, Any] | None:
+    """What a flight's run did to routing (breaker verdict, counters), as the object reports it."""
+    if routing is None:
+        return None
+    breaker = routing.breaker
+    counters = {name: value for name, value in routing.counters.to_json().items() if value}
+    return {"breaker": getattr(breaker, "verdict", None), "counters": counters,
+            "stall_to_origin_ms": routing.last_stall_to_origin_ms}
+
+
+def apply_verdict(deps: Deps, plan: FlightPlan, verdict: dict[str, Any] | None) -> None:
+    """The object's report, applied to the Worker's breaker and counters: a success or failure
+    as if the Worker had run the edge itself; no verdict frees a probe the plan took."""
+    if not plan.routed:
+        return
+    state, now = routing_state(deps), deps.clock.now()
+    breaker = state.breaker
+    assert breaker is not None
+    outcome = (verdict or {}).get("breaker")
+    if outcome == "success":
+        breaker.success(now)
+    elif outcome == "failure":
+        breaker.failure(now)
+    elif plan.probe:
+        breaker.abandon()
+    for name, value in ((verdict or {}).get("counters") or {}).items():
+        if isinstance(value, int) and isinstance(getattr(state.counters, name, None), int):
+            setattr(state.counters, name, getattr(state.counters, name) + value)
+    stall = (verdict or {}).get("stall_to_origin_ms")
+    if isinstance(stall, (int, float)):
+        state.last_stall_to_origin_ms = float(stall)
 
 
 @dataclass(frozen=True)
 class FlightOrder:
-    """What the Worker asks the object for: the generation, where and how to store it, and
-    what routing needs of the request that asked."""
+    """What the Worker asks the object for: the generation, where and how to store it, and the
+    route the Worker planned for it."""
 
     request: GenerationRequest
     kv_key: str
     write: bool
     ttl: int
-    route: RouteContext = field(default_factory=RouteContext)
+    plan: FlightPlan = field(default_factory=FlightPlan)
 
     def encode(self) -> bytes:
         r = self.request
         return json_bytes({"model": r.model, "inputs": r.inputs, "stop": list(r.stop), "stream": r.stream,
                            "include_usage": r.include_usage, "session": r.session, "kv_key": self.kv_key, "write": self.write, "ttl": self.ttl,
-                           "route": {"headers": self.route.headers, "cf": self.route.cf}})
+                           "plan": self.plan.to_json()})
 
     @classmethod
     def decode(cls, data: bytes) -> "FlightOrder":
@@ -78,10 +179,7 @@ class FlightOrder:
                                     include_usage=bool(obj.get("include_usage")),
                                     # the first asker's session warms the model's cache (never part of the key)
                                     session=str(obj["session"]) if obj.get("session") else None)
-        route = obj.get("route") or {}
-        context = RouteContext({str(k): str(v) for k, v in (route.get("headers") or {}).items()},
-                               {str(k): str(v) for k, v in (route.get("cf") or {}).items()})
-        return cls(request, str(obj["kv_key"]), bool(obj["write"]), int(obj["ttl"]), context)
+        return cls(request, str(obj["kv_key"]), bool(obj["write"]), int(obj["ttl"]), FlightPlan.from_json(obj.get("plan")))
 
 
 def flight_name(kv_key: str, write: bool, ttl: int) -> str:
@@ -93,7 +191,7 @@ def flight_name(kv_key: str, write: bool, ttl: int) -> str:
 # --- the wire between the Worker and the object ----------------------------------------------
 
 
-def encode_event(event: Event) -> bytes:
+def encode_event(event: Event, routing: dict[str, Any] | None = None) -> bytes:
     """One event as a JSON line, whole: logprobs, tool-call fragments, and the finish's route and
     whether it may be cached (an answer stitched from two routes may not) all cross intact."""
     if isinstance(event, Token):
@@ -104,6 +202,8 @@ def encode_event(event: Event) -> bytes:
         data = {"tool_call": {"index": event.index, "id": event.id, "name": event.name, "arguments": event.arguments}}
     else:
         data = {"finish": event.finish_reason, "usage": event.usage.to_json(), "route": event.route, "cacheable": event.cacheable}
+        if routing is not None:
+            data["routing"] = routing
     return json_bytes(data) + b"\n"
 
 
@@ -122,10 +222,11 @@ def decode_event(data: dict[str, Any]) -> Event | None:
     return None
 
 
-def encode_error(exc: BaseException) -> bytes:
+def encode_error(exc: BaseException, routing: dict[str, Any] | None = None) -> bytes:
     error = exc if isinstance(exc, GatewayError) else GatewayError(
         ErrorKind.UPSTREAM, f"The shared generation failed: {type(exc).__name__}.", code="upstream_error", retry_after=5)
-    return json_bytes({"error": error.to_json()["error"], "status": error.status, "retry_after": error.retry_after}) + b"\n"
+    return json_bytes({"error": error.to_json()["error"], "status": error.status, "retry_after": error.retry_after,
+                       "routing": routing}) + b"\n"
 
 
 def error_from(data: dict[str, Any], status: int, retry_after: int | None) -> GatewayError:
@@ -143,6 +244,7 @@ class FlightBody:
     not a generator, so that closing it before its first read still uncounts the request."""
 
     subscription: Subscription
+    routing: RoutingState | None = None  # the flight's run, reported on the last line
     failed: bool = False
 
     def __aiter__(self) -> "FlightBody":
@@ -152,24 +254,31 @@ class FlightBody:
         if self.failed:
             raise StopAsyncIteration
         try:
-            return encode_event(await anext(self.subscription))
+            event = await anext(self.subscription)
+            return encode_event(event, flight_verdict(self.routing) if isinstance(event, Finish) else None)
         except StopAsyncIteration:
             raise
         except Exception as exc:
             self.failed = True
-            return encode_error(exc)
+            return encode_error(exc, flight_verdict(self.routing))
 
     async def aclose(self) -> None:
         await self.subscription.aclose()
 
 
 @dataclass
+class RoutedFlight(Flight):
+    routing: RoutingState | None = None  # what the run did to routing, for the Worker
+
+
+@dataclass
 class FlightObject:
     """The Durable Object's logic (hosted by `entry.Flight` on Cloudflare, by the local edge's
-    emulation locally). One object per flight name, so at most one flight runs in it at a time."""
+    emulation locally). One object per flight name, so at most one flight runs in it at a time.
+    Its `deps.state` is the object's own (fresh, as on Cloudflare): nothing in it decides a route."""
 
     deps: Deps  # the object's own bindings: AI, KV, clock
-    current: Flight | None = None
+    current: RoutedFlight | None = None
     generations: int = 0  # started by this object (tests and benchmarks read it)
     joined: int = 0
 
@@ -193,14 +302,17 @@ class FlightObject:
             await subscription.aclose()
             error = exc if isinstance(exc, GatewayError) else GatewayError(
                 ErrorKind.UPSTREAM, f"The generation failed to start: {type(exc).__name__}.", code="upstream_error", retry_after=5)
-            return error.to_response()
+            response = error.to_response()
+            response.headers["x-edgellm-flight"] = role
+            response.headers[VERDICT_HEADER] = json_bytes(flight_verdict(flight.routing)).decode()
+            return response
         headers = {"content-type": FLIGHT_CONTENT_TYPE, "x-edgellm-model": model, "x-edgellm-flight": role}
         if flight.route:
             headers["x-edgellm-route"] = flight.route
-        return Response(200, headers, FlightBody(subscription))
+        return Response(200, headers, FlightBody(subscription, flight.routing))
 
-    def _start(self, order: FlightOrder) -> Flight:
-        deps = self.deps
+    def _start(self, order: FlightOrder) -> RoutedFlight:
+        deps, routing_deps, plan, routing = self.deps, *order.plan.in_object(self.deps)
         self.generations += 1
 
         def on_done(done: Flight) -> None:
@@ -210,9 +322,16 @@ class FlightObject:
             if answer is not None and order.write:
                 deps.wait_until(store(deps, order.kv_key, answer, order.ttl))
 
-        # routed as the Worker routes (edge, origin, failover); a stitched answer's Finish is not
-        # cacheable, so `record` refuses it and the flight writes nothing
-        self.current = Flight().start(lambda: start_routed(deps, order.route.request(), order.request), on_done)
+        async def run() -> Generation:
+            # on the Worker's plan (edge, origins, budgets); a stitched answer's Finish is not
+            # cacheable, so `record` refuses it and the flight writes nothing
+            if plan is None:  # routing not configured: the edge-only gateway
+                generation = await start_generation(routing_deps, order.request)
+                generation.route = "edge; reason=primary"
+                return generation
+            return await start_routed(routing_deps, Request("POST", FLIGHT_URL), order.request, plan, order.plan.first_token_s)
+
+        self.current = RoutedFlight(routing=routing).start(run, on_done)  # type: ignore[assignment]
         deps.wait_until(self.current.producer)  # keeps the object alive until the answer is complete
         return self.current
 
@@ -223,9 +342,15 @@ class FlightEvents:
     answer that ends without its Finish or an error line was cut, and says so."""
 
     body: AsyncIterator[bytes]
+    on_verdict: Callable[[dict[str, Any] | None], None] | None = None  # called once: the run's report, or None
     _buffer: bytes = b""
     _pending: list[bytes] = field(default_factory=list)
     _ended: bool = False
+
+    def _verdict(self, data: dict[str, Any] | None) -> None:
+        report, self.on_verdict = self.on_verdict, None
+        if report is not None:
+            report(data)
 
     def __aiter__(self) -> "FlightEvents":
         return self
@@ -249,6 +374,8 @@ class FlightEvents:
             self._pending.extend(line for line in lines if line.strip())
         data = json.loads(self._pending.pop(0))
         event = decode_event(data)
+        if event is None or isinstance(event, Finish):
+            self._verdict(data.get("routing") if isinstance(data.get("routing"), dict) else None)
         if isinstance(event, Finish):
             self._ended, self._pending = True, []
             await self.aclose()
@@ -259,6 +386,7 @@ class FlightEvents:
         raise error_from(data, int(data.get("status") or 502), data.get("retry_after"))
 
     async def aclose(self) -> None:
+        self._verdict(None)  # closed before the end (the client left): no verdict
         close = getattr(self.body, "aclose", None)
         if close is not None:
             await close()
@@ -277,7 +405,15 @@ async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation,
     except Exception as exc:  # the object failed (on workerd an AbortError carrying its traceback)
         raise GatewayError(ErrorKind.UPSTREAM, f"The coalescing object failed: {type(exc).__name__}: {exc}",
                            code="flight_failed", retry_after=1) from exc
+    started = response.headers.get("x-edgellm-flight") == "started"
+    # only the request that started the flight applies its verdict; a joiner frees a probe it took
+    report = (lambda verdict: apply_verdict(deps, order.plan, verdict)) if started else (lambda verdict: apply_verdict(deps, order.plan, None))
     if response.status != 200 or not response.is_streaming:
+        try:
+            verdict = json.loads(response.headers.get(VERDICT_HEADER) or "null")
+        except ValueError:
+            verdict = None
+        report(verdict if isinstance(verdict, dict) else None)
         body = response.body if isinstance(response.body, (bytes, bytearray)) else b"".join([c async for c in response.body])
         try:
             data = json.loads(body)
@@ -286,5 +422,6 @@ async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation,
         retry = response.headers.get("retry-after")
         raise error_from(data if isinstance(data, dict) else {}, response.status, int(retry) if retry and retry.isdigit() else None)
     model = response.headers.get("x-edgellm-model", order.request.model)
-    generation = Generation(model, FlightEvents(response.body), route=response.headers.get("x-edgellm-route"))  # type: ignore[arg-type]
+    events = FlightEvents(response.body, report)  # type: ignore[arg-type]
+    generation = Generation(model, events, route=response.headers.get("x-edgellm-route"))
     return generation, response.headers.get("x-edgellm-flight") == "joined"

@@ -16,7 +16,7 @@ from ..http import Request
 from ..routing.policy import start_routed
 from ..routing.regions import regional_cache
 from ..ports import Deps
-from .coalescing import FlightOrder, RouteContext, flight_name, shared_generation
+from .coalescing import FlightOrder, FlightPlan, flight_name, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import CachePolicy, cache_policy
@@ -115,7 +115,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest)
     counters.misses += 1
     if deps.flights is not None:
-        order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, RouteContext.of(request))
+        order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))
         generation, joined = await coalesced(deps, order)
         counters.coalesced += joined
     else:

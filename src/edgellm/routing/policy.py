@@ -149,14 +149,16 @@ async def plan_route(deps: Deps, request: Request, gen_request: GenerationReques
     return Plan(True, (), "primary", prompt_tokens=tokens)
 
 
-async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
+async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequest, plan: Plan | None = None,
+                       budget: float | None = None) -> Generation:
     """Start the generation on the route the policy picks; the edge-only gateway when routing
-    is not configured."""
+    is not configured. A flights object passes the `plan` and first-token `budget` the Worker
+    decided (`cache.coalescing.FlightPlan`), so it never plans itself."""
     if not deps.config.routing.active:
         generation = await start_generation(deps, gen_request)
         generation.route = "edge; reason=primary"
         return generation
-    plan = await plan_route(deps, request, gen_request)
+    plan = plan or await plan_route(deps, request, gen_request)
     state = routing_state(deps)
     if not plan.edge:
         return await _from_origins(deps, gen_request, plan.origins, plan.reason)
@@ -165,7 +167,7 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
         generation.route = "edge; reason=primary"
         state.counters.edge += 1
         return generation
-    budget = first_token_budget(deps.config.routing, request)
+    budget = first_token_budget(deps.config.routing, request) if budget is None else budget
     breaker = state.breaker
     assert breaker is not None
     started: list[Generation] = []

@@ -98,8 +98,8 @@ def runtime() -> Any:
         yield rt, entry
 
 
-def ask(content: str = "capital of France?", stream: bool = False) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, "stream": stream}
+def ask(content: str = "capital of France?", stream: bool = False, temperature: float = 0) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": temperature, "stream": stream}
 
 
 async def test_a_cacheable_miss_reaches_the_flight_object_through_the_sdk_stub(runtime: Any) -> None:
@@ -213,4 +213,35 @@ async def test_a_deeply_nested_body_is_refused_before_parsing_on_the_worker(runt
     assert parsed == []
     after = await platform.fetch(ask())
     assert after.status == 200
+    await platform.settle()
+
+
+@pytest.mark.parametrize("temperature", [0, 0.7], ids=["through the flight object", "the Worker's own generation"])
+async def test_a_non_streamed_client_that_leaves_cancels_its_generation(runtime: Any, temperature: float) -> None:
+    """Issue 20 (4): a non-streamed client that leaves is seen through `request.signal` (the
+    `enable_request_signal` flag) and the generation is cancelled, as the local edge does; before,
+    it ran to its end and was logged 200."""
+    rt, entry = runtime
+    ai = PlatformAI()
+    ai.gate = asyncio.Event()
+    platform = Platform(rt, entry, ai)
+    controller = fp.AbortController()
+    answer = asyncio.ensure_future(platform.fetch(ask(temperature=temperature), signal=controller.signal))
+    await ai.started.wait()
+    controller.abort()
+    await asyncio.wait_for(ai.cancelled.wait(), 10)  # a guard only: the event is what the test waits on
+    native = await answer
+    assert native.status == 499
+    assert not controller.signal.listeners  # the listener is removed (and its proxy destroyed)
+    await platform.settle()
+
+
+async def test_a_client_still_there_keeps_its_answer_and_the_listener_goes(runtime: Any) -> None:
+    rt, entry = runtime
+    platform = Platform(rt, entry, PlatformAI())
+    controller = fp.AbortController()
+    native = await platform.fetch(ask(temperature=0.7), signal=controller.signal)
+    assert native.status == 200 and json.loads(await native.bytes())["choices"][0]["message"]["content"] == "Paris"
+    assert not controller.signal.listeners
+    controller.abort()  # after the answer: nothing left to cancel
     await platform.settle()

@@ -7,11 +7,12 @@ be a JS ReadableStream of `Uint8Array` chunks; errors arrive as `JsException` wi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Awaitable, Mapping
 
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, create_proxy, jsnull, to_js  # type: ignore[import-not-found]
@@ -401,6 +402,42 @@ def _log_requests() -> None:
         logger.propagate = False
 
 
+# What a client that left is answered (nobody reads it): nginx's "client closed request".
+CLIENT_CLOSED = 499
+
+
+async def until_departure(work: Awaitable[Response], request: Any) -> Response | None:
+    """Run the handler, cancelled if the client leaves before it answers: workerd signals that
+    on the JS request's `signal` (`enable_request_signal` compatibility flag; the SDK's
+    `workers.Request` does not expose it, so `request.js_object.signal`). Without it a
+    non-streamed generation ran to its end for nobody. None when the client left. Once the
+    handler has answered, a streamed body sees a departure as GeneratorExit (`_js_chunks`)."""
+    signal = getattr(getattr(request, "js_object", None), "signal", None)
+    if signal is None or is_missing(signal):
+        return await work
+    task = asyncio.ensure_future(work)
+    departed = False
+
+    def on_abort(event: Any = None) -> None:
+        nonlocal departed
+        departed = True
+        task.cancel()
+
+    listener = create_proxy(on_abort)  # JS keeps it: a proxy, destroyed once removed
+    signal.addEventListener("abort", listener)
+    try:
+        if signal.aborted:
+            on_abort()
+        return await task
+    except asyncio.CancelledError:
+        if departed and task.cancelled():
+            return None
+        raise  # the Worker's own request was cancelled
+    finally:
+        signal.removeEventListener("abort", listener)
+        listener.destroy()
+
+
 async def fetch(request: Any, env: Any, ctx: Any, state: IsolateState | None = None) -> Any:
     try:
         deps = build_deps(env, ctx, state or isolate_state())
@@ -412,4 +449,7 @@ async def fetch(request: Any, env: Any, ctx: Any, state: IsolateState | None = N
             code="worker_setup_failed",
         )
         return to_native_response(error.to_response())
-    return to_native_response(await handle(core_request, deps))
+    response = await until_departure(handle(core_request, deps), request)
+    if response is None:
+        return WorkersResponse(b"", status=CLIENT_CLOSED)
+    return to_native_response(response)

@@ -245,3 +245,28 @@ async def test_a_client_still_there_keeps_its_answer_and_the_listener_goes(runti
     assert not controller.signal.listeners
     controller.abort()  # after the answer: nothing left to cancel
     await platform.settle()
+
+
+async def test_a_rate_limit_refusal_retries_after_the_limiters_window(runtime: Any) -> None:
+    """Issue 20 (6): Retry-After was always 60, whatever the binding's period."""
+    import tomllib
+    from pathlib import Path
+
+    from edgellm.access.keys import KeyRing, new_key
+
+    rt, entry = runtime
+
+    class Refusing:  # the Rate Limiting binding: `limit({key})` -> `{success}`
+        async def limit(self, options: Any) -> Any:
+            return fp.JsDict({"success": False})
+
+    platform = Platform(rt, entry, PlatformAI(), OPEN_ACCESS="false", RATE_LIMIT_PERIOD="10")
+    platform.env.RATE_LIMITER = Refusing()
+    made = new_key("acme", 0, requests_per_minute=0)
+    await KeyRing(platform.kv).put(made.record)
+    native = await platform.fetch(ask(), headers={"authorization": f"Bearer {made.api_key}"})
+    assert native.status == 429 and native.headers["retry-after"] == "10"
+    assert "10 s" in json.loads(await native.bytes())["error"]["message"]
+    # what ships says the binding's period where the Worker can read it
+    wrangler = tomllib.loads((Path(__file__).parents[2] / "wrangler.toml").read_text())
+    assert wrangler["vars"]["RATE_LIMIT_PERIOD"] == str(wrangler["ratelimits"][0]["simple"]["period"])

@@ -113,8 +113,8 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
         except Exception as exc:  # fail open: the in-isolate window above still holds
             deps.log.warning("rate limiter failed: %s", exc)
             allowed = True
-        if not allowed:
-            raise rate_limited("requests", 60)
+        if not allowed:  # retry after the binding's window (a binding that does not say: 60 s, its longest)
+            raise rate_limited("requests", int(getattr(deps.rate_limiter, "period_s", 60)))
     return Principal(record.tenant, record.key_id, record)
 
 

@@ -250,9 +250,12 @@ def to_native_response(response: Response) -> Any:
 
 @dataclass
 class WorkersRateLimit:
-    """The Rate Limiting binding (`[[ratelimits]]`): `limit({key})` -> `{success}`."""
+    """The Rate Limiting binding (`[[ratelimits]]`): `limit({key})` -> `{success}`. `period_s` is
+    its window (`simple.period`, 10 or 60), which the binding does not expose: the
+    RATE_LIMIT_PERIOD var says it, and a refusal's Retry-After is that window."""
 
     binding: Any
+    period_s: int = 60
 
     async def limit(self, key: str) -> bool:
         outcome = await self.binding.limit(js_options({"key": key}))
@@ -326,10 +329,18 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
         state=state,
         conversations=_conversations(env),
         flights=_flights(getattr(env, "FLIGHTS", None)),
-        rate_limiter=WorkersRateLimit(_optional(env, "RATE_LIMITER")) if _optional(env, "RATE_LIMITER") else None,
+        rate_limiter=_rate_limiter(env),
         usage=_usage(env),
         fetch=_fetch() if state.config.routing.origins else None,
     )
+
+
+def _rate_limiter(env: Any) -> WorkersRateLimit | None:
+    binding = _optional(env, "RATE_LIMITER")
+    if binding is None:
+        return None
+    period = str(_optional(env, "RATE_LIMIT_PERIOD") or "60").strip()
+    return WorkersRateLimit(binding, int(period) if period.isdigit() and int(period) > 0 else 60)
 
 
 def _usage(env: Any) -> AnalyticsEngineUsage | None:

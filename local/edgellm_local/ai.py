@@ -75,6 +75,7 @@ class LlamaCppRunner:
     threads: int = max(1, os.cpu_count() or 1)
     slot_dir: Path | None = None  # where llama.cpp saves slot states (a SlotPool manages them)
     cache_ram_mib: int | None = None  # llama.cpp's own RAM prompt cache; 0 turns it off
+    chat_template: str | None = None  # overrides the GGUF's own template (llama.cpp's --chat-template)
     # generations in flight or queued (default 4 per slot: with 8, misses admitted under bench_abuse's
     # 200 clients on two busy cores waited past a client's 120 s; refused, they get a 503 + Retry-After)
     max_waiting: int | None = None
@@ -99,6 +100,8 @@ class LlamaCppRunner:
                     params.slot_save_path = f"{self.slot_dir}/"  # llama.cpp appends the file name as is
                 if self.cache_ram_mib is not None:
                     params.cache_ram_mib = self.cache_ram_mib
+                if self.chat_template is not None:
+                    params.chat_template = self.chat_template
                 try:
                     self._server = xllamacpp.Server(params)
                 except RuntimeError as exc:  # a GGUF header on a truncated or corrupt file

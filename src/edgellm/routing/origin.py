@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, is_context_refusal
 from ..generation import Event, Finish, GenerationRequest, Token, Usage
 from ..http import json_bytes
 from ..ports import FetchError, HTTPFetch
@@ -77,6 +77,9 @@ def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: st
 
 
 def _status_error(origin: OriginConfig, status: int, detail: str) -> GatewayError:
+    if status in (400, 422) and is_context_refusal(detail):
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} cannot hold the prompt: {detail}",
+                            param="messages", code="context_length_exceeded")
     if status in (400, 422):
         return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} rejected the request: {detail}", code="origin_rejected")
     if status in (429, 503):

@@ -189,10 +189,13 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
     except StopAsyncIteration:
         reason = "edge-error"
     except GatewayError as exc:
-        if exc.kind not in FAILOVER_KINDS:
+        if exc.code == "context_length_exceeded":  # the edge's own window (uncounted, or counted short): not a failure
+            reason = "too-long-for-edge"
+        elif exc.kind not in FAILOVER_KINDS:
             breaker.abandon()
             raise
-        reason = _REASONS.get(exc.code or "", "edge-error")
+        else:
+            reason = _REASONS.get(exc.code or "", "edge-error")
     except asyncio.CancelledError:  # the client left: no verdict on the edge, free a probe slot
         breaker.abandon()
         for generation in started:
@@ -205,8 +208,12 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
         return routed
     for generation in started:  # the first attempt is closed, never left running
         await _aclose(generation.events)
-    breaker.failure(deps.clock.now())
-    state.counters.failovers_before_first_token += 1
+    if reason == "too-long-for-edge":
+        breaker.abandon()
+        state.counters.too_long_for_edge += 1
+    else:
+        breaker.failure(deps.clock.now())
+        state.counters.failovers_before_first_token += 1
     deps.log.warning("edge failed before its first token (%s); asking the origin", reason)
     return await _from_origins(deps, gen_request, plan.origins, reason)
 

@@ -23,7 +23,7 @@ from edgellm.capabilities import CAPABILITY_NAMES
 import jsonschema
 
 from edgellm.config import Config
-from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound
+from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, ModelNotFound
 
 from . import structured
 from .isolation import OwnedStream
@@ -75,6 +75,7 @@ class LlamaCppRunner:
     threads: int = max(1, os.cpu_count() or 1)
     slot_dir: Path | None = None  # where llama.cpp saves slot states (a SlotPool manages them)
     cache_ram_mib: int | None = None  # llama.cpp's own RAM prompt cache; 0 turns it off
+    chat_template: str | None = None  # overrides the GGUF's own template (llama.cpp's --chat-template)
     # generations in flight or queued (default 4 per slot: with 8, misses admitted under bench_abuse's
     # 200 clients on two busy cores waited past a client's 120 s; refused, they get a 503 + Retry-After)
     max_waiting: int | None = None
@@ -99,6 +100,8 @@ class LlamaCppRunner:
                     params.slot_save_path = f"{self.slot_dir}/"  # llama.cpp appends the file name as is
                 if self.cache_ram_mib is not None:
                     params.cache_ram_mib = self.cache_ram_mib
+                if self.chat_template is not None:
+                    params.chat_template = self.chat_template
                 try:
                     self._server = xllamacpp.Server(params)
                 except RuntimeError as exc:  # a GGUF header on a truncated or corrupt file
@@ -213,8 +216,16 @@ def _llama_exception(exc: BaseException) -> BindingError:
     """llama.cpp raises ValueError for input it refuses (its HTTP server answers those with 400,
     e.g. a chat ending in two assistant messages); anything else is the runner failing."""
     if isinstance(exc, ValueError):
-        return InvalidModelInput(f"5006: llama.cpp: {exc}")
+        return _refusal(f"5006: llama.cpp: {exc}")
     return BindingError(f"llama.cpp failed: {exc}")
+
+
+def _refusal(message: str) -> InvalidModelInput:
+    """llama.cpp's refusal of an input; a prompt past the slot's context ("the request (N tokens)
+    exceeds the available context size (M tokens)") is the typed context error."""
+    if "exceeds the available context size" in message:
+        return ContextWindowExceeded(message)
+    return InvalidModelInput(message)
 
 
 def _raise_llama_error(result: Any) -> None:
@@ -222,7 +233,7 @@ def _raise_llama_error(result: Any) -> None:
         error = result["error"]
         message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
         code = error.get("code") if isinstance(error, dict) else None
-        raise (InvalidModelInput if code == 400 else BindingError)(f"llama.cpp: {message}")
+        raise _refusal(f"llama.cpp: {message}") if code == 400 else BindingError(f"llama.cpp: {message}")
 
 
 @dataclass(frozen=True)
@@ -290,7 +301,7 @@ class LlamaCppAI:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
         max_tokens = int(checked.get("max_tokens") or 0)
         if max_tokens > runner.slot_context:
-            raise InvalidModelInput(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds")
+            raise ContextWindowExceeded(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds")
         kind, body = to_llama_request(checked)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,10 +40,39 @@ class EdgeSettings:
     slot_disk_budget: int = DEFAULT_DISK_BUDGET  # saved llama.cpp slot states under state_dir/slots
 
 
+def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> Config:
+    """Routing that counts nothing (no EDGE_TOKENIZER) counts, on the local edge, with the tokenizer
+    of the GGUF it serves: read from the file once, at start, into the isolate's tokenizer memo
+    (what `EDGE_TOKENIZER` would have loaded from R2). So a prompt past every route's window is
+    a 400 `context_length_exceeded` before any inference, and one past the edge's goes to an
+    origin. Routing off (no origins, no regions), nothing is counted, as before."""
+    routing = config.routing
+    if routing.edge_tokenizer or not (routing.origins or routing.regions):
+        return config
+    import gguf  # only `edgellm dev` with routing pays for the GGUF reader and tokenizers
+
+    from edgellm.routing.counting import EdgeTokenizer
+    from edgellm.routing.tokenizer import Tokenizer, UnsupportedTokenizer
+
+    from .gguf_tokenizer import UnsupportedVocabulary, build_tokenizer, tokenizer_config
+
+    name = f"local:{model_path.name}"
+    try:
+        reader = gguf.GGUFReader(model_path)
+        spec = json.loads(build_tokenizer(reader).to_str())
+        state.routing.tokenizers[name] = EdgeTokenizer(Tokenizer.from_json(spec), tokenizer_config(reader))
+    except (UnsupportedVocabulary, UnsupportedTokenizer) as exc:
+        logging.getLogger("edgellm").warning("the served model's tokenizer cannot count prompts (%s): routing does not count", exc)
+        return config
+    return replace(config, routing=replace(routing, edge_tokenizer=name))
+
+
 def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
     runner = LlamaCppRunner(check_gguf(settings.model_path), n_ctx=settings.n_ctx, n_parallel=settings.n_parallel,
                             slot_dir=settings.state_dir / "slots", cache_ram_mib=0)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    state = IsolateState()
+    settings = replace(settings, config=served_tokenizer(settings.config, settings.model_path, state))
     ai = LlamaCppAI.for_config(settings.config, runner)
     ai.slots = SlotPool(runner, disk_budget=settings.slot_disk_budget)
     return Deps(
@@ -54,7 +84,7 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         conversations=LocalDurableObjectNamespace(
             conversation_factory(settings.state_dir / "conversations", settings.config, clock), class_name="Conversation"),
         log=logging.getLogger("edgellm"),
-        state=IsolateState(),
+        state=state,
         usage=SqliteUsage(settings.state_dir / "usage.sqlite3"),
         fetch=HttpxFetch(),
     )

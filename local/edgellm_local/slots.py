@@ -8,7 +8,8 @@ the in-process server's loopback HTTP API; its Python `handle_*` methods have no
 actions) and erased or overwritten by the next owner's saved state, so one conversation's
 cache never serves another's prompt; a request without a session is nobody's continuation
 and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved
-file is restored only into the conversation that wrote it, from this process and this model,
+file is restored only into the conversation that wrote it, from this process and this model (the
+GGUF, its context size and its chat template: `model_identity`),
 and only if its BLAKE3 digest is the one recorded when it was written: a stale, corrupted or
 foreign file is refused (and deleted), and the turn is computed in full instead. Neither digest
 waits in a request's path: the saved file is hashed in the background (its digest is needed only
@@ -101,6 +102,25 @@ def _digest(path: Path) -> str:
     return blake3.blake3(max_threads=1).update_mmap(path).hexdigest()
 
 
+def model_identity(runner: "LlamaCppRunner") -> str:
+    """Everything a slot's KV state depends on: the GGUF (its path, size and modification time:
+    another file, or the same path rewritten), the context it was loaded with (n_ctx and how it is
+    split between slots) and the chat template the prompts were rendered with (the runner's
+    override, else the GGUF's own). A state saved under any other identity is refused at restore,
+    even where llama.cpp would load it without complaint (a same-shaped model, a larger context)."""
+    import gguf  # the GGUF reader only where a pool is used
+
+    from .gguf_tokenizer import gguf_value
+
+    stat = runner.path.stat()
+    template = runner.chat_template
+    if template is None:
+        template = gguf_value(gguf.GGUFReader(runner.path), "tokenizer.chat_template") or ""
+    digest = hashlib.sha256(str(template).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return (f"{runner.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:n_ctx={runner.n_ctx}:"
+            f"n_parallel={runner.n_parallel}:template={digest}")
+
+
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
     for waiter in waiters:
         if not waiter.done():
@@ -129,6 +149,7 @@ class SlotPool:
     # Thread futures, not asyncio ones: a digest started while serving one request is read while
     # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
     _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # slots readied and saved behind a release
+    _identity: "tuple[LlamaCppRunner, str] | None" = field(default=None, init=False, repr=False)  # cached per runner
     _hashing: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-digest"), init=False, repr=False)
 
@@ -142,8 +163,11 @@ class SlotPool:
 
     @property
     def model_id(self) -> str:
-        stat = self.runner.path.stat()
-        return f"{self.runner.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        """What a saved state belongs to (`model_identity`), for the runner serving now."""
+        runner = self.runner
+        if self._identity is None or self._identity[0] is not runner:
+            self._identity = (runner, model_identity(runner))
+        return self._identity[1]
 
     def saved(self, session: str) -> SavedState | None:
         return self._saved.get(session)

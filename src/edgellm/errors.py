@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .http import Response, json_response
-from .ports import BindingError, CapacityExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
+import re
+
+from .ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
+
+# Workers AI's refusal of a prompt past the model's window (error 5021: "...exceeded this model
+# context window limit"), as its adapter passes it on (an InvalidModelInput).
+_CONTEXT_REFUSAL = re.compile(r"\b5021\b|context window|context size|context length", re.IGNORECASE)
 
 # How long a client should back off from a failing dependency. One value for every binding: the
 # gateway cannot know when an overload or outage ends, so one short, honest back-off serves all.
@@ -88,6 +94,11 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_value")
     return GatewayError(ErrorKind.INVALID_REQUEST, message, param=param, code=code)
 
 
+def is_context_refusal(message: str) -> bool:
+    """Whether a backend's refusal says the prompt is past the model's context window."""
+    return bool(_CONTEXT_REFUSAL.search(message))
+
+
 def binding_error(exc: BindingError, binding: str, code: str, subject: str | None = None) -> GatewayError:
     """A failing binding (AI, KV or R2) as the gateway answers it, in this one place.
 
@@ -103,6 +114,10 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
                             retry_after=KV_WRITE_INTERVAL_SECONDS)
     if isinstance(exc, KVLimitError):
         return GatewayError(ErrorKind.INVALID_REQUEST, f"KV refused the call: {exc}", code="kv_limit")
+    if isinstance(exc, ContextWindowExceeded) or (isinstance(exc, InvalidModelInput) and is_context_refusal(str(exc))):
+        # OpenAI's code for it, which clients (LangChain, LiteLLM) trim or fall back on
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"The prompt and max_tokens do not fit the model's context window: {exc}",
+                            param="messages", code="context_length_exceeded")
     if isinstance(exc, InvalidModelInput):
         return GatewayError(ErrorKind.INVALID_REQUEST, f"The model rejected the input: {exc}", code="invalid_model_input")
     if isinstance(exc, ModelNotFound):

@@ -35,6 +35,10 @@ class InvalidModelInput(BindingError):
     """The AI binding rejected the inputs (its schema check)."""
 
 
+class ContextWindowExceeded(InvalidModelInput):
+    """The AI binding refused a prompt (plus max_tokens) longer than the model's context window."""
+
+
 class CapacityExceeded(BindingError):
     """The AI binding is overloaded or rate limited; try again later."""
 

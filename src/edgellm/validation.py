@@ -72,11 +72,41 @@ def loads_bounded(data: bytes) -> Any:
         raise invalid(f"The request body is nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays and objects "
                       "are accepted.", None, "json_too_deep")
     try:
-        return json.loads(data)
+        value = json.loads(data)
     except RecursionError:  # unreachable past the scan; kept so CPython never answers a 500
         raise invalid("The request body is nested too deeply.", None, "json_too_deep") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid(f"The request body is not valid JSON: {exc}.", None, "invalid_json") from exc
+    refuse_lone_surrogates(data, value)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_lone_surrogates(raw: bytes, value: Any) -> None:
+    """One rule for every string of a request, wherever it sits (content, stop, model, a tool's
+    name, an object key): a lone surrogate is a 400 naming the field. JSON may spell one
+    (`"\\ud800"`) though no UTF-8 text holds one, so without this it was refused where the
+    model's input is encoded (content) and passed where the gateway used the string itself (stop).
+    Only a body that spells a surrogate escape is walked: UTF-8 bytes cannot encode one."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    stack: list[tuple[Any, str | None]] = [(value, None)]
+    while stack:  # a stack, not recursion: the depth is the body's, not Python's
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                raise invalid(f"'{where or 'body'}' is not valid Unicode: it holds a lone surrogate (a \\uD800-\\uDFFF escape "
+                              "without its pair).", where, "invalid_unicode")
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                path = f"{where}.{key}" if where else str(key)
+                stack.append((child, path))
+                stack.append((key, path))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(item))))
 
 
 def as_int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:

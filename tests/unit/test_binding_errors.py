@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgellm.errors import KV_WRITE_INTERVAL_SECONDS, RETRY_AFTER_SECONDS, binding_error
-from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
+from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
 
 BINDINGS = [("The AI binding", "upstream"), ("KV", "kv"), ("R2", "r2")]
 
@@ -25,6 +25,11 @@ def _retryable(message: str) -> BindingError:
         (CapacityExceeded("3040: Capacity temporarily exceeded"), 503, "capacity_exceeded", RETRY_AFTER_SECONDS),
         (ModelNotFound("5007: No such model"), 502, "model_unavailable", RETRY_AFTER_SECONDS),
         (InvalidModelInput("5006: bad input"), 400, "invalid_model_input", None),
+        # a prompt past the window, typed (the local runner) or as Workers AI words it (5021): OpenAI's code
+        (ContextWindowExceeded("llama.cpp: request (4404 tokens) exceeds the available context size (2048 tokens)"), 400,
+         "context_length_exceeded", None),
+        (InvalidModelInput("AiError: 5021: The estimated number of input and maximum output tokens (9000) exceeded this "
+                           "model context window limit (8192)."), 400, "context_length_exceeded", None),
         (KVLimitError("KV PUT failed: 414 key too long"), 400, "kv_limit", None),
         (KVRateLimited("KV PUT failed: 429 Too Many Requests"), 429, "kv_rate_limited", KV_WRITE_INTERVAL_SECONDS),
     ],

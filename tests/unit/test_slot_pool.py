@@ -13,6 +13,7 @@ import pytest
 from edgellm.config import Config
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.slots import SlotPool
+from tests.support.tiny_gguf import write_tiny_gguf
 
 CONFIG = Config()
 MODEL = CONFIG.model
@@ -130,6 +131,45 @@ async def test_a_damaged_or_foreign_state_file_is_refused(
     assert damaged is None or not target.path.exists() or target.path.read_bytes() != damaged
     seen = await b.turn(pooled, reference, 1)  # b's own, intact state still restores
     assert seen["cached"] >= seen["previous_prompt"] - 1 and pool.stats.restores == 1
+
+
+@pytest.fixture(scope="module")
+def other_runners(pooled_runner: LlamaCppRunner, tmp_path_factory: pytest.TempPathFactory) -> dict[str, LlamaCppRunner]:
+    """Runners a saved state must not be restored into, each writing its slot states into the
+    pool's own directory: another GGUF of the very same shape (another seed: llama.cpp would load
+    the state without complaint), the same GGUF with a larger context, the same GGUF under
+    another chat template."""
+    other_gguf = write_tiny_gguf(tmp_path_factory.mktemp("other-model") / "tiny-bpe-seed1.gguf", vocab="bpe", seed=1)
+    same = dict(n_parallel=2, threads=1, slot_dir=pooled_runner.slot_dir, cache_ram_mib=0)
+    return {
+        "another-gguf": LlamaCppRunner(other_gguf, n_ctx=1024, **same).load(),  # type: ignore[arg-type]
+        "another-context": LlamaCppRunner(pooled_runner.path, n_ctx=2048, **same).load(),  # type: ignore[arg-type]
+        "another-template": LlamaCppRunner(pooled_runner.path, n_ctx=1024, chat_template="zephyr", **same).load(),  # type: ignore[arg-type]
+    }
+
+
+@pytest.mark.parametrize("change", ["another-gguf", "another-context", "another-template"])
+async def test_a_state_saved_under_another_model_is_refused(
+    pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool, other_runners: dict[str, LlamaCppRunner], change: str,
+) -> None:
+    """The pool's runner replaced (a reload, a rebuilt runner): a state the previous model saved
+    is never restored into the new one, which computes the turn in full."""
+    a = Conversation("a")
+    await a.turn(pooled, reference, 0)
+    await evict(pooled, reference, "b", "c")  # c took a's slot: a's state is on disk
+    saved = pool.saved("a")
+    assert saved is not None and saved.path.is_file()
+    original, other = pool.runner, other_runners[change]
+    pool.runner = other
+    try:
+        ai = LlamaCppAI({model: other for model in CONFIG.models}, CONFIG, slots=pool)
+        a.messages.append({"role": "user", "content": "And the next question?"})
+        result = await ai.run(MODEL, {"messages": a.messages, **SAMPLING}, session="a")
+        assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, change
+        assert (pool.stats.refused, pool.stats.restores) == (1, 0), change
+        await pool.idle()
+    finally:
+        pool.runner = original
 
 
 async def test_saved_states_stay_within_the_disk_budget(pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool) -> None:

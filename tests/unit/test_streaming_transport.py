@@ -49,6 +49,14 @@ class Server:
     port: int = 0
     connections: int = 0
     requests: list[bytes] = field(default_factory=list)
+    closed: int = 0  # connections this server has closed (its socket shut), counted once they are
+    closing: asyncio.Condition = field(default_factory=asyncio.Condition)
+    drop: asyncio.Event = field(default_factory=asyncio.Event)  # /then-close drops its connection once this is set
+
+    async def wait_closed(self, count: int) -> None:
+        """Until this server has closed `count` connections: what a test waits on instead of a sleep."""
+        async with self.closing:
+            await asyncio.wait_for(self.closing.wait_for(lambda: self.closed >= count), 10)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -68,12 +76,21 @@ class Server:
                     raw = b"HTTP/1.1 201 Created\r\nContent-Length: 7\r\n\r\nposted!"
                 writer.write(raw)
                 await writer.drain()
+                if path == b"/then-close":
+                    await self.drop.wait()
                 if close:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+            try:
+                await writer.wait_closed()
+            except ConnectionError:
+                pass
+            async with self.closing:
+                self.closed += 1
+                self.closing.notify_all()
 
 
 @pytest.fixture
@@ -131,9 +148,11 @@ async def test_head_has_no_body_even_with_a_content_length(server: Server, clien
 async def test_a_kept_alive_connection_the_server_closed_is_replaced(server: Server, client: httpx.AsyncClient) -> None:
     base = f"http://127.0.0.1:{server.port}"
     assert (await client.get(base + "/then-close")).content == b"one"
-    await asyncio.sleep(0.05)
+    assert server.closed == 0 and client._transport.idle  # type: ignore[attr-defined]  # kept alive, in the pool
+    server.drop.set()
+    await server.wait_closed(1)  # the pooled connection is now stale: its server end is shut
     assert (await client.get(base + "/chunked")).content == b"hello world"
-    assert server.connections == 2
+    assert server.connections == 2 and server.requests[-1].startswith(b"GET /chunked")
 
 
 async def test_a_body_cut_short_is_a_protocol_error(server: Server, client: httpx.AsyncClient) -> None:

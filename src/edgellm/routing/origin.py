@@ -18,16 +18,38 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, is_context_refusal
 from ..generation import Event, Finish, GenerationRequest, Token, Usage
 from ..http import json_bytes
 from ..ports import FetchError, HTTPFetch
 from ..sse import DONE, SSEDecoder
+from ..structured import tool_call_deltas
 from .affinity import slot_for
 from .config import OriginConfig
 
 RETRY_AFTER_SECONDS = 5
 _SAMPLING = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
+_AS_GIVEN = ("repetition_penalty", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs")
+# Every input an origin request carries (`origin_body`); a request with any other input is never
+# sent to an origin, since the origin would answer it without that input (a failover once dropped
+# `tools` and answered prose to `tool_choice: "required"`).
+CARRIED = frozenset(("messages", "prompt", "raw", "max_tokens", "response_format", *_SAMPLING, *_AS_GIVEN))
+
+
+def uncarried(request: GenerationRequest) -> list[str]:
+    """The inputs of this request an origin request cannot carry (empty: any origin may take it).
+    `raw` with messages has no OpenAI spelling (a raw prompt goes to /completions)."""
+    names = sorted(name for name in request.inputs if name not in CARRIED)
+    if request.inputs.get("raw") and "prompt" not in request.inputs:
+        names.append("raw")
+    return names
+
+
+def _openai_response_format(value: dict[str, Any]) -> dict[str, Any]:
+    """Workers AI's `response_format` (the schema itself under `json_schema`) -> OpenAI's."""
+    if value.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": "response", "schema": value.get("json_schema") or {}}}
+    return dict(value)
 
 
 def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: str = "", max_tokens: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -35,9 +57,9 @@ def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: st
     inputs = request.inputs
     body: dict[str, Any] = {"model": origin.model_for(request.model), "stream": True, "stream_options": {"include_usage": True},
                             "max_tokens": max_tokens if max_tokens is not None else request.max_tokens}
-    body.update({name: inputs[name] for name in _SAMPLING if inputs.get(name) is not None})
-    if inputs.get("repetition_penalty") is not None:
-        body["repetition_penalty"] = inputs["repetition_penalty"]
+    body.update({name: inputs[name] for name in (*_SAMPLING, *_AS_GIVEN) if inputs.get(name) is not None})
+    if inputs.get("response_format") is not None:
+        body["response_format"] = _openai_response_format(inputs["response_format"])
     if request.stop:
         body["stop"] = list(request.stop)
     slot = slot_for(request.session, origin) if request.session else None
@@ -55,6 +77,9 @@ def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: st
 
 
 def _status_error(origin: OriginConfig, status: int, detail: str) -> GatewayError:
+    if status in (400, 422) and is_context_refusal(detail):
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} cannot hold the prompt: {detail}",
+                            param="messages", code="context_length_exceeded")
     if status in (400, 422):
         return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} rejected the request: {detail}", code="origin_rejected")
     if status in (429, 503):
@@ -112,7 +137,7 @@ class OriginClient:
     async def _events(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int) -> AsyncIterator[Event]:
         decoder = SSEDecoder()
         usage: Usage | None = None
-        reason, count = None, 0
+        reason, count, called = None, 0, False
         try:
             while True:
                 try:
@@ -129,7 +154,7 @@ class OriginClient:
                 for data in decoder.feed(chunk):
                     if data == DONE:
                         usage = usage or Usage(0, count)
-                        yield Finish(_reason(reason, usage, max_tokens), usage)
+                        yield Finish(_reason(reason, usage, max_tokens, called), usage)
                         return
                     event = json.loads(data)
                     if event.get("error"):
@@ -138,21 +163,26 @@ class OriginClient:
                     if event.get("usage"):
                         usage = Usage.from_json(event["usage"])
                     for choice in event.get("choices") or []:
-                        text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        delta = choice.get("delta") or {}
+                        text = delta.get("content") if chat else choice.get("text")
                         reason = choice.get("finish_reason") or reason
-                        if text:
+                        logprobs = (choice.get("logprobs") or {}).get("content") if chat else None
+                        if text or logprobs:
                             count += 1
-                            yield Token(text)
+                            yield Token(text or "", tuple(logprobs) if isinstance(logprobs, list) else None)
+                        for call in tool_call_deltas(delta.get("tool_calls")) if chat else ():
+                            called = True
+                            yield call
             raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stream ended before [DONE].", code="origin_error",
                                retry_after=RETRY_AFTER_SECONDS)
         finally:
             await _aclose(chunks)
 
 
-def _reason(reason: str | None, usage: Usage, max_tokens: int) -> str:
-    if reason in ("stop", "length"):
-        return reason
-    return "length" if usage.completion_tokens >= max_tokens else "stop"
+def _reason(reason: str | None, usage: Usage, max_tokens: int, called: bool) -> str:
+    if reason not in ("stop", "length"):
+        reason = "length" if usage.completion_tokens >= max_tokens else "stop"
+    return "tool_calls" if called and reason != "length" else reason
 
 
 async def _aclose(iterator: Any) -> None:

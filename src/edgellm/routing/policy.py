@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
-from ..errors import ErrorKind, GatewayError
-from ..generation import Event, Finish, Generation, GenerationRequest, Token, Usage
+from ..errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
+from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request
 from ..inference import apply_stop, start_generation
 from ..ports import Deps
@@ -30,7 +30,7 @@ from .affinity import by_affinity
 from .breaker import CircuitBreaker
 from .config import OriginConfig, RegionConfig, RoutingConfig
 from .counting import count_prompt_tokens
-from .origin import OriginClient
+from .origin import OriginClient, uncarried
 from .state import RoutingState
 
 FAILOVER_KINDS = (ErrorKind.UPSTREAM, ErrorKind.UNAVAILABLE)
@@ -101,6 +101,9 @@ async def plan_route(deps: Deps, request: Request, gen_request: GenerationReques
     serving = [o for o in routing.origins if o.serves(gen_request.model)] if deps.fetch is not None else []
     allowed = [o for o in serving if region is None or region.admits(o)]
     blocked = [o for o in serving if o not in allowed]
+    cannot_carry = uncarried(gen_request)
+    if cannot_carry:  # an origin would answer without them: the edge alone may take this request
+        allowed, blocked = [], []
     if gen_request.session:  # a conversation keeps to one replica (its KV cache is there)
         allowed = by_affinity(allowed, gen_request.session)
     if region is not None and region.origin:
@@ -117,6 +120,13 @@ async def plan_route(deps: Deps, request: Request, gen_request: GenerationReques
     edge_ok = region is None or region.edge
     origins = tuple(o for o in allowed if fits(o.context_window))
     if not (edge_ok and edge_fits) and not origins:
+        if cannot_carry and serving:
+            raise GatewayError(
+                ErrorKind.INVALID_REQUEST,
+                f"Only an origin could take this request, and '{cannot_carry[0]}' cannot be sent to an origin "
+                f"({'it is too long for the edge' if edge_ok else 'the edge is not allowed for this region'}). Nothing was sent.",
+                param=cannot_carry[0], code="unsupported_parameter",
+            )
         if tokens is not None and not fits(config.context_window) and not any(fits(o.context_window) for o in serving):
             state.counters.context_length_exceeded += 1
             raise _context_error(tokens, out, max([config.context_window, *(o.context_window for o in serving)]))
@@ -181,10 +191,13 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
     except StopAsyncIteration:
         reason = "edge-error"
     except GatewayError as exc:
-        if exc.kind not in FAILOVER_KINDS:
+        if exc.code == "context_length_exceeded":  # the edge's own window (uncounted, or counted short): not a failure
+            reason = "too-long-for-edge"
+        elif exc.kind not in FAILOVER_KINDS:
             breaker.abandon()
             raise
-        reason = _REASONS.get(exc.code or "", "edge-error")
+        else:
+            reason = _REASONS.get(exc.code or "", "edge-error")
     except asyncio.CancelledError:  # the client left: no verdict on the edge, free a probe slot
         breaker.abandon()
         for generation in started:
@@ -197,8 +210,12 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
         return routed
     for generation in started:  # the first attempt is closed, never left running
         await _aclose(generation.events)
-    breaker.failure(deps.clock.now())
-    state.counters.failovers_before_first_token += 1
+    if reason == "too-long-for-edge":
+        breaker.abandon()
+        state.counters.too_long_for_edge += 1
+    else:
+        breaker.failure(deps.clock.now())
+        state.counters.failovers_before_first_token += 1
     deps.log.warning("edge failed before its first token (%s); asking the origin", reason)
     return await _from_origins(deps, gen_request, plan.origins, reason)
 
@@ -248,6 +265,7 @@ async def _follow_edge(
     assert breaker is not None
     stall = deps.config.routing.stall_ms / 1000
     sent: list[str] = []
+    called = False  # a tool-call fragment reached the client: no origin can continue a half-sent call
     reason = None
     verdict = False
     try:
@@ -272,10 +290,20 @@ async def _follow_edge(
                 verdict = True
                 yield replace(event, route="edge")
                 return
-            sent.append(event.text)
+            if isinstance(event, ToolCallDelta):
+                called = True
+            else:
+                sent.append(event.text)
             yield event
             event = None
         await _aclose(events)  # stop the edge generation before asking the origin
+        unfinishable = _not_continuable(gen_request, called)
+        if unfinishable is not None:
+            breaker.failure(deps.clock.now())
+            verdict = True
+            deps.log.warning("edge %s after %d tokens; %s", reason, len(sent), unfinishable)
+            raise GatewayError(ErrorKind.UPSTREAM, f"The edge failed mid-answer ({reason}) and {unfinishable}.",
+                               code="upstream_error", retry_after=RETRY_AFTER_SECONDS)
         stalled_at = time.perf_counter()
         breaker.failure(deps.clock.now())
         verdict = True
@@ -286,7 +314,7 @@ async def _follow_edge(
         continuation = await _continue(deps, gen_request, plan.origins, "".join(sent), len(sent))
         origin_tokens = 0
         async for event in apply_stop(continuation, gen_request.stop):
-            if isinstance(event, Token):
+            if isinstance(event, (Token, ToolCallDelta)):
                 if origin_tokens == 0:
                     state.last_stall_to_origin_ms = (time.perf_counter() - stalled_at) * 1000
                 origin_tokens += 1
@@ -299,6 +327,19 @@ async def _follow_edge(
         if not verdict:
             breaker.abandon()
         await _aclose(events)
+
+
+def _not_continuable(gen_request: GenerationRequest, called: bool) -> str | None:
+    """Why an origin cannot continue this cut answer, or None. A continuation is the partial text
+    as an assistant prefill: a tool call already begun cannot be resumed that way, and a grammar
+    (a JSON schema, a tool call) constrains only what is generated, never the prefill, so the
+    origin would not be bound by it where the edge stopped."""
+    if called:
+        return "a tool call already begun cannot be continued elsewhere"
+    constrained = [name for name in ("tools", "response_format") if gen_request.inputs.get(name) is not None]
+    if constrained:
+        return f"an answer constrained by '{constrained[0]}' cannot be continued elsewhere"
+    return None
 
 
 async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...], text: str, sent: int) -> AsyncIterator[Event]:

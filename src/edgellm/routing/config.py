@@ -21,6 +21,7 @@ from typing import Any, Mapping
 DEFAULT_FIRST_TOKEN_MS = 3000
 DEFAULT_STALL_MS = 2000
 DEFAULT_ORIGIN_TIMEOUT_MS = 30000
+DEFAULT_ORIGIN_TOTAL_MS = 300000
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class OriginConfig:
     # a llama.cpp server's slot count (its --parallel): a session is pinned to one slot (id_slot,
     # cache_prompt). None: any other OpenAI-compatible server, sent only the x-session-affinity header.
     slots: int | None = None
+    # the whole answer's budget; `timeout_ms` bounds connecting + headers, and each wait for a token
+    total_ms: int = DEFAULT_ORIGIN_TOTAL_MS
 
     def serves(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -145,6 +148,7 @@ def _origin(item: Any, env: Mapping[str, Any], index: int) -> OriginConfig:
         models={str(k): str(v) for k, v in (item.get("models") or {}).items()},
         region=str(item["region"]).upper() if item.get("region") else None,
         slots=int(item["slots"]) if item.get("slots") else None,
+        total_ms=int(item.get("total_ms") or DEFAULT_ORIGIN_TOTAL_MS),
     )
 
 

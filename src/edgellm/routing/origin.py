@@ -22,12 +22,14 @@ from ..errors import ErrorKind, GatewayError, is_context_refusal
 from ..generation import Event, Finish, GenerationRequest, Token, Usage
 from ..http import json_bytes
 from ..ports import FetchError, HTTPFetch
-from ..sse import DONE, SSEDecoder
+from ..sse import DONE, SSEDecoder, SSEFrameTooLarge
 from ..structured import tool_call_deltas
 from .affinity import slot_for
 from .config import OriginConfig
 
 RETRY_AFTER_SECONDS = 5
+DECODED_ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")  # what `fetch` decodes on both runtimes
+MAX_USAGE_TOKENS = 10**9  # a usage figure above this (or negative, or not an integer) is not a count
 _SAMPLING = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
 _AS_GIVEN = ("repetition_penalty", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs")
 # Every input an origin request carries (`origin_body`); a request with any other input is never
@@ -115,6 +117,7 @@ class OriginClient:
             headers["authorization"] = f"Bearer {self.origin.token}"
         if request.session:  # Workers AI's spelling; an EdgeLLM origin keeps the session's slot warm with it
             headers["x-session-affinity"] = request.session
+        deadline = asyncio.get_running_loop().time() + self.origin.total_ms / 1000
         try:
             response = await self.fetch.post(self.origin.base_url + path, json_bytes(body), headers, self.timeout)
         except FetchError as exc:
@@ -132,51 +135,113 @@ class OriginClient:
             finally:
                 await _aclose(response.body)
             raise _status_error(self.origin, response.status, _detail(data))
-        return self._events(response.body, chat=path == "/chat/completions", max_tokens=body["max_tokens"])
+        encoding = {k.lower(): v for k, v in response.headers.items()}.get("content-encoding", "identity").strip().lower()
+        if encoding not in DECODED_ENCODINGS:
+            await _aclose(response.body)
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent its answer as {encoding[:40]!r}, an encoding "
+                               f"the edge does not decode ({', '.join(DECODED_ENCODINGS)}).", code="origin_bad_encoding",
+                               retry_after=RETRY_AFTER_SECONDS)
+        return self._events(response.body, chat=path == "/chat/completions", max_tokens=body["max_tokens"], deadline=deadline)
 
-    async def _events(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int) -> AsyncIterator[Event]:
+    def _garbage(self, what: str) -> GatewayError:
+        return GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent an answer that is not an OpenAI stream: {what}.",
+                            code="origin_garbage", retry_after=RETRY_AFTER_SECONDS)
+
+    async def _events(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int, deadline: float) -> AsyncIterator[Event]:
+        """The origin's SSE as events, within the budgets: `timeout` between tokens (bytes that
+        carry none, keep-alive pings included, are not progress), `total_ms` for the whole
+        answer, and at most `max_tokens` tokens however many the origin sends (then the answer
+        is cut there, `length`). Bytes that are not an OpenAI stream are `origin_garbage`."""
         decoder = SSEDecoder()
         usage: Usage | None = None
         reason, count, called = None, 0, False
+        loop = asyncio.get_running_loop()
+        idle_until = loop.time() + self.timeout
         try:
             while True:
                 try:
-                    async with asyncio.timeout(self.timeout):
+                    async with asyncio.timeout_at(min(idle_until, deadline)):
                         chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
+                    if loop.time() >= deadline:
+                        raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} did not finish within "
+                                           f"{self.origin.total_ms} ms.", code="origin_timeout", retry_after=RETRY_AFTER_SECONDS) from None
                     raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stalled mid-answer.", code="origin_stalled",
                                        retry_after=RETRY_AFTER_SECONDS) from None
                 except FetchError as exc:
                     raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} broke off: {exc}", code="origin_error",
                                        retry_after=RETRY_AFTER_SECONDS) from exc
-                for data in decoder.feed(chunk):
+                try:
+                    payloads = list(decoder.feed(chunk))
+                except SSEFrameTooLarge as exc:
+                    raise self._garbage(str(exc)) from None
+                except UnicodeDecodeError:
+                    raise self._garbage("bytes that are not UTF-8") from None
+                for data in payloads:
                     if data == DONE:
                         usage = usage or Usage(0, count)
                         yield Finish(_reason(reason, usage, max_tokens, called), usage)
                         return
-                    event = json.loads(data)
-                    if event.get("error"):
-                        raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} failed mid-answer: {_detail(data.encode())}",
-                                           code="origin_error", retry_after=RETRY_AFTER_SECONDS)
+                    event = self._event(data)
                     if event.get("usage"):
-                        usage = Usage.from_json(event["usage"])
+                        usage = self._usage(event["usage"])
                     for choice in event.get("choices") or []:
                         delta = choice.get("delta") or {}
                         text = delta.get("content") if chat else choice.get("text")
                         reason = choice.get("finish_reason") or reason
-                        logprobs = (choice.get("logprobs") or {}).get("content") if chat else None
+                        lp = choice.get("logprobs")
+                        logprobs = lp.get("content") if chat and isinstance(lp, dict) else None
                         if text or logprobs:
+                            if count >= max_tokens:  # a token past max_tokens: an origin that ignores it is cut at the request's own
+                                yield Finish("length", Usage(usage.prompt_tokens if usage else 0, count))
+                                return
                             count += 1
+                            idle_until = loop.time() + self.timeout
                             yield Token(text or "", tuple(logprobs) if isinstance(logprobs, list) else None)
                         for call in tool_call_deltas(delta.get("tool_calls")) if chat else ():
                             called = True
+                            idle_until = loop.time() + self.timeout
                             yield call
             raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stream ended before [DONE].", code="origin_error",
                                retry_after=RETRY_AFTER_SECONDS)
         finally:
             await _aclose(chunks)
+
+    def _event(self, data: str) -> dict[str, Any]:
+        """One event's JSON, checked for the shape read from it; an error event is the origin's failure."""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise self._garbage("an event that is not JSON") from None
+        if not isinstance(event, dict):
+            raise self._garbage("an event that is not a JSON object")
+        if event.get("error"):
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} failed mid-answer: {_detail(data.encode())}",
+                               code="origin_error", retry_after=RETRY_AFTER_SECONDS)
+        choices = event.get("choices")
+        if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
+            raise self._garbage("'choices' that is not a list of objects")
+        for choice in choices or []:
+            delta, text = choice.get("delta"), choice.get("text")
+            if (delta is not None and not (isinstance(delta, dict) and isinstance(delta.get("content"), (str, type(None)))))\
+                    or not isinstance(text, (str, type(None))) or not isinstance(choice.get("finish_reason"), (str, type(None))):
+                raise self._garbage("a choice whose text is not a string")
+        return event
+
+    def _usage(self, data: Any) -> Usage:
+        """The origin's usage, only if every figure is a count: an integer from 0 to MAX_USAGE_TOKENS."""
+        if not isinstance(data, dict):
+            raise self._garbage("'usage' that is not an object")
+        for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            value = data.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_USAGE_TOKENS):
+                raise self._garbage(f"usage.{name} is not a token count")
+        cached = (data.get("prompt_tokens_details") or {}).get("cached_tokens") if isinstance(data.get("prompt_tokens_details"), dict) else None
+        if cached is not None and (not isinstance(cached, int) or isinstance(cached, bool) or not 0 <= cached <= MAX_USAGE_TOKENS):
+            raise self._garbage("usage.prompt_tokens_details.cached_tokens is not a token count")
+        return Usage.from_json(data)
 
 
 def _reason(reason: str | None, usage: Usage, max_tokens: int, called: bool) -> str:

@@ -379,7 +379,8 @@ class LlamaCppAI:
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
         self._as_text(runner, body)  # after the structure: tool descriptions and past calls become message text
-        body.update(stream=True, stream_options={"include_usage": True})
+        # timings on every chunk: the prompt's tokens are known from the first one (a stream cut by a stop sequence says them)
+        body.update(stream=True, stream_options={"include_usage": True}, timings_per_token=True)
         lease = await self._admitted_lease(runner, session, body)
         events = _stream_events(runner, kind, body)
         if plan is not None or top is not None:
@@ -474,6 +475,14 @@ async def _leased(ai: LlamaCppAI, lease: SlotLease | None, events: AsyncIterator
             await ai._release(lease, then)
 
 
+def _prompt_usage(timings: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The prompt's tokens from a chunk's timings (computed + reused), as a usage event so far."""
+    if not timings or "prompt_n" not in timings:
+        return None
+    prompt = int(timings.get("prompt_n") or 0) + int(timings.get("cache_n") or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt} if prompt > 0 else None
+
+
 async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     """Bridge llama.cpp's callback thread to async events; closing this stops the generation."""
     loop = asyncio.get_running_loop()
@@ -501,6 +510,7 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
     # chunks of their own: the usage event goes out at the end, with both.
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
+    told_prompt = False
     try:
         while True:
             item = await queue.get()
@@ -518,7 +528,9 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
                 if choice.get("logprobs"):  # asked for: llama.cpp's entries ride along (trimmed by _structured_stream)
                     yield {"response": text or "", "logprobs": choice["logprobs"]}
                 elif text:
-                    yield {"response": text}
+                    early = _prompt_usage(timings) if usage is None and not told_prompt else None
+                    told_prompt = told_prompt or early is not None
+                    yield {"response": text, **({"usage": early} if early else {})}
     finally:
         cancelled.set()
         try:

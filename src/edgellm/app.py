@@ -5,6 +5,8 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
+import asyncio
+
 from . import access, api, artifacts, model_catalog, responses_api
 from .access import report as usage_report
 from .access.cors import cors_headers
@@ -74,6 +76,9 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
             response = await handler(request, deps)
     except GatewayError as error:
         response = _error_response(request, error, router)
+    except asyncio.CancelledError:  # the client left before its answer: still a usage row and a log line
+        log_request(request, access.departed(request, deps, started), deps, started, route_name)
+        raise
     except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"), router)

@@ -16,8 +16,8 @@ from ..errors import ErrorKind, GatewayError, invalid
 from ..generation import GenerationRequest
 from ..http import Request
 from ..ports import BindingError, Deps
-from .keys import KeyCache, KeyRecord, KeyRing, parse_api_key
-from .ratelimit import check_tokens, rate_limited, take_request
+from .keys import KeyCache, KeyRecord, KeyRing, is_reserved_tenant, parse_api_key
+from .ratelimit import check_tokens, rate_limited, ratelimit_headers, take_request
 from .reservation import reserve
 
 SHARED_TENANT = "_shared"  # the cache scope of tenants that share; no key's tenant can be named so
@@ -107,16 +107,26 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
         raise unauthenticated("The API key is not valid.")
     if not record.active:
         raise unauthenticated("The API key has been revoked.", "revoked_api_key")
-    take_request(deps.state.access, record.key_id, record.requests_per_minute, deps.clock.now())
-    if deps.rate_limiter is not None and is_api_path(path):
-        try:
-            allowed = await deps.rate_limiter.limit(record.key_id)
-        except Exception as exc:  # fail open: the in-isolate window above still holds
-            deps.log.warning("rate limiter failed: %s", exc)
-            allowed = True
-        if not allowed:
-            raise rate_limited("requests", 60)
+    if is_reserved_tenant(record.tenant, deps.config.tenant):  # a record written by hand for a tenant the edge uses itself
+        raise unauthenticated("The API key is not valid: its tenant name is reserved.")
+    try:
+        take_request(deps.state.access, record.key_id, record.requests_per_minute, deps.clock.now())
+        if deps.rate_limiter is not None and is_api_path(path):
+            try:
+                allowed = await deps.rate_limiter.limit(record.key_id)
+            except Exception as exc:  # fail open: the in-isolate window above still holds
+                deps.log.warning("rate limiter failed: %s", exc)
+                allowed = True
+            if not allowed:
+                raise rate_limited("requests", 60)
+    except GatewayError as refused:  # a 429 says the limits too, as every keyed answer does
+        refused.headers.update(key_ratelimit_headers(deps, record))
+        raise
     return Principal(record.tenant, record.key_id, record)
+
+
+def key_ratelimit_headers(deps: Deps, record: KeyRecord) -> dict[str, str]:
+    return ratelimit_headers(deps.state.access, record.key_id, record.requests_per_minute, record.tokens_per_minute, deps.clock.now())
 
 
 def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:

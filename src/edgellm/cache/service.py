@@ -78,6 +78,14 @@ def scope_tenant(request: Request) -> str | None:
     return principal.cache_tenant if principal is not None else None
 
 
+def custom_key_tenant(request: Request) -> str | None:
+    """The tenant part of a custom key (`cf-aig-cache-key`): always the caller's own tenant, never
+    the shared pool. Sharing lets tenants read the answers of identical requests; a name one
+    tenant chose must never let another write (or purge) under it."""
+    principal = request.principal
+    return principal.tenant if principal is not None else None
+
+
 @dataclass(frozen=True)
 class CacheDecision:
     policy: CachePolicy
@@ -88,7 +96,7 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     policy = cache_policy(request, gen_request, deps.config)
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
-    scope = await current_scope(deps, scope_tenant(request))
+    scope = await current_scope(deps, custom_key_tenant(request) if policy.custom_key else scope_tenant(request))
     policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
     if scope is None:
         return CacheDecision(policy, None)

@@ -99,7 +99,7 @@ class GatedAI:
                     sent += 1
                     if sent == self.stall_after:
                         self.stalled.set()
-                        await asyncio.Event().wait()  # until the consumer closes this stream
+                        await self._hold()  # until the test opens the gate, or the consumer closes this stream
         finally:
             await events.aclose()
 

@@ -63,6 +63,7 @@ class GatedAI:
     stall_after: int | None = None
     hold_runs: bool = False
     calls: int = 0
+    stalls: int = 0
     arrived: threading.Condition = field(default_factory=threading.Condition)
     stalled: threading.Event = field(default_factory=threading.Event)
     gate: threading.Event = field(default_factory=threading.Event)
@@ -99,6 +100,9 @@ class GatedAI:
                     sent += 1
                     if sent == self.stall_after:
                         self.stalled.set()
+                        with self.arrived:
+                            self.stalls += 1
+                            self.arrived.notify_all()
                         await self._hold()  # until the test opens the gate, or the consumer closes this stream
         finally:
             await events.aclose()

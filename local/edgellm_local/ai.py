@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Mapping
 from edgellm.capabilities import CAPABILITY_NAMES
 import jsonschema
 
+from edgellm.admission import admitted_tenant, fair_share
 from edgellm.config import Config
 from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, ModelNotFound
 
@@ -79,8 +80,12 @@ class LlamaCppRunner:
     # generations in flight or queued (default 4 per slot: with 8, misses admitted under bench_abuse's
     # 200 clients on two busy cores waited past a client's 120 s; refused, they get a 503 + Retry-After)
     max_waiting: int | None = None
+    # how long a request may wait for a slot before it is refused (503 + Retry-After): the
+    # queue bounds how many wait, this how long (4 streams once waited 90 s without a byte)
+    start_timeout: float = 30.0
     _server: Any = field(default=None, init=False, repr=False)
     _active: int = field(default=0, init=False, repr=False)
+    _tenants: dict[str | None, int] = field(default_factory=dict, init=False, repr=False)  # places each tenant holds
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def load(self) -> "LlamaCppRunner":
@@ -153,17 +158,26 @@ class LlamaCppRunner:
         _raise_llama_error(result)
         return int(((result or {}).get("timings") or {}).get("prompt_n") or 0)
 
-    def admit(self) -> None:
+    def admit(self, tenant: str | None = None) -> None:
         """Hold a place in this runner's queue, or refuse as Workers AI does when it is full
-        (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever."""
+        (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever.
+        Each tenant holds at most its fair share of the places (`admission.fair_share`)."""
         with self._lock:
-            if self._active >= (self.max_waiting or 4 * max(1, self.n_parallel)):
+            limit = self.max_waiting or 4 * max(1, self.n_parallel)
+            held = self._tenants.get(tenant, 0)
+            if self._active >= limit or held >= fair_share(limit, self._tenants, tenant):
                 raise CapacityExceeded("3040: Capacity temporarily exceeded, please try again.")
             self._active += 1
+            self._tenants[tenant] = held + 1
 
-    def release(self) -> None:
+    def release(self, tenant: str | None = None) -> None:
         with self._lock:
             self._active = max(0, self._active - 1)
+            held = self._tenants.get(tenant, 0) - 1
+            if held > 0:
+                self._tenants[tenant] = held
+            else:
+                self._tenants.pop(tenant, None)
 
     @property
     def slot_context(self) -> int:
@@ -316,15 +330,20 @@ class LlamaCppAI:
         body.update(id_slot=lease.slot, cache_prompt=True)
         return lease
 
-    async def _admitted_lease(self, runner: LlamaCppRunner, session: str | None, body: dict[str, Any]) -> SlotLease | None:
+    async def _admitted_lease(self, runner: LlamaCppRunner, session: str | None, body: dict[str, Any], tenant: str | None) -> SlotLease | None:
         """A place in the runner's queue, then a slot (which may mean waiting for one): the queue's
-        bound counts the requests waiting for a slot, so a flood is refused at once, not queued.
+        bound counts the requests waiting for a slot, so a flood is refused at once, not queued,
+        and a request that finds no slot within `start_timeout` is refused then (3040, a 503).
         The place is released when the generation's events end or are closed (_stream_events)."""
-        runner.admit()
+        runner.admit(tenant)
         try:
-            return await self._lease(session, body)
+            async with asyncio.timeout(runner.start_timeout):  # in this task: the lease stays this request's
+                return await self._lease(session, body)
+        except TimeoutError:
+            runner.release(tenant)
+            raise CapacityExceeded(f"3040: Capacity temporarily exceeded: no slot was free within {runner.start_timeout:g} s, please try again.") from None
         except BaseException:
-            runner.release()
+            runner.release(tenant)
             raise
 
     async def _release(self, lease: SlotLease | None, then: Callable[[int], Awaitable[Any]] | None = None) -> None:
@@ -360,10 +379,11 @@ class LlamaCppAI:
         parts: list[str] = []
         usage: dict[str, Any] = {}
         logprobs: list[dict[str, Any]] = []
-        lease = await self._admitted_lease(runner, session, body)
+        tenant = admitted_tenant()
+        lease = await self._admitted_lease(runner, session, body, tenant)
         then = None
         try:
-            events = _stream_events(runner, kind, body)
+            events = _stream_events(runner, kind, body, tenant)
             try:
                 async for event in events:
                     parts.append(event.get("response") or "")
@@ -390,9 +410,11 @@ class LlamaCppAI:
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
         self._as_text(runner, body)  # after the structure: tool descriptions and past calls become message text
-        body.update(stream=True, stream_options={"include_usage": True})
-        lease = await self._admitted_lease(runner, session, body)
-        events = _stream_events(runner, kind, body)
+        # timings on every chunk: the prompt's tokens are known from the first one (a stream cut by a stop sequence says them)
+        body.update(stream=True, stream_options={"include_usage": True}, timings_per_token=True)
+        tenant = admitted_tenant()
+        lease = await self._admitted_lease(runner, session, body, tenant)
+        events = _stream_events(runner, kind, body, tenant)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)
         events = _leased(self, lease, events, lambda answer: self._next_turn(runner, kind, body, lease, plan, answer))
@@ -485,7 +507,15 @@ async def _leased(ai: LlamaCppAI, lease: SlotLease | None, events: AsyncIterator
             await ai._release(lease, then)
 
 
-async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+def _prompt_usage(timings: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The prompt's tokens from a chunk's timings (computed + reused), as a usage event so far."""
+    if not timings or "prompt_n" not in timings:
+        return None
+    prompt = int(timings.get("prompt_n") or 0) + int(timings.get("cache_n") or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt} if prompt > 0 else None
+
+
+async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any], tenant: str | None = None) -> AsyncIterator[dict[str, Any]]:
     """Bridge llama.cpp's callback thread to async events; closing this stops the generation."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -506,12 +536,13 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
     try:
         task = loop.run_in_executor(None, work)
     except BaseException:
-        runner.release()
+        runner.release(tenant)
         raise
     # llama.cpp streams `timings` (with `cache_n`, the prompt tokens it reused) and `usage` on
     # chunks of their own: the usage event goes out at the end, with both.
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
+    told_prompt = False
     try:
         while True:
             item = await queue.get()
@@ -529,11 +560,13 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
                 if choice.get("logprobs"):  # asked for: llama.cpp's entries ride along (trimmed by _structured_stream)
                     yield {"response": text or "", "logprobs": choice["logprobs"]}
                 elif text:
-                    yield {"response": text}
+                    early = _prompt_usage(timings) if usage is None and not told_prompt else None
+                    told_prompt = told_prompt or early is not None
+                    yield {"response": text, **({"usage": early} if early else {})}
     finally:
         cancelled.set()
         try:
             if not task.done():
                 await asyncio.shield(task)  # the thread stops at its next token
         finally:
-            runner.release()
+            runner.release(tenant)

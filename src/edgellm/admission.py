@@ -13,16 +13,39 @@ stay bounded (one object runs at most one flight at a time).
 
 The count is plain data in the isolate (`IsolateState.admission`): no request ever awaits
 another's I/O through it.
+
+Places are shared fairly between tenants (`fair_share`): one tenant's burst of misses must not
+take every place while another tenant's requests all get 503s. A tenant alone may hold all but
+a quarter of the places (the room another tenant finds when it arrives); with others holding
+places, each may hold an equal share. The tenant of the admitted request is also told to the
+binding it calls (`admitted_tenant`), so the local edge's llama.cpp queue shares its places the
+same way.
 """
 
 from __future__ import annotations
 
+import math
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Mapping
 
 from .generation import Event
 
 RETRY_AFTER_SECONDS = 2
+# The tenant of the request this task serves, as admitted: per task (each request is served in
+# its own), read by a binding's own queue (the local edge's llama.cpp runner). None: no tenant.
+_ADMITTED_TENANT: ContextVar[str | None] = ContextVar("edgellm_admitted_tenant", default=None)
+
+
+def admitted_tenant() -> str | None:
+    return _ADMITTED_TENANT.get()
+
+
+def fair_share(limit: int, holding: Mapping[str | None, int], tenant: str | None) -> int:
+    """How many of `limit` places `tenant` may hold, given what each tenant holds now."""
+    tenants = {t for t, n in holding.items() if n > 0} | {tenant}
+    alone = limit - limit // 4  # the room left for a tenant that arrives
+    return max(1, min(alone, math.ceil(limit / len(tenants))))
 
 
 @dataclass
@@ -30,30 +53,35 @@ class Admission:
     active: int = 0
     refused: int = 0
     shared: dict[str, "SharedPlace"] = field(default_factory=dict)  # flight name -> its one place
+    by_tenant: dict[str | None, int] = field(default_factory=dict)  # places each tenant holds
 
-    def admit_shared(self, name: str, limit: int) -> "Share":
+    def admit_shared(self, name: str, limit: int, tenant: str | None = None) -> "Share":
         """A share of the one place every request of this isolate for flight `name` holds
         together: the first takes the place (or gets the 503), the others share it; it is
         freed when the last share is released."""
         place = self.shared.get(name)
         if place is None:
-            place = self.shared[name] = SharedPlace(self, name, self.admit(limit))
+            place = self.shared[name] = SharedPlace(self, name, self.admit(limit, tenant))
         place.holders += 1
         return Share(place)
 
-    def admit(self, limit: int) -> "Ticket":
+    def admit(self, limit: int, tenant: str | None = None) -> "Ticket":
         # imported here: errors -> ports -> state -> admission would be a cycle at import time
         from .errors import ErrorKind, GatewayError
 
-        if self.active >= limit:
+        _ADMITTED_TENANT.set(tenant)
+        held = self.by_tenant.get(tenant, 0)
+        if self.active >= limit or held >= fair_share(limit, self.by_tenant, tenant):
             self.refused += 1
+            whose = "" if self.active >= limit else f" (this tenant holds {held}, its fair share)"
             raise GatewayError(
                 ErrorKind.UNAVAILABLE,
-                f"Too many generations in progress here ({self.active}, the limit is {limit}); retry shortly.",
+                f"Too many generations in progress here ({self.active}, the limit is {limit}){whose}; retry shortly.",
                 code="overloaded", retry_after=RETRY_AFTER_SECONDS,
             )
         self.active += 1
-        return Ticket(self)
+        self.by_tenant[tenant] = held + 1
+        return Ticket(self, tenant)
 
 
 @dataclass
@@ -61,12 +89,18 @@ class Ticket:
     """One admitted generation; `release` is idempotent."""
 
     admission: Admission
+    tenant: str | None = None
     released: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.admission.active -= 1
+            held = self.admission.by_tenant.get(self.tenant, 0) - 1
+            if held > 0:
+                self.admission.by_tenant[self.tenant] = held
+            else:
+                self.admission.by_tenant.pop(self.tenant, None)
 
 
 @dataclass

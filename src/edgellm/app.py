@@ -5,9 +5,13 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 
 from __future__ import annotations
 
+import asyncio
+
 from . import access, api, artifacts, model_catalog, responses_api
 from .access import report as usage_report
 from .access.cors import cors_headers
+from .access.guard import key_ratelimit_headers
+from .access.revocation import revoke_key
 from .access.logs import log_request
 from .artifacts import hf
 from .cache import admin as cache_admin
@@ -40,6 +44,7 @@ ROUTES = Router((
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
     route("GET", "/admin/cache/stats", cache_admin.cache_stats),
     route("GET", "/admin/usage", usage_report.get_usage),
+    route("POST", "/admin/keys/{key_id}/revoke", revoke_key),
     route("GET", "/admin/routing/stats", routing_admin.routing_stats),
 ))
 
@@ -74,10 +79,16 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
             response = await handler(request, deps)
     except GatewayError as error:
         response = _error_response(request, error, router)
+    except asyncio.CancelledError:  # the client left before its answer: still a usage row and a log line
+        log_request(request, access.departed(request, deps, started), deps, started, route_name)
+        raise
     except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"), router)
     response = access.account(request, response, deps, started)
+    if request.principal is not None and request.principal.record is not None:  # every keyed answer says its limits
+        for name, value in key_ratelimit_headers(deps, request.principal.record).items():
+            response.headers.setdefault(name, value)
     log_request(request, response, deps, started, route_name)
     for name, value in cors_headers(request, deps.config).items():
         response.headers.setdefault(name, value)

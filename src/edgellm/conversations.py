@@ -28,6 +28,7 @@ from .ports import Clock
 
 DEFAULT_TTL_SECONDS = 30 * 86400
 DEFAULT_MAX_BYTES = 1024 * 1024
+PENDING_SECONDS = 3600.0  # how long a response being generated (or deleted while it was) is remembered
 _RESPONSE_ID = re.compile(r"^resp_([0-9a-f]{32})([0-9a-f]{16})$")
 _ORIGIN = "https://conversation.internal"
 
@@ -106,6 +107,10 @@ class ConversationObject:
             "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, previous TEXT, "
             "expires_at REAL NOT NULL, size INTEGER NOT NULL, body TEXT NOT NULL)"
         )
+        # responses being generated (`POST /pending/{id}`), and those deleted while they were: a
+        # DELETE mid-stream is a delete, and the answer that ends later is then never stored
+        self.storage.exec("CREATE TABLE IF NOT EXISTS pending (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)")
+        self.storage.exec("CREATE TABLE IF NOT EXISTS tombstones (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)")
 
     async def fetch(self, request: Request) -> Response:
         self._expire()
@@ -118,8 +123,14 @@ class ConversationObject:
         if request.method == "GET" and len(parts) == 2 and parts[0] == "chain":
             chain = self._chain(parts[1])
             return json_response({"chain": [r.to_json() for r in chain]}) if chain else _missing()
+        if request.method == "POST" and len(parts) == 2 and parts[0] == "pending":
+            self.storage.exec("INSERT OR REPLACE INTO pending (id, expires_at) VALUES (?, ?)", parts[1], self.clock.now() + PENDING_SECONDS)
+            return json_response({"pending": parts[1]}, status=201)
         if request.method == "DELETE" and len(parts) == 2 and parts[0] == "responses":
             deleted = bool(self.storage.exec("DELETE FROM responses WHERE id = ? RETURNING id", parts[1]))
+            if not deleted and self.storage.exec("DELETE FROM pending WHERE id = ? RETURNING id", parts[1]):
+                self.storage.exec("INSERT OR REPLACE INTO tombstones (id, expires_at) VALUES (?, ?)", parts[1], self.clock.now() + PENDING_SECONDS)
+                deleted = True
             return json_response({"deleted": True}) if deleted else _missing()
         if request.method == "DELETE" and parts == [""]:
             self.storage.exec("DELETE FROM responses")
@@ -127,7 +138,10 @@ class ConversationObject:
         return json_response({"error": "no such operation"}, status=404)
 
     def _expire(self) -> None:
-        self.storage.exec("DELETE FROM responses WHERE expires_at <= ?", self.clock.now())
+        now = self.clock.now()
+        self.storage.exec("DELETE FROM responses WHERE expires_at <= ?", now)
+        self.storage.exec("DELETE FROM pending WHERE expires_at <= ?", now)
+        self.storage.exec("DELETE FROM tombstones WHERE expires_at <= ?", now)
 
     def _get(self, response_id: str) -> StoredResponse | None:
         rows = self.storage.exec("SELECT body FROM responses WHERE id = ?", response_id)
@@ -151,6 +165,11 @@ class ConversationObject:
             return json_response({"error": "conversation_full", "limit": self.max_bytes}, status=413)
         if self.storage.exec("SELECT id FROM responses WHERE id = ?", record.id):
             return json_response({"error": "exists"}, status=409)
+        if self.storage.exec("SELECT id FROM tombstones WHERE id = ?", record.id):
+            return json_response({"error": "deleted"}, status=410)  # deleted while it was generated
+        if record.previous_response_id is not None and not self._get(record.previous_response_id):
+            return json_response({"error": "previous_gone"}, status=410)  # a child that could not be continued
+        self.storage.exec("DELETE FROM pending WHERE id = ?", record.id)
         self.storage.exec(
             "INSERT INTO responses (id, previous, expires_at, size, body) VALUES (?, ?, ?, ?, ?)",
             record.id, record.previous_response_id, self.clock.now() + self.ttl_seconds, len(body), body,
@@ -202,8 +221,17 @@ class ConversationStore:
         if response.status == 413:
             raise GatewayError(ErrorKind.INVALID_REQUEST, "This conversation has reached its size limit; start a new one (omit 'previous_response_id').",
                                param="previous_response_id", code="conversation_too_large")
+        if response.status == 410:
+            if json.loads(bytes(response.body)).get("error") == "deleted":
+                return  # its owner deleted it while it was generated: the answer is not stored
+            raise GatewayError(ErrorKind.NOT_FOUND, f"Response '{record.previous_response_id}' was deleted while this answer was generated; "
+                               "the answer was not stored.", param="previous_response_id", code="response_not_found")
         if response.status != 201:
             raise _unavailable(f"append answered {response.status}")
+
+    async def begin(self, response_id: str) -> None:
+        """Say `response_id` is being generated: a DELETE before it is stored then deletes it."""
+        await self._about(response_id, "POST", f"/pending/{response_id}")
 
     async def _about(self, response_id: str, method: str, path: str) -> Response:
         """Ask the object of `response_id`'s conversation; a 404 (or an id of no conversation)

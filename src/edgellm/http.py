@@ -29,6 +29,7 @@ class Request:
     path_params: dict[str, str] = field(default_factory=dict)
     principal: Any = None  # access.Principal, set by app.handle once the caller is known
     observed: Any = None  # access.usage.Observation of the generation served, for the usage record
+    reservation: Any = None  # access.reservation.Reservation taken at admission, settled by the usage record
     cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
 
     @property

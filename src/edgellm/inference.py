@@ -7,6 +7,7 @@ caller sees one clean answer (and `model` says which model gave it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from . import errors
@@ -15,6 +16,16 @@ from .capabilities import capabilities_of, missing
 from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from .ports import BindingError, Deps, ModelNotFound
 from .structured import response_text, tool_call_deltas
+from .access.reservation import prompt_estimate
+
+
+@dataclass
+class PromptSeen:
+    """The prompt tokens a binding stream has reported so far: a stream cut by a stop sequence is
+    closed before its final usage event, and must still say what its prompt cost (the local
+    binding reports it with the first token; else the estimate of `access.reservation`)."""
+
+    prompt_tokens: int = 0
 
 
 def candidate_models(deps: Deps, model: str) -> list[str]:
@@ -43,9 +54,10 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
     options = {"session": request.session} if request.session else {}
     for model in capable_models(deps, request):
         try:
+            seen = PromptSeen()
             if request.stream:
                 events = await deps.ai.stream(model, {**request.inputs, "stream": True}, **options)
-                source = _from_stream(events, request.max_tokens)
+                source = _from_stream(events, request.max_tokens, seen)
             else:
                 result = await deps.ai.run(model, request.inputs, **options)
                 source = _from_result(result, request.max_tokens)
@@ -59,7 +71,7 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
             raise
         except Exception as exc:  # an adapter that let a runtime error through is still a failing dependency
             raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), model) from exc
-        events_of = apply_stop(source, request.stop, live=request.stream)
+        events_of = apply_stop(source, request.stop, live=request.stream, prompt=(seen, prompt_estimate(request.inputs)))
         return Generation(model=model, events=Owning(events_of, events) if request.stream else events_of)
     assert last is not None
     raise binding_error(last, request.model)
@@ -89,7 +101,7 @@ async def _from_result(result: dict[str, Any], max_tokens: int) -> AsyncIterator
     yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), bool(calls)), usage)
 
 
-async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -> AsyncIterator[Event]:
+async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int, seen: PromptSeen | None = None) -> AsyncIterator[Event]:
     usage: Usage | None = None
     count = 0
     called = False
@@ -98,6 +110,8 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -
             text = response_text(event.get("response")) or ""
             if event.get("usage"):
                 usage = Usage.from_json(event["usage"])
+                if seen is not None and usage.prompt_tokens:
+                    seen.prompt_tokens = usage.prompt_tokens
             logprobs = event.get("logprobs")
             if text or logprobs:
                 count += 1
@@ -114,16 +128,20 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int) -
     finally:
         await _aclose(events)
     usage = usage or Usage(0, count)  # a stream without a usage event: one event per token
+    if count and not usage.completion_tokens:  # only the prompt was reported (the local binding's first token)
+        usage = Usage(usage.prompt_tokens, count, usage.cached_tokens)
     yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), called), usage)
 
 
-async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, live: bool = True) -> AsyncIterator[Event]:
+async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, live: bool = True,
+                     prompt: tuple[PromptSeen, int] | None = None) -> AsyncIterator[Event]:
     """Cut the text at the first stop sequence.
 
     Holds back just enough characters to catch a stop sequence split across tokens. After a
     match the upstream is drained only if it has already finished (a non-streamed result, whose
     usage is then exact); a live stream is closed at once to stop paying for tokens, and its
-    usage counts the tokens received.
+    usage counts the tokens received and the prompt as far as known (`prompt`: what the stream
+    reported so far, and the estimate when it reported nothing).
     """
     if not stops:
         try:
@@ -150,7 +168,8 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
             if cut >= 0:
                 if pending[:cut]:
                     yield Token(pending[:cut])
-                yield Finish("stop", Usage(0, received) if live else await _final_usage(events))
+                prompt_tokens = (prompt[0].prompt_tokens or prompt[1]) if prompt else 0
+                yield Finish("stop", Usage(prompt_tokens, received) if live else await _final_usage(events))
                 return
             if len(pending) > hold:
                 yield Token(pending[: len(pending) - hold])

@@ -39,7 +39,7 @@ _REFUSED = {
     "include": "'include' is not supported (no tool or reasoning output exists here)",
     "reasoning": "reasoning options are not supported by these models",
     "background": "background responses are not supported",
-    "truncation": "only 'truncation': 'disabled' is supported",
+    "truncation": "'truncation' is 'disabled' or 'auto'",
     "top_logprobs": "logprobs are not supported",
     "max_tool_calls": "tools are not supported by this gateway (text generation only)",
     "conversation": "the 'conversation' object is not supported; continue with 'previous_response_id'",
@@ -61,8 +61,8 @@ def _neutral(name: str, value: Any) -> bool:
         return value == {} or (isinstance(value, dict) and all(v is None for v in value.values()))
     if name == "background":
         return value is False
-    if name == "truncation":
-        return value == "disabled"
+    if name == "truncation":  # "auto" drops the oldest turns of a stored conversation to fit (responses_api)
+        return value in ("disabled", "auto")
     if name == "top_logprobs":
         return value == 0
     if name == "max_tool_calls":
@@ -86,6 +86,7 @@ class ResponsesRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     text_format: dict[str, Any] | None = None  # `text.format` as sent (json_object / json_schema), echoed back
     response_format: dict[str, Any] | None = None  # the same in Workers AI terms, for the generation
+    truncation: str = "disabled"
 
     def generation_request(self, history: list[dict[str, str]], session: str | None) -> GenerationRequest:
         """The whole conversation as chat messages: this turn's instructions (they are not
@@ -198,6 +199,7 @@ def parse_request(body: Any, config: Config) -> ResponsesRequest:
         metadata=dict(metadata),
         text_format=text_format,
         response_format=response_format,
+        truncation=body.get("truncation") or "disabled",
     )
 
 
@@ -259,7 +261,7 @@ def response_object(meta: ResponseMeta, model: str, *, status: str, text: str | 
         "tool_choice": "auto",
         "tools": [],
         "top_p": request.sampling.get("top_p", 1.0),
-        "truncation": "disabled",
+        "truncation": request.truncation,
         "usage": usage_json(usage) if usage is not None else None,
         "user": None,
         "metadata": request.metadata,

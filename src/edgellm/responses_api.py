@@ -14,7 +14,7 @@ from dataclasses import replace
 from . import access, responses
 from .api import enforce_capabilities, generation_headers
 from .cache.service import cached_generation
-from .conversations import ConversationStore, conversation_of, new_conversation_id, new_response_id, not_found
+from .conversations import ConversationStore, StoredResponse, conversation_of, new_conversation_id, new_response_id, not_found
 from .errors import GatewayError, invalid
 from .generation import Finish
 from .http import ClosingBody, Request, Response, json_response
@@ -32,6 +32,25 @@ def conversation_store(request: Request, deps: Deps) -> ConversationStore | None
     return ConversationStore(deps.conversations, principal.tenant if principal is not None else deps.config.tenant)
 
 
+def fit_chain(chain: list[StoredResponse], parsed: responses.ResponsesRequest, max_messages: int) -> list[StoredResponse]:
+    """The stored turns this turn continues, within the message cap: with `truncation: "auto"`
+    the oldest turns are dropped until the conversation fits (OpenAI's rule); otherwise a
+    conversation past the cap is the documented `conversation_too_large`, naming
+    `previous_response_id` (the caller never sent the messages the cap counts)."""
+    own = len(parsed.input) + (1 if parsed.instructions else 0)
+    total = own + sum(len(record.messages()) for record in chain)
+    if total <= max_messages:
+        return chain
+    if parsed.truncation == "auto":
+        kept = list(chain)
+        while kept and total > max_messages:
+            total -= len(kept.pop(0).messages())
+        return kept  # this turn's own input past the cap is refused as for chat, naming 'messages'
+    raise invalid(f"This conversation holds {total} messages with this turn, more than the {max_messages} a turn may carry; "
+                  "send 'truncation': 'auto' to drop the oldest turns, or start a new conversation (omit 'previous_response_id').",
+                  "previous_response_id", "conversation_too_large")
+
+
 async def create_response(request: Request, deps: Deps) -> Response:
     body = read_json(request, deps.config.max_body_bytes)
     parsed = responses.parse_request(body, deps.config)
@@ -41,7 +60,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
     if parsed.previous_response_id is not None:
         if store is None:
             raise not_found(parsed.previous_response_id)
-        chain = await store.chain(parsed.previous_response_id)
+        chain = fit_chain(await store.chain(parsed.previous_response_id), parsed, deps.config.max_messages)
         history = [message for record in chain for message in record.messages()]
         conversation = conversation_of(parsed.previous_response_id) or new_conversation_id()
     else:
@@ -55,6 +74,8 @@ async def create_response(request: Request, deps: Deps) -> Response:
     except GatewayError as exc:
         raise invalid(exc.message.replace("'response_format'", "'text.format'"), "text.format", exc.code) from exc
     response_id = new_response_id(conversation)
+    if parsed.store and store is not None:
+        await store.begin(response_id)  # a DELETE while this is generated deletes it (it is then never stored)
     meta = responses.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=responses.message_id_of(response_id))
     generation = await cached_generation(deps, request, gen_request)
     access.observe(request, generation)

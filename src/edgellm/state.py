@@ -38,6 +38,7 @@ class AccessState:
     keys: KeyCache | None = None  # created on first use
     windows: dict[str, tuple[float, int]] = field(default_factory=dict)  # limit key -> (window start, used)
     spent: dict[str, int] = field(default_factory=dict)  # key id -> tokens this isolate charged
+    reserved: dict[str, int] = field(default_factory=dict)  # key id -> tokens held by requests in progress (access.reservation)
 
 
 @dataclass

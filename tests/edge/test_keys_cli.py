@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def test_create_list_revoke_rotate(tmp_path: Path) -> None:
     wrangler = next(line for line in made.stdout.splitlines() if "wrangler kv key put" in line)
     assert f"access/keys/{key_id}" in wrangler and secret not in wrangler and stored.secret_sha256 in wrangler
 
-    listed = [json.loads(line) for line in keys(state, "list").stdout.splitlines()]
+    listed = [json.loads(line) for line in keys(state, "list", "--json").stdout.splitlines()]
     assert [k["key_id"] for k in listed] == [key_id] and "secret_sha256" not in listed[0]
 
     rotated = keys(state, "rotate", key_id)
@@ -48,3 +49,27 @@ def test_create_list_revoke_rotate(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "no key" in missing.stderr
     bad = keys(state, "create", "--tenant", "_shared")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_state_after_the_action_a_readable_list_and_limits_that_cannot_be_negative(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    made = subprocess.run([str(EDGELLM), "keys", "create", "--state", str(state), "--tenant", "acme", "--name", "ci"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    key_id, _ = parse_api_key(next(line for line in made.stdout.splitlines() if line.startswith("el-")))  # type: ignore[misc]
+    assert record(state, key_id).tenant == "acme"  # written under --state given after the action
+    table = subprocess.run([str(EDGELLM), "keys", "list", "--state", str(state)], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()
+    assert header.split()[:3] == ["KEY", "ID", "TENANT"] and row.split()[:3] == [key_id, "acme", "ci"]
+    assert re.search(r"\b20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ\b", row), row  # ISO 8601, not epoch seconds
+    assert "{" not in table.stdout
+    for flag in ("--rpm", "--tpm", "--budget"):
+        refused = keys(state, "create", "--tenant", "acme", flag, "-5")
+        assert refused.returncode == 2 and "0 (unlimited) or more" in refused.stderr and "Traceback" not in refused.stderr, flag
+
+
+def test_the_tenant_names_the_edge_uses_itself_are_refused(tmp_path: Path) -> None:
+    for tenant in ("default", "Default", "admin", "open"):
+        refused = keys(tmp_path / "state", "create", "--tenant", tenant)
+        assert refused.returncode == 2 and "reserved" in refused.stderr and "Traceback" not in refused.stderr, tenant

@@ -16,8 +16,9 @@ from ..errors import ErrorKind, GatewayError, invalid
 from ..generation import GenerationRequest
 from ..http import Request
 from ..ports import BindingError, Deps
-from .keys import KeyCache, KeyRecord, KeyRing, parse_api_key
-from .ratelimit import check_tokens, rate_limited, take_request
+from .keys import KeyCache, KeyRecord, KeyRing, is_reserved_tenant, parse_api_key
+from .ratelimit import check_tokens, rate_limited, ratelimit_headers, take_request
+from .reservation import reserve
 
 SHARED_TENANT = "_shared"  # the cache scope of tenants that share; no key's tenant can be named so
 OPEN_KEY_ID = "open"
@@ -106,16 +107,26 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
         raise unauthenticated("The API key is not valid.")
     if not record.active:
         raise unauthenticated("The API key has been revoked.", "revoked_api_key")
-    take_request(deps.state.access, record.key_id, record.requests_per_minute, deps.clock.now())
-    if deps.rate_limiter is not None and is_api_path(path):
-        try:
-            allowed = await deps.rate_limiter.limit(record.key_id)
-        except Exception as exc:  # fail open: the in-isolate window above still holds
-            deps.log.warning("rate limiter failed: %s", exc)
-            allowed = True
-        if not allowed:  # retry after the binding's window (a binding that does not say: 60 s, its longest)
-            raise rate_limited("requests", int(getattr(deps.rate_limiter, "period_s", 60)))
+    if is_reserved_tenant(record.tenant, deps.config.tenant):  # a record written by hand for a tenant the edge uses itself
+        raise unauthenticated("The API key is not valid: its tenant name is reserved.")
+    try:
+        take_request(deps.state.access, record.key_id, record.requests_per_minute, deps.clock.now())
+        if deps.rate_limiter is not None and is_api_path(path):
+            try:
+                allowed = await deps.rate_limiter.limit(record.key_id)
+            except Exception as exc:  # fail open: the in-isolate window above still holds
+                deps.log.warning("rate limiter failed: %s", exc)
+                allowed = True
+            if not allowed:  # retry after the binding's window (a binding that does not say: 60 s, its longest)
+                raise rate_limited("requests", int(getattr(deps.rate_limiter, "period_s", 60)))
+    except GatewayError as refused:  # a 429 says the limits too, as every keyed answer does
+        refused.headers.update(key_ratelimit_headers(deps, record))
+        raise
     return Principal(record.tenant, record.key_id, record)
+
+
+def key_ratelimit_headers(deps: Deps, record: KeyRecord) -> dict[str, str]:
+    return ratelimit_headers(deps.state.access, record.key_id, record.requests_per_minute, record.tokens_per_minute, deps.clock.now())
 
 
 def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
@@ -135,7 +146,7 @@ def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
 
 async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> None:
     """Before a generation (or a HIT): the key may use the model, has tokens left in its window
-    and in its budget."""
+    and in its budget; what the request may cost is then reserved until its usage is recorded."""
     check_input_limits(gen_request, deps.config)
     principal: Principal | None = request.principal
     record = principal.record if principal else None
@@ -143,7 +154,6 @@ async def admit_generation(request: Request, deps: Deps, gen_request: Generation
         return
     if not record.allows_model(gen_request.model):
         raise GatewayError(ErrorKind.PERMISSION, f"This key may not use the model {gen_request.model}.", param="model", code="model_not_allowed")
-    check_tokens(deps.state.access, record.key_id, record.tokens_per_minute, deps.clock.now())
     if record.token_budget > 0:
         spent = deps.state.access.spent.get(record.key_id, 0)
         if deps.usage is not None:
@@ -151,6 +161,10 @@ async def admit_generation(request: Request, deps: Deps, gen_request: Generation
                 spent = max(spent, await deps.usage.tokens_spent(record.key_id))
             except Exception as exc:
                 deps.log.warning("usage read failed: %s", exc)
-        if spent >= record.token_budget:
+        # what requests in progress have reserved counts as spent (access.reservation)
+        if spent + deps.state.access.reserved.get(record.key_id, 0) >= record.token_budget:
             raise GatewayError(ErrorKind.RATE_LIMITED, f"The key's token budget ({record.token_budget}) is spent.",
                                code="insufficient_quota")
+    # checked and reserved with no await between: a concurrent request sees this one's reservation
+    check_tokens(deps.state.access, record.key_id, record.tokens_per_minute, deps.clock.now())
+    request.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, gen_request, deps.clock.now())

@@ -22,6 +22,15 @@ from ..ports import KVStore
 KEY_PREFIX = "access/keys/"
 _KEY = re.compile(r"^el-([a-z0-9]{12})\.([A-Za-z0-9_-]{20,100})$")
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # "_shared" (the shared pool) is no tenant
+# Tenant names the edge uses itself: `default` is the configured tenant out of the box, the tenant
+# of the admin token and of every open-mode caller; a key of that tenant would read their cache
+# entries, stored responses and usage. Refused when a key is made and when one is presented.
+RESERVED_TENANTS = frozenset({"default", "admin", "open", "shared", "edgellm"})
+
+
+def is_reserved_tenant(tenant: str, configured: str | None = None) -> bool:
+    """Whether `tenant` is one the edge uses itself (any case), or the edge's configured tenant."""
+    return tenant.lower() in RESERVED_TENANTS or (configured is not None and tenant.lower() == configured.lower())
 
 
 def hash_secret(secret: str) -> str:
@@ -96,6 +105,11 @@ def parse_api_key(api_key: str) -> tuple[str, str] | None:
 
 
 def new_key(tenant: str, now: float, **limits: Any) -> NewKey:
+    if is_reserved_tenant(tenant):
+        raise ValueError(f"the tenant name {tenant!r} is reserved: the edge uses it itself (reserved: {', '.join(sorted(RESERVED_TENANTS))})")
+    for name in ("requests_per_minute", "tokens_per_minute", "token_budget"):
+        if int(limits.get(name) or 0) < 0:
+            raise ValueError(f"{name} must be 0 (unlimited) or more, got {limits[name]}")
     key_id = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
     secret = secrets.token_urlsafe(32)
     record = KeyRecord(key_id=key_id, secret_sha256=hash_secret(secret), tenant=tenant, created=now, **limits)

@@ -70,3 +70,23 @@ def check_tokens(state: AccessState, key_id: str, per_minute: int, now: float) -
 def charge_tokens(state: AccessState, key_id: str, per_minute: int, tokens: int, now: float) -> None:
     if per_minute > 0 and tokens > 0:
         Window(state, f"{key_id}/tokens", per_minute).spend(now, tokens)
+
+
+def _duration(seconds: int) -> str:
+    """OpenAI's reset format: `45s`, `1m0s`."""
+    minutes, rest = divmod(max(0, seconds), 60)
+    return f"{minutes}m{rest}s" if minutes else f"{rest}s"
+
+
+def ratelimit_headers(state: AccessState, key_id: str, requests_per_minute: int, tokens_per_minute: int, now: float) -> dict[str, str]:
+    """The `x-ratelimit-*` headers OpenAI clients read, for a key's own windows (a limit of 0,
+    unlimited, sends none of its three). Tokens remaining count what requests in progress reserved."""
+    headers: dict[str, str] = {}
+    for what, limit in (("requests", requests_per_minute), ("tokens", tokens_per_minute)):
+        if limit <= 0:
+            continue
+        window = Window(state, f"{key_id}/{what}", limit)
+        headers[f"x-ratelimit-limit-{what}"] = str(limit)
+        headers[f"x-ratelimit-remaining-{what}"] = str(max(0, window.remaining(now)))
+        headers[f"x-ratelimit-reset-{what}"] = _duration(window.retry_after(now) if window.remaining(now) < limit else 0)
+    return headers

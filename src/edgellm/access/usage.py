@@ -1,16 +1,25 @@
-"""Usage: every request recorded once it is answered (a stream: once its body ends), and the
-tokens charged to the key's window. HITs count as requests, never as tokens."""
+"""Usage: every request recorded once it is answered (a stream: once its body ends, a client
+that left: when it left), and the tokens charged to the key's window. HITs count as requests,
+never as tokens.
+
+What was generated is counted always: a stream cut before its final event is charged the
+tokens it delivered plus its prompt (the estimate of `access.reservation` when the answer never
+said), and a whole-answer request whose client left is charged its reservation, since the
+binding's whole-answer call reports nothing until it ends."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
-from ..generation import Event, Finish, Generation
+from ..generation import Event, Finish, Generation, Token, ToolCallDelta
 from ..http import Request, Response
 from ..ports import Deps, UsageEvent
 from .guard import Principal
 from .ratelimit import charge_tokens
+from .reservation import Reservation, settle
+
+CLIENT_LEFT = 499  # the status recorded for a request whose client left before its answer (nginx's)
 
 
 @dataclass
@@ -21,6 +30,8 @@ class Observation:
     cache_status: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    delivered: int = 0  # Token and tool-call events passed on: the tokens of an answer cut before its Finish
+    finished: bool = False
 
 
 @dataclass
@@ -45,6 +56,9 @@ class Tapped:
             raise
         if isinstance(event, Finish):
             self.seen.prompt_tokens, self.seen.completion_tokens = event.usage.prompt_tokens, event.usage.completion_tokens
+            self.seen.finished = True
+        elif isinstance(event, (Token, ToolCallDelta)):
+            self.seen.delivered += 1
         return event
 
     async def aclose(self) -> None:
@@ -70,19 +84,40 @@ def route_name(request: Request) -> str:
     return path if len(path) <= 64 else path[:64]
 
 
+def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bool) -> None:
+    """Fill the counts of an answer that ended before its Finish: the tokens delivered (a whole
+    answer delivers nothing before its end: then its reservation's `max_tokens`), and the
+    prompt as estimated at admission."""
+    prompt = reservation.prompt_tokens if reservation is not None else 0
+    seen.prompt_tokens = seen.prompt_tokens or prompt
+    if streamed or reservation is None:
+        seen.completion_tokens = max(seen.completion_tokens, seen.delivered)
+    else:
+        seen.completion_tokens = max(seen.completion_tokens, seen.delivered, reservation.max_tokens)
+
+
 def _record(request: Request, response: Response, deps: Deps, started: float) -> None:
     principal: Principal | None = request.principal
     if principal is None:
         return
     seen: Observation | None = request.observed
+    reservation: Reservation | None = request.reservation
     now = deps.clock.now()
     tokens = 0
+    if seen is None and reservation is not None and response.status == CLIENT_LEFT:
+        seen = Observation(reservation.model, "")  # left while the answer was being made: it may all have been generated
     if seen is not None and seen.cache_status != "HIT":
+        if not seen.finished:
+            _unfinished(seen, reservation, response.is_streaming)
+        elif seen.prompt_tokens == 0 and reservation is not None:  # an answer cut short that could not say its prompt
+            seen.prompt_tokens = reservation.prompt_tokens
         tokens = seen.prompt_tokens + seen.completion_tokens
-        if principal.record is not None:
+        if principal.record is not None and reservation is None:
             charge_tokens(deps.state.access, principal.key_id, principal.record.tokens_per_minute, tokens, now)
             spent = deps.state.access.spent
             spent[principal.key_id] = spent.get(principal.key_id, 0) + tokens
+    if reservation is not None:
+        settle(deps.state.access, reservation, tokens, now)
     if deps.usage is None:
         return
     event = UsageEvent(
@@ -100,6 +135,15 @@ def _record(request: Request, response: Response, deps: Deps, started: float) ->
             deps.log.warning("usage record failed: %s", exc)
 
     deps.wait_until(write())
+
+
+def departed(request: Request, deps: Deps, started: float) -> Response:
+    """A request whose client left before its answer (the handler was cancelled): recorded
+    now, with what it generated, as a 499 (a streamed body is recorded when it is closed)."""
+    response = Response(CLIENT_LEFT)
+    if request.principal is not None:
+        _record(request, response, deps, started)
+    return response
 
 
 def account(request: Request, response: Response, deps: Deps, started: float) -> Response:

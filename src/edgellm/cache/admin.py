@@ -139,6 +139,8 @@ async def purge_cache(request: Request, deps: Deps) -> Response:
         if request.principal is not None and not request.principal.admin and request.principal.share_cache:
             raise GatewayError(ErrorKind.PERMISSION, "The shared pool's namespace can only be purged with the admin token.", code="admin_only")
         return await _purge_namespace(deps, body["namespace"], tenant or deps.config.tenant)
+    if request.principal is not None and request.principal.record is not None:
+        tenant = request.principal.tenant  # a tenant key purges its own entries only, never the shared pool's
     scope = await current_scope(deps, tenant)
     if "key" in body:
         digest = body["key"]

@@ -65,7 +65,7 @@ class CacheKey:
 def _number(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
-    return value if isinstance(value, int) else float(value)
+    return value if isinstance(value, int) else float(value) + 0.0  # + 0.0: -0.0 and 0.0 are one temperature
 
 
 def canonical_request(request: GenerationRequest) -> dict[str, Any]:

@@ -78,6 +78,14 @@ def scope_tenant(request: Request) -> str | None:
     return principal.cache_tenant if principal is not None else None
 
 
+def custom_key_tenant(request: Request) -> str | None:
+    """The tenant part of a custom key (`cf-aig-cache-key`): always the caller's own tenant, never
+    the shared pool. Sharing lets tenants read the answers of identical requests; a name one
+    tenant chose must never let another write (or purge) under it."""
+    principal = request.principal
+    return principal.tenant if principal is not None else None
+
+
 @dataclass(frozen=True)
 class CacheDecision:
     policy: CachePolicy
@@ -88,7 +96,7 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     policy = cache_policy(request, gen_request, deps.config)
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
-    scope = await current_scope(deps, scope_tenant(request))
+    scope = await current_scope(deps, custom_key_tenant(request) if policy.custom_key else scope_tenant(request))
     policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
     if scope is None:
         return CacheDecision(policy, None)
@@ -102,7 +110,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters = counters_of(deps)
     if decision.key is None:
         counters.bypasses += 1
-        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request))
+        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request), admission_tenant(request))
         generation.cache_status = "BYPASS"
         return generation
     key, policy = decision.key, decision.policy
@@ -116,20 +124,25 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters.misses += 1
     if deps.flights is not None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))
-        generation, joined = await coalesced(deps, order)
+        generation, joined = await coalesced(deps, order, admission_tenant(request))
         counters.coalesced += joined
     else:
-        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request))
+        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request), admission_tenant(request))
         if policy.write:
             generation.events = StoredAfterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
     generation.cache_status, generation.cache_key = "MISS", key.digest
     return generation
 
 
-async def admitted(deps: Deps, start: Callable[[], Awaitable[Generation]]) -> Generation:
-    """Start a generation if the isolate admits one more (503 + Retry-After at once if not);
-    it holds its place until its events end or are closed."""
-    ticket = deps.state.admission.admit(deps.config.max_waiting_generations)
+def admission_tenant(request: Request) -> str | None:
+    """Whose share of the isolate's generation places a request takes (admission.fair_share)."""
+    return request.principal.tenant if request.principal is not None else None
+
+
+async def admitted(deps: Deps, start: Callable[[], Awaitable[Generation]], tenant: str | None = None) -> Generation:
+    """Start a generation if the isolate admits one more for this tenant (503 + Retry-After at
+    once if not); it holds its place until its events end or are closed."""
+    ticket = deps.state.admission.admit(deps.config.max_waiting_generations, tenant)
     try:
         generation = await start()
     except BaseException:
@@ -139,7 +152,7 @@ async def admitted(deps: Deps, start: Callable[[], Awaitable[Generation]]) -> Ge
     return generation
 
 
-async def coalesced(deps: Deps, order: FlightOrder) -> tuple[Generation, bool]:
+async def coalesced(deps: Deps, order: FlightOrder, tenant: str | None = None) -> tuple[Generation, bool]:
     """A miss through the flights object, admitted as the generation it may start: the isolate's
     requests for one flight share one place (taken before the object is asked, since only its
     answer says whether this request starts the flight), and a request that joined gives its
@@ -147,7 +160,7 @@ async def coalesced(deps: Deps, order: FlightOrder) -> tuple[Generation, bool]:
     isolate is never refused for its own size; the place lasts while this isolate may have
     started the flight, until the starter's events end or are closed."""
     share = deps.state.admission.admit_shared(flight_name(order.kv_key, order.write, order.ttl),
-                                              deps.config.max_waiting_generations)
+                                              deps.config.max_waiting_generations, tenant)
     try:
         generation, joined = await shared_generation(deps, order)
     except BaseException:

@@ -1,0 +1,137 @@
+"""Admission fair between tenants, and a bound on how long a request waits to start (issue 25
+items 14-15), through the local edge's real HTTP server: one tenant's burst cannot take every
+place of the Worker's admission or of the llama.cpp runner's queue, and a request that finds no
+slot within the runner's `start_timeout` gets a 503 with Retry-After instead of silence."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edgellm.access.keys import KeyRing, NewKey, new_key
+from edgellm.config import Config
+from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
+from edgellm_local.slots import SlotPool
+from tests.edge.test_budgets import WAIT, GatedAI
+
+
+def body(text: str, stream: bool = False) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 8, "stream": stream}
+
+
+@pytest.fixture
+def tenants_edge(start_edge, make_deps, clock):
+    def make(config: Config, ai: Any = None, **gate: Any):
+        base = make_deps(config=config, clock=clock, **({"ai": ai} if ai is not None else {}))
+        gated = GatedAI(base.ai, **gate)
+        deps = replace(base, ai=gated)
+        ring = KeyRing(deps.kv)
+
+        def mint(tenant: str) -> NewKey:
+            made = new_key(tenant, clock.now(), requests_per_minute=0)
+            asyncio.run(ring.put(made.record))
+            return made
+
+        return start_edge(deps), gated, mint
+
+    return make
+
+
+class Clients:
+    """Requests sent from threads; `statuses` fill as their answers (or stream heads) arrive."""
+
+    def __init__(self, server: Any, ai: GatedAI) -> None:
+        self.server, self.ai, self.threads = server, ai, []
+        self.statuses: list[tuple[str, int]] = []
+
+    def send(self, key: NewKey, text: str, stream: bool = False) -> None:
+        def run() -> None:
+            headers = {"authorization": f"Bearer {key.api_key}", "cf-aig-skip-cache": "true"}
+            with httpx.stream("POST", self.server.url + "/v1/chat/completions", json=body(text, stream), headers=headers, timeout=WAIT) as r:
+                with self.ai.arrived:
+                    self.statuses.append((key.record.tenant, r.status_code))
+                    self.ai.arrived.notify_all()
+                r.read()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        self.threads.append(thread)
+
+    def wait(self, condition: Any) -> None:
+        with self.ai.arrived:
+            assert self.ai.arrived.wait_for(condition, WAIT), (self.statuses, self.ai.calls, self.ai.stalls)
+
+    def finish(self) -> None:
+        self.ai.gate.set()
+        for thread in self.threads:
+            thread.join(WAIT)
+
+
+def test_the_workers_admission_keeps_a_share_for_another_tenant(tenants_edge) -> None:
+    server, ai, mint = tenants_edge(Config(admin_token="t", max_waiting_generations=4), hold_runs=True)
+    a, b = mint("alice"), mint("bob")
+    clients = Clients(server, ai)
+    try:
+        for i in range(4):  # Bob's burst: held at the binding once admitted
+            clients.send(b, f"bob {i}")
+        clients.wait(lambda: ai.calls + len(clients.statuses) >= 4)
+        assert [s for _, s in clients.statuses] == [503] and ai.calls == 3  # Bob alone holds 3 of 4 places
+        clients.send(a, "alice")
+        clients.wait(lambda: ai.calls == 4 or len(clients.statuses) == 2)
+        assert ai.calls == 4, clients.statuses  # Alice is admitted beside Bob's burst
+    finally:
+        clients.finish()
+    assert sorted(clients.statuses) == [("alice", 200), ("bob", 200), ("bob", 200), ("bob", 200), ("bob", 503)]
+
+
+@pytest.fixture(scope="module")
+def narrow_runner(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> LlamaCppRunner:
+    return LlamaCppRunner(tiny_model, n_ctx=1024, n_parallel=1, threads=1, max_waiting=4,
+                          slot_dir=tmp_path_factory.mktemp("narrow-slots"), cache_ram_mib=0).load()
+
+
+def test_the_llama_cpp_queue_keeps_a_share_for_another_tenant(tenants_edge, narrow_runner: LlamaCppRunner) -> None:
+    config = Config(admin_token="t")
+    server, ai, mint = tenants_edge(config, ai=LlamaCppAI.for_config(config, narrow_runner), stall_after=1)
+    a, b = mint("alice"), mint("bob")
+    clients = Clients(server, ai)
+    try:
+        for i in range(4):  # Bob's streams hold the runner's places while they stall after a token
+            clients.send(b, f"bob {i}", stream=True)
+        clients.wait(lambda: ai.stalls + sum(s == 503 for _, s in clients.statuses) >= 4)
+        assert ai.stalls == 3 and [s for _, s in clients.statuses].count(503) == 1, clients.statuses
+        clients.send(a, "alice", stream=True)
+        clients.wait(lambda: ai.stalls == 4 or ("alice", 503) in clients.statuses)
+        assert ("alice", 200) in clients.statuses, clients.statuses
+    finally:
+        clients.finish()
+
+
+def test_a_request_that_cannot_start_in_time_is_a_503_with_retry_after(start_edge, make_deps, tiny_model: Path, tmp_path: Path) -> None:
+    config = Config(open_access=True)
+    runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, threads=1, slot_dir=tmp_path / "slots", cache_ram_mib=0,
+                            start_timeout=1.0).load()
+    inner = LlamaCppAI.for_config(config, runner)
+    inner.slots = SlotPool(runner)
+    ai = GatedAI(inner, stall_after=1)
+    server = start_edge(make_deps(config=config, ai=ai))
+    holder = threading.Thread(target=lambda: httpx.post(server.url + "/v1/chat/completions", json=body("hold the slot", True),
+                                                        headers={"cf-aig-skip-cache": "true"}, timeout=WAIT))
+    holder.start()
+    try:
+        assert ai.stalled.wait(WAIT)  # the only slot is held by a stream
+        for stream in (False, True):
+            waited = httpx.post(server.url + "/v1/chat/completions", json=body(f"wait {stream}", stream),
+                                headers={"cf-aig-skip-cache": "true"}, timeout=20)
+            assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
+            assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+    finally:
+        ai.gate.set()
+        holder.join(WAIT)
+    assert httpx.post(server.url + "/v1/chat/completions", json=body("after"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200

@@ -72,6 +72,16 @@ class EdgeApp:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
+    async def flush_bookkeeping(self) -> None:
+        """A clean stop writes what per-request bookkeeping holds in memory (usage rows are
+        committed in batches, off the request's path: usage.py)."""
+        close = getattr(self.deps.usage, "close", None)
+        if close is not None:
+            try:
+                await asyncio.to_thread(close)
+            except Exception as exc:
+                self.deps.log.error("usage not flushed at shutdown: %r", exc)
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while True:
@@ -85,6 +95,7 @@ class EdgeApp:
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     await self.drain()
+                    await self.flush_bookkeeping()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["type"] != "http":

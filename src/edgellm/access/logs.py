@@ -23,6 +23,19 @@ def request_id(request: Request) -> str:
     return secrets.token_hex(8)
 
 
+class _AsJson:
+    """The record's JSON, made when a handler formats the line (the local edge formats in a
+    thread of its own, off the request's path), not when the request logs it."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    def __str__(self) -> str:
+        return json.dumps(self.record, separators=(",", ":"))
+
+
 def log_request(request: Request, response: Response, deps: Deps, started: float, route: str) -> dict[str, Any] | None:
     logger = deps.log.getChild("access")
     if not logger.isEnabledFor(logging.INFO):
@@ -35,5 +48,5 @@ def log_request(request: Request, response: Response, deps: Deps, started: float
         "tenant": principal.tenant if principal else None, "key_id": principal.key_id if principal else None,
         "model": response.headers.get("x-edgellm-model"),
     }
-    logger.info(json.dumps(record, separators=(",", ":")), extra={"edgellm": record})
+    logger.info("%s", _AsJson(record), extra={"edgellm": record})
     return record

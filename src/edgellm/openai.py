@@ -117,6 +117,8 @@ def parse_chat_request(body: Any, config: Config) -> GenerationRequest:
     stop = _parse_stop(body)
     if stop and inputs.get("logprobs"):  # the gateway cuts at stop sequences; a cut token's logprob would be a lie
         raise invalid("'logprobs' cannot be combined with 'stop' on this gateway.", "logprobs", "unsupported_parameter")
+    if inputs.get("tools") and inputs.get("logprobs"):  # no backend here has both: the logprobs would be the call envelope's
+        raise invalid("'logprobs' cannot be combined with 'tools' on this gateway.", "logprobs", "unsupported_parameter")
     return GenerationRequest(model, inputs, stop, stream, include_usage)
 
 
@@ -190,8 +192,13 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
-async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool,
+                        tools: bool = False) -> AsyncIterator[bytes]:
     """OpenAI SSE chunks, one per token as it arrives, then `[DONE]`.
+
+    With `tools` the first chunk's `content` is null, not "": a streamed tool call then
+    assembles to `content: None` in the SDKs, as the same call does unstreamed (text tokens
+    still append to it).
 
     A failure after the first byte cannot change the status line any more, so it is sent as an
     `error` event (the shape OpenAI's SDK raises from) and the stream ends without `[DONE]`.
@@ -210,7 +217,8 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
 
     def choice(delta_text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
         if chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({} if delta_text is None else {"content": delta_text})
+            opening = {"role": "assistant", "content": None if tools else ""}
+            delta: dict[str, Any] = opening if first else ({} if delta_text is None else {"content": delta_text})
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
 

@@ -282,6 +282,16 @@ def stored_record(meta: ResponseMeta, model: str, text: str, finish: Finish) -> 
     )
 
 
+def input_items(record: StoredResponse) -> list[dict[str, Any]]:
+    """A stored turn's input messages as OpenAI's input items (ids derived from the response's,
+    so a listing is the same each time)."""
+    base = record.id.removeprefix("resp_")
+    return [{"id": f"msg_in{i}_{base}", "type": "message", "role": m["role"], "status": "completed",
+             "content": [{"type": "output_text" if m["role"] == "assistant" else "input_text", "text": m["content"],
+                          **({"annotations": []} if m["role"] == "assistant" else {})}]}
+            for i, m in enumerate(record.input)]
+
+
 def render_stored(record: StoredResponse) -> dict[str, Any]:
     params = record.params
     request = ResponsesRequest(

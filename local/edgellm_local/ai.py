@@ -290,7 +290,10 @@ class LlamaCppAI:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
         max_tokens = int(checked.get("max_tokens") or 0)
         if max_tokens > runner.slot_context:
-            raise InvalidModelInput(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds")
+            raise InvalidModelInput(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds "
+                                    f"(llama.cpp splits its context of {runner.n_ctx} tokens between {runner.n_parallel} slots): "
+                                    f"raise it with `edgellm dev --ctx-size N` (or fewer `--slots`), "
+                                    f"e.g. --ctx-size {max_tokens * max(1, runner.n_parallel) * 2}")
         kind, body = to_llama_request(checked)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()

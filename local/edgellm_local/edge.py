@@ -36,12 +36,15 @@ class EdgeSettings:
     config: Config = Config()
     n_ctx: int = 4096
     n_parallel: int = 2
+    threads: int | None = None  # llama.cpp's threads (None: every core the machine has)
     slot_disk_budget: int = DEFAULT_DISK_BUDGET  # saved llama.cpp slot states under state_dir/slots
 
 
 def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
     runner = LlamaCppRunner(check_gguf(settings.model_path), n_ctx=settings.n_ctx, n_parallel=settings.n_parallel,
                             slot_dir=settings.state_dir / "slots", cache_ram_mib=0)
+    if settings.threads is not None:
+        runner.threads = settings.threads
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     ai = LlamaCppAI.for_config(settings.config, runner)
     ai.slots = SlotPool(runner, disk_budget=settings.slot_disk_budget)

@@ -23,6 +23,7 @@ MAX_STOP_SEQUENCES = 4
 UNSUPPORTED_PARAMETERS = ("functions", "function_call", "logit_bias", "audio", "modalities", "prediction",
                           "web_search_options")
 _ROLE_ALIASES = {"developer": "system"}
+ACCEPTED_ROLES = ("system", "developer", "user", "assistant", "tool")  # what a role error lists
 
 
 def resolve_model(body: dict[str, Any], config: Config) -> str:
@@ -55,7 +56,7 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     given as text parts is joined; then Workers AI's own checks apply."""
     if isinstance(value, list):
         value = [_normalise_message(m, i) for i, m in enumerate(value)]
-    return validate_messages(value)
+    return validate_messages(value, accepted_roles=ACCEPTED_ROLES)
 
 
 def _normalise_message(message: Any, i: int) -> Any:

@@ -176,7 +176,7 @@ class LlamaCppRunner:
 _PARAMS = {
     "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
     "seed": "seed", "repetition_penalty": "repeat_penalty", "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
+    "presence_penalty": "presence_penalty", "grammar": "grammar",  # llama.cpp's own GBNF (edgellm.parameters)
 }
 
 

@@ -13,6 +13,7 @@ from . import sse
 from .config import Config
 from .errors import ErrorKind, GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
+from .parameters import check_chat_fields, parse_grammar
 from .structured import parse_extensions, refuse_chat_only
 from .validation import as_bool, as_int, as_str
 from .workers_ai import validate_messages, validate_options, validate_sampling
@@ -112,8 +113,10 @@ def parse_chat_request(body: Any, config: Config) -> GenerationRequest:
     model, sampling, extras = _parse_common(body, config)
     if "messages" not in body:
         raise invalid("'messages' is required.", "messages", "missing_required_parameter")
-    inputs = {"messages": parse_messages(body["messages"]), **sampling, **extras,
-              **parse_extensions(body, openai_shape=True)}
+    check_chat_fields(body, UNSUPPORTED_PARAMETERS)
+    structure = parse_extensions(body, openai_shape=True)
+    inputs = {"messages": parse_messages(body["messages"]), **sampling, **extras, **structure,
+              **parse_grammar(body, structured=bool(structure.get("response_format") or structure.get("tools")))}
     stream, include_usage = _stream_flags(body)
     stop = _parse_stop(body)
     if stop and inputs.get("logprobs"):  # the gateway cuts at stop sequences; a cut token's logprob would be a lie

@@ -19,6 +19,7 @@ from .conversations import StoredResponse
 from .errors import GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token, Usage
 from .openai import new_id, resolve_model
+from .parameters import parse_grammar, refuse_unknown
 from .structured import parse_response_format
 from .validation import as_bool, as_int, as_str
 from .workers_ai import validate_messages, validate_sampling
@@ -27,7 +28,7 @@ _ROLE_ALIASES = {"developer": "system"}
 _INPUT_ROLES = ("user", "assistant", "system", "developer")  # a message item's roles (no tool messages here)
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _HONOURED = ("model", "input", "instructions", "previous_response_id", "store", "stream", "max_output_tokens",
-             "temperature", "top_p", "metadata", "prompt_cache_key")
+             "temperature", "top_p", "metadata", "prompt_cache_key", "grammar")
 # accepted as long as they ask for plain text generation (checked by _neutral)
 _ACCEPTED = ("user", "safety_identifier", "service_tier", "stream_options", "truncation", "tools", "tool_choice",
              "parallel_tool_calls", "text", "include", "reasoning", "background", "top_logprobs", "max_tool_calls",
@@ -166,7 +167,7 @@ def _check_fields(body: dict[str, Any]) -> None:
             continue
         reason = _REFUSED.get(name)
         if reason is None:
-            raise invalid(f"Unknown parameter: '{name}'.", name, "unknown_parameter")
+            refuse_unknown(name)  # the chat route's rule: llama.cpp's extensions named as such
         raise invalid(f"'{name}': {reason}.", name, "unsupported_parameter")
 
 
@@ -184,6 +185,7 @@ def parse_request(body: Any, config: Config) -> ResponsesRequest:
         raise invalid("'metadata' must be an object of at most 16 string pairs (keys <= 64, values <= 512 characters).", "metadata")
     previous = as_str(body, "previous_response_id", allow_empty=False)
     text_format, response_format = _text_format(body.get("text"))
+    sampling.update(parse_grammar(body, structured=response_format is not None))  # llama.cpp's GBNF, as on chat
     store = as_bool(body, "store")
     return ResponsesRequest(
         model=model,

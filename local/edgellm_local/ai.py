@@ -193,7 +193,7 @@ class LlamaCppRunner:
 _PARAMS = {
     "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
     "seed": "seed", "repetition_penalty": "repeat_penalty", "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
+    "presence_penalty": "presence_penalty", "grammar": "grammar",  # llama.cpp's own GBNF (edgellm.parameters)
 }
 
 
@@ -315,7 +315,10 @@ class LlamaCppAI:
             raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
         max_tokens = int(checked.get("max_tokens") or 0)
         if max_tokens > runner.slot_context:
-            raise ContextWindowExceeded(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds")
+            raise ContextWindowExceeded(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds "
+                                        f"(llama.cpp splits its context of {runner.n_ctx} tokens between {runner.n_parallel} slots): "
+                                        f"raise it with `edgellm dev --ctx-size N` (or fewer `--slots`), "
+                                        f"e.g. --ctx-size {max_tokens * max(1, runner.n_parallel) * 2}")
         kind, body = to_llama_request(checked)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()
@@ -443,21 +446,32 @@ def _build() -> str:
 async def _structured_stream(events: AsyncIterator[dict[str, Any]], plan: ToolPlan | None, top: int | None) -> AsyncIterator[dict[str, Any]]:
     """Logprobs in OpenAI's shape per token; with tools, the constrained answer's tool calls as
     OpenAI streams them (first fragment: id and name; then argument fragments as generated),
-    or, when the model answered instead (`{"response": ...}`), that text once it is complete."""
+    or, when the model answered instead (`{"response": ...}`), that text once it is complete.
+    After tool results (`plan.free_answer`) a reply that does not open with `{` is plain text
+    and streams token by token. The envelope itself is never passed on, even when cut."""
     parts: list[str] = []
     calls = structured.ToolCallStream()
+    plain = False  # a free answer seen to be plain text: its tokens pass through
     try:
         async for event in events:
             if "logprobs" in event and top is not None:
                 event = {**event, "logprobs": structured.logprobs_of(event, top) or []}
-            if plan is not None and event.get("response"):
+            if plan is not None and event.get("response") and not plain:
                 parts.append(event["response"])
-                fragments = calls.feed(event["response"])
+                if plan.free_answer:
+                    head = "".join(parts)
+                    if not head.strip():
+                        continue
+                    if plan.response_schema is not None or not head.lstrip().startswith("{"):
+                        plain = True
+                        yield {**event, "response": head}
+                        continue
+                fragments = calls.feed("".join(parts)[len(calls.text):])  # what the scanner has not read yet
                 if fragments:
                     yield {"response": "", "tool_calls": fragments}
                 continue
             yield event
-        if plan is not None and not calls.started:
+        if plan is not None and not plain and not calls.started:
             text, whole = plan.parse("".join(parts))
             if whole:
                 yield {"response": "", "tool_calls": [{"index": i, **call} for i, call in enumerate(whole)]}

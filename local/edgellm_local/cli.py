@@ -17,6 +17,27 @@ from .keys_cli import add_parser as add_keys_parser
 from .publish import add_parser as add_publish_parser
 
 
+def _port(text: str) -> int:
+    """A TCP port (0 = any free one), refused by argparse with a message, not a traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
+    return port
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
     from .ai import ModelFileError, default_model_path
@@ -41,7 +62,7 @@ def _dev(args: argparse.Namespace) -> int:
         config = Config.from_env(env)
         plan = FaultPlan.parse(args.fault)
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config,
-                                n_ctx=args.ctx_size, n_parallel=args.slots,
+                                n_ctx=args.ctx_size, n_parallel=args.slots, threads=args.threads,
                                 slot_disk_budget=args.slot_disk_mib * 1024 * 1024)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
@@ -52,6 +73,10 @@ def _dev(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
         print(f"edgellm: error: cannot use the state directory {args.state!r}: {exc}", file=sys.stderr)
         return 2
+    if args.warm_up:
+        from .warmup import warm_up
+
+        print(warm_up(app.deps.ai.models[config.model]).line(), flush=True)  # type: ignore[attr-defined]
     served = dev_stack(app, plan, Path(args.request_log) if args.request_log else None)
     host, port = sock.getsockname()[:2]
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
@@ -82,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
-    dev.add_argument("--port", type=int, default=8787, help="TCP port (default: %(default)s)")
+    dev.add_argument("--port", type=_port, default=8787, help="TCP port (default: %(default)s)")
     dev.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     dev.add_argument("--model", help="GGUF file standing in for the configured model (default: SmolLM2-135M-Instruct)")
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
@@ -90,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
     dev.add_argument("--ctx-size", type=int, default=4096, help="llama.cpp context, shared by the slots (default: %(default)s)")
     dev.add_argument("--slots", type=int, default=2, help="llama.cpp slots: conversations computed at once (default: %(default)s)")
+    dev.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
+                     help="llama.cpp threads for generation and prompts (default: the machine's cores, %(default)s)")
+    dev.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                     help="skip the short generation at start-up that prints tokens/s")
     dev.add_argument("--slot-disk-mib", type=int, default=2048, help="disk budget for saved conversation slot states (default: %(default)s)")
     dev.add_argument("--max-waiting-generations", type=int, metavar="N",
                      help="admission control: generations in progress before a miss gets 503 + Retry-After (default 32)")

@@ -82,7 +82,8 @@ async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Res
     return await serve_generation(
         request, deps, gen_request,
         lambda g: render_json(g, created),
-        lambda g: openai.render_stream(g, created, chat=chat, include_usage=gen_request.include_usage),
+        lambda g: openai.render_stream(g, created, chat=chat, include_usage=gen_request.include_usage,
+                                       tools=bool(gen_request.inputs.get("tools"))),
     )
 
 
@@ -121,6 +122,9 @@ async def list_models(request: Request, deps: Deps) -> Response:
 async def retrieve_model(request: Request, deps: Deps) -> Response:
     """`GET /v1/models/{id}` (the SDK's `models.retrieve`); model ids contain slashes."""
     model = request.path_params["model"]
+    if model in deps.config.aliases:  # every id models.list lists can be retrieved, aliases as listed there
+        return json_response({"id": model, "object": "model", "created": 0, "owned_by": "edgellm",
+                              "edgellm": {"role": "alias", "alias_of": deps.config.aliases[model]}})
     if model not in deps.config.models:
         raise GatewayError(ErrorKind.NOT_FOUND, f"The model '{model}' does not exist on this gateway; GET /v1/models lists the models served.",
                            param="model", code="model_not_found")

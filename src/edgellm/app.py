@@ -29,6 +29,7 @@ ROUTES = Router((
     route("GET", "/v1/models/{model:path}", api.retrieve_model),
     route("POST", "/v1/responses", responses_api.create_response),
     route(("GET", "DELETE"), "/v1/responses/{response_id}", responses_api.response_by_id),
+    route("GET", "/v1/responses/{response_id}/input_items", responses_api.list_input_items),
     route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model, render_error=workers_ai.error_response),
     route("GET", "/client/v4/accounts/{account_id}/ai/models/search", model_catalog.search_models, render_error=workers_ai.error_response),
     route("GET", "/healthz", api.health),

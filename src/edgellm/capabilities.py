@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from .errors import invalid
 
-CAPABILITY_NAMES = ("json_mode", "json_schema", "tools", "tool_choice", "logprobs")
+CAPABILITY_NAMES = ("json_mode", "json_schema", "tools", "tool_choice", "logprobs", "grammar")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Capabilities:
     tools: bool = False  # tools (tool_choice "auto"/"none")
     tool_choice: bool = False  # tool_choice "required" / a named function, parallel_tool_calls=false
     logprobs: bool = False  # logprobs / top_logprobs
+    grammar: bool = False  # llama.cpp's `grammar` (GBNF), an extension only a llama.cpp backend honours
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Capabilities":
@@ -99,6 +100,8 @@ def required_capabilities(inputs: Mapping[str, Any]) -> list[tuple[str, str]]:
             needed.append(("tool_choice", "parallel_tool_calls"))
     if inputs.get("logprobs"):
         needed.append(("logprobs", "logprobs"))
+    if inputs.get("grammar"):
+        needed.append(("grammar", "grammar"))
     return needed
 
 

@@ -13,6 +13,7 @@ from . import sse
 from .config import Config
 from .errors import ErrorKind, GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
+from .parameters import check_chat_fields, parse_grammar
 from .structured import parse_extensions, refuse_chat_only
 from .validation import as_bool, as_int, as_str
 from .workers_ai import validate_messages, validate_options, validate_sampling
@@ -23,6 +24,7 @@ MAX_STOP_SEQUENCES = 4
 UNSUPPORTED_PARAMETERS = ("functions", "function_call", "logit_bias", "audio", "modalities", "prediction",
                           "web_search_options")
 _ROLE_ALIASES = {"developer": "system"}
+ACCEPTED_ROLES = ("system", "developer", "user", "assistant", "tool")  # what a role error lists
 
 
 def resolve_model(body: dict[str, Any], config: Config) -> str:
@@ -55,7 +57,7 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     given as text parts is joined; then Workers AI's own checks apply."""
     if isinstance(value, list):
         value = [_normalise_message(m, i) for i, m in enumerate(value)]
-    return validate_messages(value)
+    return validate_messages(value, accepted_roles=ACCEPTED_ROLES)
 
 
 def _normalise_message(message: Any, i: int) -> Any:
@@ -111,12 +113,16 @@ def parse_chat_request(body: Any, config: Config) -> GenerationRequest:
     model, sampling, extras = _parse_common(body, config)
     if "messages" not in body:
         raise invalid("'messages' is required.", "messages", "missing_required_parameter")
-    inputs = {"messages": parse_messages(body["messages"]), **sampling, **extras,
-              **parse_extensions(body, openai_shape=True)}
+    check_chat_fields(body, UNSUPPORTED_PARAMETERS)
+    structure = parse_extensions(body, openai_shape=True)
+    inputs = {"messages": parse_messages(body["messages"]), **sampling, **extras, **structure,
+              **parse_grammar(body, structured=bool(structure.get("response_format") or structure.get("tools")))}
     stream, include_usage = _stream_flags(body)
     stop = _parse_stop(body)
     if stop and inputs.get("logprobs"):  # the gateway cuts at stop sequences; a cut token's logprob would be a lie
         raise invalid("'logprobs' cannot be combined with 'stop' on this gateway.", "logprobs", "unsupported_parameter")
+    if inputs.get("tools") and inputs.get("logprobs"):  # no backend here has both: the logprobs would be the call envelope's
+        raise invalid("'logprobs' cannot be combined with 'tools' on this gateway.", "logprobs", "unsupported_parameter")
     return GenerationRequest(model, inputs, stop, stream, include_usage)
 
 
@@ -190,8 +196,13 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
-async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool,
+                        tools: bool = False) -> AsyncIterator[bytes]:
     """OpenAI SSE chunks, one per token as it arrives, then `[DONE]`.
+
+    With `tools` the first chunk's `content` is null, not "": a streamed tool call then
+    assembles to `content: None` in the SDKs, as the same call does unstreamed (text tokens
+    still append to it).
 
     A failure after the first byte cannot change the status line any more, so it is sent as an
     `error` event (the shape OpenAI's SDK raises from) and the stream ends without `[DONE]`.
@@ -210,7 +221,8 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
 
     def choice(delta_text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
         if chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else ({} if delta_text is None else {"content": delta_text})
+            opening = {"role": "assistant", "content": None if tools else ""}
+            delta: dict[str, Any] = opening if first else ({} if delta_text is None else {"content": delta_text})
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
 

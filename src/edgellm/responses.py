@@ -19,6 +19,7 @@ from .conversations import StoredResponse
 from .errors import GatewayError, invalid
 from .generation import Finish, Generation, GenerationRequest, Token, Usage
 from .openai import new_id, resolve_model
+from .parameters import parse_grammar, refuse_unknown
 from .structured import parse_response_format
 from .validation import as_bool, as_int, as_str
 from .workers_ai import validate_messages, validate_sampling
@@ -27,7 +28,7 @@ _ROLE_ALIASES = {"developer": "system"}
 _INPUT_ROLES = ("user", "assistant", "system", "developer")  # a message item's roles (no tool messages here)
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _HONOURED = ("model", "input", "instructions", "previous_response_id", "store", "stream", "max_output_tokens",
-             "temperature", "top_p", "metadata", "prompt_cache_key")
+             "temperature", "top_p", "metadata", "prompt_cache_key", "grammar")
 # accepted as long as they ask for plain text generation (checked by _neutral)
 _ACCEPTED = ("user", "safety_identifier", "service_tier", "stream_options", "truncation", "tools", "tool_choice",
              "parallel_tool_calls", "text", "include", "reasoning", "background", "top_logprobs", "max_tool_calls",
@@ -167,7 +168,7 @@ def _check_fields(body: dict[str, Any]) -> None:
             continue
         reason = _REFUSED.get(name)
         if reason is None:
-            raise invalid(f"Unknown parameter: '{name}'.", name, "unknown_parameter")
+            refuse_unknown(name)  # the chat route's rule: llama.cpp's extensions named as such
         raise invalid(f"'{name}': {reason}.", name, "unsupported_parameter")
 
 
@@ -185,6 +186,7 @@ def parse_request(body: Any, config: Config) -> ResponsesRequest:
         raise invalid("'metadata' must be an object of at most 16 string pairs (keys <= 64, values <= 512 characters).", "metadata")
     previous = as_str(body, "previous_response_id", allow_empty=False)
     text_format, response_format = _text_format(body.get("text"))
+    sampling.update(parse_grammar(body, structured=response_format is not None))  # llama.cpp's GBNF, as on chat
     store = as_bool(body, "store")
     return ResponsesRequest(
         model=model,
@@ -282,6 +284,16 @@ def stored_record(meta: ResponseMeta, model: str, text: str, finish: Finish) -> 
                 "max_output_tokens": request.max_output_tokens, "metadata": request.metadata, "store": True,
                 **({"text_format": request.text_format} if request.text_format else {})},
     )
+
+
+def input_items(record: StoredResponse) -> list[dict[str, Any]]:
+    """A stored turn's input messages as OpenAI's input items (ids derived from the response's,
+    so a listing is the same each time)."""
+    base = record.id.removeprefix("resp_")
+    return [{"id": f"msg_in{i}_{base}", "type": "message", "role": m["role"], "status": "completed",
+             "content": [{"type": "output_text" if m["role"] == "assistant" else "input_text", "text": m["content"],
+                          **({"annotations": []} if m["role"] == "assistant" else {})}]}
+            for i, m in enumerate(record.input)]
 
 
 def render_stored(record: StoredResponse) -> dict[str, Any]:

@@ -99,6 +99,37 @@ async def get_response(request: Request, deps: Deps) -> Response:
     return json_response(responses.render_stored(await store.get(response_id)))
 
 
+async def list_input_items(request: Request, deps: Deps) -> Response:
+    """`GET /v1/responses/{id}/input_items` (the SDK's `responses.input_items.list`): the turn's
+    own input messages as OpenAI's message items, newest first unless `order=asc`."""
+    response_id = request.path_params["response_id"]
+    store = conversation_store(request, deps)
+    if store is None:
+        raise not_found(response_id)
+    record = await store.get(response_id)
+    order = request.query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("'order' must be 'asc' or 'desc'.", "order", "invalid_value")
+    try:
+        limit = int(request.query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise invalid("'limit' must be an integer from 1 to 100.", "limit", "invalid_value")
+    items = responses.input_items(record)
+    if order == "desc":
+        items.reverse()
+    after = request.query.get("after")
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise invalid(f"'after' names no input item of {response_id}.", "after", "invalid_value")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return json_response({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                          "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
+
+
 async def delete_response(request: Request, deps: Deps) -> Response:
     response_id = request.path_params["response_id"]
     store = conversation_store(request, deps)

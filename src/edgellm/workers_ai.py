@@ -21,6 +21,8 @@ from .validation import as_bool, as_float, as_int, as_str
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 0.6
 ROLES = ("system", "user", "assistant")
+# every role a message may have here, as a role error lists them (a `tool` result is validated apart)
+ACCEPTED_ROLES = (*ROLES, "tool")
 
 # name -> (kind, low, high); None means the schema sets no bound on that side.
 SAMPLING: dict[str, tuple[str, float | None, float | None]] = {
@@ -34,7 +36,7 @@ SAMPLING: dict[str, tuple[str, float | None, float | None]] = {
 }
 
 
-def validate_messages(value: Any, param: str = "messages") -> list[dict[str, str]]:
+def validate_messages(value: Any, param: str = "messages", accepted_roles: tuple[str, ...] = ACCEPTED_ROLES) -> list[dict[str, str]]:
     if not isinstance(value, list):
         raise invalid(f"'{param}' must be an array of messages.", param, "invalid_type")
     if not value:
@@ -49,7 +51,7 @@ def validate_messages(value: Any, param: str = "messages") -> list[dict[str, str
             continue
         role = message.get("role")
         if role not in ROLES:
-            raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}; got {role!r}.", f"{where}.role", "invalid_role")
+            raise invalid(f"'{where}.role' must be one of {', '.join(accepted_roles)}; got {role!r}.", f"{where}.role", "invalid_role")
         content = message.get("content")
         if not isinstance(content, str):
             raise invalid(f"'{where}.content' must be a string.", f"{where}.content", "invalid_type")

@@ -23,7 +23,7 @@ SHAPING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_pe
            "frequency_penalty", "presence_penalty", "raw", "lora")
 # Structured outputs, tools and logprobs (structured.py): each changes the answer or its shape.
 # Keyed only when present, so a plain request keeps the key it always had.
-EXTENSIONS = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs")
+EXTENSIONS = ("response_format", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs", "grammar")
 # Message fields of a tool conversation, beside role and content.
 MESSAGE_EXTRAS = ("tool_calls", "tool_call_id")
 

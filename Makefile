@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
 
-.PHONY: setup setup-test vendor vendor-python dev test bench bench-split deploy-check clean
+.PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split deploy-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,7 +51,7 @@ node_modules/.ai-sdk/.installed: Makefile | node_modules/.installed
 	npm install --prefix node_modules/.ai-sdk --no-audit --no-fund --silent --no-package-lock ai@$(AI_SDK) @ai-sdk/openai@$(AI_SDK_OPENAI)
 	touch $@
 
-setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js node_modules/.ai-sdk/.installed
+setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python vendor-wllama node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js node_modules/.ai-sdk/.installed
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
@@ -83,6 +83,27 @@ public/vendor/pyodide/.vendored: package.json pyodide-wheels.txt public/vendor/p
 
 vendor-python: public/vendor/pyodide/.vendored
 
+# llama.cpp in WebAssembly for the device tier (public/device.html): @wllama/wllama's ES module and
+# its wasm (about 9 MB, kept out of git; only the licence is committed), from the npm tarball of
+# the pinned version, checked against its pinned SHA-256 before anything is unpacked. `make dev`,
+# `make test` and wrangler's [build] run this; it does nothing once done.
+WLLAMA := 3.8.1
+WLLAMA_SHA256 := bbe65fcc6d128d7853aed6d1699db7541e51a0363dc0135b8b68153acbf74670
+public/vendor/wllama/.vendored: Makefile public/vendor/wllama.LICENSE
+	rm -rf public/vendor/wllama public/vendor/.wllama-pack && mkdir -p public/vendor/wllama public/vendor/.wllama-pack
+	cd public/vendor/.wllama-pack && npm pack --silent @wllama/wllama@$(WLLAMA) >/dev/null && \
+	  echo "$(WLLAMA_SHA256)  wllama-wllama-$(WLLAMA).tgz" | sha256sum -c --quiet && \
+	  tar xzf wllama-wllama-$(WLLAMA).tgz package/esm/index.js package/esm/wasm/wllama.wasm package/LICENCE
+	cp public/vendor/.wllama-pack/package/esm/index.js public/vendor/wllama/index.js
+	cp public/vendor/.wllama-pack/package/esm/wasm/wllama.wasm public/vendor/wllama/wllama.wasm
+	cmp -s public/vendor/.wllama-pack/package/LICENCE public/vendor/wllama.LICENSE || { echo "the wllama licence changed: review it and update public/vendor/wllama.LICENSE"; exit 1; }
+	cp public/vendor/wllama.LICENSE public/vendor/wllama/LICENSE
+	echo "$(WLLAMA)" > public/vendor/wllama/VERSION
+	rm -rf public/vendor/.wllama-pack
+	touch $@
+
+vendor-wllama: public/vendor/wllama/.vendored
+
 # The default model's tokenizer and shards in the local R2, so the tokenizer page and
 # `edgellm pull` have something to serve; published once (the stamp), republishing is a no-op.
 STATE := .state
@@ -91,7 +112,7 @@ $(STATE)/.published-smollm2-135m: | $(VENV)/.installed-local
 	  --name smollm2-135m --state $(STATE)
 	touch $@
 
-dev: setup vendor-python $(STATE)/.published-smollm2-135m
+dev: setup vendor-python vendor-wllama $(STATE)/.published-smollm2-135m
 	$(BIN)/edgellm dev --port $(PORT) --state $(STATE)
 
 test: setup-test

@@ -93,8 +93,9 @@ class ConversationObject:
     """One conversation's responses in the object's SQLite storage.
 
     Internal protocol (JSON): `POST /responses` appends (409 if the id exists, 413 past the
-    size cap), `GET /responses/{id}`, `GET /chain/{id}` (root first; 404 if any link is gone
-    or expired), `DELETE /responses/{id}`, `DELETE /` (the whole conversation).
+    size cap), `GET /responses/{id}`, `GET /chain/{id}` (root first; 404 if the id itself is
+    gone or expired; an earlier turn deleted or expired ends the history there, so a response
+    that `GET` finds can always be continued, as on OpenAI), `DELETE /responses/{id}`, `DELETE /` (the whole conversation).
     """
 
     storage: SqlStorage
@@ -152,8 +153,10 @@ class ConversationObject:
         current: str | None = response_id
         while current is not None:
             record = self._get(current)
-            if record is None:
-                return None
+            if record is None:  # the id itself: 404; a turn further back deleted: history from after it
+                if not chain:
+                    return None
+                break
             chain.append(record)
             current = record.previous_response_id
         return chain[::-1]

@@ -179,3 +179,16 @@ async def test_a_tenants_cache_stats_when_kv_list_fails_is_a_502_or_503_with_ret
     assert response.headers["retry-after"] == "5"
     body = json.loads(response.body)["error"]
     assert set(body) == {"message", "type", "param", "code"} and body["code"] == code and "KV LIST failed" in body["message"]
+
+
+@pytest.mark.parametrize("method,path,expected", [
+    ("GET", "/v1/responses/resp_0123abcd", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/resp_ffff", "/v1/responses/{response_id}"),
+    ("POST", "/v1/chat/completions", "/v1/chat/completions"),
+    ("POST", "/client/v4/accounts/abc/ai/run/@cf/meta/m", "workers-ai"),
+])
+def test_the_usage_route_is_the_routes_template_not_the_raw_path(method: str, path: str, expected: str) -> None:
+    """Issue 20 (6): every response id was its own route value, so usage could not be grouped."""
+    from edgellm.access.usage import route_name
+
+    assert route_name(Request(method, "https://edge.example" + path)) == expected

@@ -54,15 +54,22 @@ async def test_a_chain_is_the_history_root_first(obj: ConversationObject) -> Non
     assert (await call(obj, "POST", "/responses", record(ids[0], None, "again").to_json())).status == 409
 
 
-async def test_delete_breaks_the_chain_through_it(obj: ConversationObject) -> None:
+async def test_a_deleted_turn_ends_the_history_and_what_get_finds_can_be_continued(obj: ConversationObject) -> None:
+    """Issue 20 (6): continuing from a response whose earlier turn was deleted was a 404 while
+    `GET` of it said 200. As on OpenAI, a response that is still there can be continued; the
+    deleted turn is gone from the history (from every later prompt)."""
     conv = new_conversation_id()
-    first, second = new_response_id(conv), new_response_id(conv)
+    first, second, third = new_response_id(conv), new_response_id(conv), new_response_id(conv)
     await call(obj, "POST", "/responses", record(first, None, "a").to_json())
     await call(obj, "POST", "/responses", record(second, first, "b").to_json())
-    assert (await call(obj, "DELETE", f"/responses/{first}")).status == 200
-    assert (await call(obj, "GET", f"/responses/{first}")).status == 404
-    assert (await call(obj, "GET", f"/chain/{second}")).status == 404
-    assert (await call(obj, "DELETE", f"/responses/{first}")).status == 404
+    await call(obj, "POST", "/responses", record(third, second, "c").to_json())
+    assert (await call(obj, "DELETE", f"/responses/{second}")).status == 200
+    assert (await call(obj, "GET", f"/responses/{second}")).status == 404
+    assert (await call(obj, "GET", f"/chain/{second}")).status == 404  # the id itself: gone
+    assert (await call(obj, "GET", f"/responses/{third}")).status == 200
+    chain = json.loads((await call(obj, "GET", f"/chain/{third}")).body)["chain"]
+    assert [r["id"] for r in chain] == [third]
+    assert (await call(obj, "DELETE", f"/responses/{second}")).status == 404
 
 
 async def test_responses_expire_after_the_ttl(obj: ConversationObject, clock: ManualClock) -> None:

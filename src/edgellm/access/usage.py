@@ -78,10 +78,15 @@ def observe(request: Request, generation: Generation) -> None:
 
 
 def route_name(request: Request) -> str:
+    """The route's template (`/v1/responses/{response_id}`), never the raw path: a path that
+    carries an id would make every request its own value, and usage could not be grouped."""
     path = request.path
     if path.startswith("/client/v4/"):
         return "workers-ai"
-    return path if len(path) <= 64 else path[:64]
+    from ..app import ROUTES  # at call time: the app imports this module
+
+    template = next((r.template for r in ROUTES.routes if request.method in r.methods and r.pattern.match(path)), None)
+    return template if template is not None else "unmatched"
 
 
 def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bool) -> None:

@@ -4,7 +4,8 @@ side of it, a `DurableObjectNamespace` over the `CONVERSATIONS` binding.
 
 Runtime rules from workers-runtime.md: `sql.exec(query, ...bindings)` returns a cursor
 (`toArray()` gives JS objects), SQL needs the SQLite backend (`new_sqlite_classes` in the
-migration), a request to a stub is `await stub.fetch(url, init)` with `to_js` options, and an
+migration), a request goes through the one Durable Object stub (`pyodide_durable`: the SDK's keyword-only
+`stub.fetch(url, method=, headers=, body=)`), and an
 error thrown in the object reaches the caller as an exception (the core turns it into a 503).
 """
 

@@ -14,6 +14,10 @@ from .routing.config import RoutingConfig
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
 MAX_BODY_BYTES = 1024 * 1024
+# The most characters one token covers, with room: the longest token of SmolLM2's 49,152 is 81
+# characters (a newline and 80 spaces); runs of spaces, '#' or '=' are the longest in any
+# byte-level vocabulary. A message past window x this can fill no window.
+MAX_CHARS_PER_TOKEN = 128
 # Workers AI's published prices, USD per million (input, output) tokens; MODEL_PRICES overrides.
 DEFAULT_PRICES = {
     "@cf/meta/llama-2-7b-chat-int8": (0.556, 6.667),
@@ -90,7 +94,6 @@ class Config:
     open_access: bool = False
     cors_origins: tuple[str, ...] = ()  # besides the edge's own origin and localhost
     max_messages: int = 256
-    max_message_chars: int = 64 * 1024
     # USD per million tokens (input, output), for the usage API's estimated cost.
     model_prices: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     # model id -> what it can honour (see capabilities.py); unlisted ids use the backend's word
@@ -106,6 +109,20 @@ class Config:
         resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
         return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
+
+    @property
+    def largest_context_window(self) -> int:
+        """The largest context window of any route: the edge's, or a configured origin's."""
+        return max([self.context_window, *(origin.context_window for origin in self.routing.origins)])
+
+    @property
+    def max_message_chars(self) -> int:
+        """The characters one message (or a prompt) may hold: as many as the largest route's
+        window could take, never more than a body can carry. A fixed 64 KiB once refused, as
+        `message_too_long`, a message a 32k-token origin would have taken. Whether a route can
+        really take a prompt is its token count's question (`context_length_exceeded`), so this
+        bound only has to be one no prompt a route takes can pass: `MAX_CHARS_PER_TOKEN` per token."""
+        return min(self.max_body_bytes, self.largest_context_window * MAX_CHARS_PER_TOKEN)
 
     @property
     def models(self) -> tuple[str, ...]:

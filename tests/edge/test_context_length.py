@@ -12,7 +12,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from edgellm.config import Config
+from edgellm.config import MAX_CHARS_PER_TOKEN, Config
 from edgellm.ports import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.origin_fetch import HttpxFetch
@@ -95,3 +95,45 @@ def test_an_origins_context_refusal_is_context_length_exceeded(routed: Callable[
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": words(1000)}], "max_tokens": 8})
     assert_context_error(response)
     assert "origin central" in response.json()["error"]["message"]
+
+
+# --- the per-message cap follows the routes -------------------------------------------------------
+
+
+def test_a_message_only_an_origin_could_take_reaches_the_origin(routed: Callable[..., Any], origin: OriginProcess) -> None:  # noqa: F811
+    """~100k characters (25k tokens): past the old fixed 64 KiB cap, within a 32k-token origin's
+    window. It is routed (the edge refuses it, the origin is asked), not refused as `message_too_long`."""
+    client, faulty, _ = routed(ORIGINS=[{"name": "central", "url": origin.url, "context_window": 32768}])
+    before = len(origin.generation_requests())
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": words(25_000)}], "max_tokens": 8})
+    assert response.json()["error"]["code"] != "message_too_long"
+    assert len(origin.generation_requests()) == before + 1  # the tiny origin cannot hold it either: its own refusal answers
+    assert_context_error(response)
+
+
+@pytest.mark.parametrize("path, field, param", [("/v1/chat/completions", "messages", "messages[0].content"),
+                                                ("/v1/completions", "prompt", "prompt")])
+def test_the_message_cap_is_the_largest_routes_window_in_characters(
+    start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], origin: OriginProcess, path: str, field: str, param: str,  # noqa: F811
+) -> None:
+    small = Config.from_env({"OPEN_ACCESS": "true", "CONTEXT_WINDOW": "2048"})
+    routed_config = Config.from_env(routing_env(origin, CONTEXT_WINDOW="2048",
+                                                 ORIGINS=[{"name": "central", "url": origin.url, "context_window": 4096}]))
+    assert small.max_message_chars == 2048 * MAX_CHARS_PER_TOKEN < small.max_body_bytes
+    assert routed_config.max_message_chars == 4096 * MAX_CHARS_PER_TOKEN
+    past_small = "x" * (small.max_message_chars + 1)
+
+    def body(text: str) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": text}], "max_tokens": 4} if field == "messages" else {"prompt": text, "max_tokens": 4}
+
+    edge = start_edge(make_deps(config=small))
+    response = httpx.post(edge.url + path, json=body(past_small), timeout=120)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert response.json()["error"]["code"] in ("message_too_long", "prompt_too_long")
+    within = httpx.post(edge.url + path, json=body("x" * small.max_message_chars), timeout=120)
+    assert within.json()["error"]["code"] == "context_length_exceeded"  # taken, and refused by the model's window
+    routed_edge = start_edge(make_deps(config=routed_config, fetch=HttpxFetch(), kv=None))
+    before = len(origin.generation_requests())
+    response = httpx.post(routed_edge.url + path, json=body(past_small), timeout=120)
+    assert response.json()["error"]["code"] == "context_length_exceeded"  # past the edge's cap, within the origin's: routed
+    assert len(origin.generation_requests()) == before + 1

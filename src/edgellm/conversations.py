@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .durable import DurableObjectNamespace
@@ -62,7 +62,9 @@ class StoredResponse:
         return [*self.input, {"role": "assistant", "content": self.output_text}]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        # one level, not `asdict`: its deep copy of `params` (a `text.format` schema) recursed once
+        # per nesting level, a RecursionError for a deep schema after the answer was generated
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["input"] = list(self.input)
         return data
 

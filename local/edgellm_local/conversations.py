@@ -71,6 +71,7 @@ def conversation_factory(directory: Path, config: Config, clock: Clock) -> Any:
 
     def build(name: str) -> ConversationObject:
         file = directory / f"{hashlib.sha256(name.encode()).hexdigest()[:40]}.sqlite3"
-        return LocalConversationObject(SqliteSqlStorage(file), clock, config.conversation_ttl, config.conversation_max_bytes)
+        return LocalConversationObject(SqliteSqlStorage(file), clock, config.conversation_ttl, config.conversation_max_bytes,
+                                       max_chain=config.max_messages)
 
     return build

@@ -28,6 +28,7 @@ from .ports import Clock
 
 DEFAULT_TTL_SECONDS = 30 * 86400
 DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_MAX_CHAIN = 256  # Config.max_messages' default
 _RESPONSE_ID = re.compile(r"^resp_([0-9a-f]{32})([0-9a-f]{16})$")
 _ORIGIN = "https://conversation.internal"
 
@@ -102,6 +103,7 @@ class ConversationObject:
     clock: Clock
     ttl_seconds: int = DEFAULT_TTL_SECONDS
     max_bytes: int = DEFAULT_MAX_BYTES
+    max_chain: int = DEFAULT_MAX_CHAIN  # links walked at most (the message cap: a turn is at least one message)
 
     def __post_init__(self) -> None:
         self.storage.exec(
@@ -119,7 +121,9 @@ class ConversationObject:
             return json_response(record.to_json()) if record else _missing()
         if request.method == "GET" and len(parts) == 2 and parts[0] == "chain":
             chain = self._chain(parts[1])
-            return json_response({"chain": [r.to_json() for r in chain]}) if chain else _missing()
+            if chain == "corrupt":
+                return json_response({"error": "chain_corrupt", "limit": self.max_chain}, status=422)
+            return json_response({"chain": [r.to_json() for r in chain]}) if chain else _missing()  # type: ignore[union-attr]
         if request.method == "DELETE" and len(parts) == 2 and parts[0] == "responses":
             deleted = bool(self.storage.exec("DELETE FROM responses WHERE id = ? RETURNING id", parts[1]))
             return json_response({"deleted": True}) if deleted else _missing()
@@ -135,10 +139,17 @@ class ConversationObject:
         rows = self.storage.exec("SELECT body FROM responses WHERE id = ?", response_id)
         return StoredResponse.from_json(json.loads(rows[0]["body"])) if rows else None
 
-    def _chain(self, response_id: str) -> list[StoredResponse] | None:
+    def _chain(self, response_id: str) -> list[StoredResponse] | None | str:
+        """Root first; None if a link is gone; "corrupt" if the stored links loop or run longer
+        than any conversation can be (each turn holds at least one message, and a history is at
+        most `max_chain` messages): a damaged file must never make the walk endless."""
         chain: list[StoredResponse] = []
+        seen: set[str] = set()
         current: str | None = response_id
         while current is not None:
+            if current in seen or len(chain) >= self.max_chain:
+                return "corrupt"
+            seen.add(current)
             record = self._get(current)
             if record is None:
                 return None
@@ -225,6 +236,10 @@ class ConversationStore:
     async def chain(self, response_id: str) -> list[StoredResponse]:
         """The conversation up to and including `response_id`, root first."""
         response = await self._about(response_id, "GET", f"/chain/{response_id}")
+        if response.status == 422:
+            raise GatewayError(ErrorKind.UPSTREAM, f"The stored conversation of '{response_id}' is damaged: its chain loops or is "
+                               "longer than any conversation can be. Start a new one (omit 'previous_response_id').",
+                               param="previous_response_id", code="conversation_corrupt", retry_after=5)
         return [StoredResponse.from_json(r) for r in json.loads(bytes(response.body))["chain"]]
 
     async def delete(self, response_id: str) -> None:

@@ -5,8 +5,9 @@
   more than `max_header_count` headers or `max_header_bytes` of them is a 431; a declared body
   over the limit is a 413 at once, from `Content-Length`, without reading it.
 - Time: a connection must finish each request head within `head_timeout` (slowloris), each
-  body chunk within `body_timeout`, and may idle `idle_timeout` between requests; at most
-  `max_connections` are open at once (more are closed on accept).
+  body chunk within `body_timeout` and the whole body at `body_min_rate` after that grace, and
+  may idle `idle_timeout` between requests; at most `max_connections` are open at once, and
+  `max_connections_per_client` from one address (more are closed on accept).
 
 Every refusal that leaves unread bytes on the connection says `connection: close`.
 """
@@ -34,6 +35,10 @@ class ServerLimits:
     body_timeout: float = 30.0
     idle_timeout: float = 5.0
     max_connections: int = 512
+    # one client address's share of max_connections: 512 trickling connections from one address
+    # once held every slot, and /healthz went unanswered for all
+    max_connections_per_client: int = 64
+    body_min_rate: float = 1024.0  # bytes/s: a body must arrive within body_timeout + its size / this
     max_request_line: int = 16 * 1024  # with max_header_bytes: how much of a head is read before it must end
 
     @property
@@ -130,6 +135,10 @@ def guarded_protocol(limits: ServerLimits, base: type) -> type:
             if len(self.connections) > limits.max_connections:
                 transport.close()
                 return
+            peer = self.client[0] if self.client else None
+            if peer is not None and sum(1 for c in self.connections if c.client and c.client[0] == peer) > limits.max_connections_per_client:
+                transport.close()
+                return
             self._arm()
 
         def _between_requests(self) -> bool:
@@ -168,13 +177,20 @@ def guarded_protocol(limits: ServerLimits, base: type) -> type:
     return GuardedProtocol
 
 
-async def receive_body(receive: Any, limit: int, timeout: float) -> bytes | Response | None:
+async def receive_body(receive: Any, limit: int, timeout: float, min_rate: float = ServerLimits.body_min_rate) -> bytes | Response | None:
     """The request body, a refusal (too slow, too large: answered before reading the rest), or
-    None when the client left."""
+    None when the client left. Slow means a chunk not within `timeout`, or the whole body not
+    within `timeout` + its size / `min_rate` (a trickle of a byte every few seconds would pass
+    any per-chunk timeout and hold the connection for ever)."""
     chunks, size, more = [], 0, True
+    loop = asyncio.get_running_loop()
+    start = loop.time()
     while more:
+        remaining = min(timeout, start + timeout + size / min_rate - loop.time())
         try:
-            message = await asyncio.wait_for(receive(), timeout)
+            if remaining <= 0:
+                raise asyncio.TimeoutError
+            message = await asyncio.wait_for(receive(), remaining)
         except asyncio.TimeoutError:
             return body_timed_out()
         if message["type"] == "http.disconnect":

@@ -154,7 +154,7 @@ class EdgeApp:
         await self._send(encoded(response, request, compress=self.compress), send)
 
     async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | Response | None:
-        body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits.body_timeout)
+        body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits.body_timeout, self.limits.body_min_rate)
         if body is None or isinstance(body, Response):
             return body
         path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .durable import DurableObjectNamespace
@@ -29,6 +29,10 @@ from .ports import Clock
 DEFAULT_TTL_SECONDS = 30 * 86400
 DEFAULT_MAX_BYTES = 1024 * 1024
 PENDING_SECONDS = 3600.0  # how long a response being generated (or deleted while it was) is remembered
+# Links a chain walk follows at most. `truncation: "auto"` lets a conversation outgrow the message
+# cap (its oldest turns leave the prompt, not the store), so the bound is far above any prompt and
+# only keeps a damaged file (a loop is caught by the ids seen) from an endless or huge walk.
+DEFAULT_MAX_CHAIN = 4096
 _RESPONSE_ID = re.compile(r"^resp_([0-9a-f]{32})([0-9a-f]{16})$")
 _ORIGIN = "https://conversation.internal"
 
@@ -63,7 +67,9 @@ class StoredResponse:
         return [*self.input, {"role": "assistant", "content": self.output_text}]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        # one level, not `asdict`: its deep copy of `params` (a `text.format` schema) recursed once
+        # per nesting level, a RecursionError for a deep schema after the answer was generated
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
         data["input"] = list(self.input)
         return data
 
@@ -102,6 +108,7 @@ class ConversationObject:
     clock: Clock
     ttl_seconds: int = DEFAULT_TTL_SECONDS
     max_bytes: int = DEFAULT_MAX_BYTES
+    max_chain: int = DEFAULT_MAX_CHAIN  # links a chain walk follows at most (see DEFAULT_MAX_CHAIN)
 
     def __post_init__(self) -> None:
         self.storage.exec(
@@ -123,7 +130,9 @@ class ConversationObject:
             return json_response(record.to_json()) if record else _missing()
         if request.method == "GET" and len(parts) == 2 and parts[0] == "chain":
             chain = self._chain(parts[1])
-            return json_response({"chain": [r.to_json() for r in chain]}) if chain else _missing()
+            if chain == "corrupt":
+                return json_response({"error": "chain_corrupt", "limit": self.max_chain}, status=422)
+            return json_response({"chain": [r.to_json() for r in chain]}) if chain else _missing()  # type: ignore[union-attr]
         if request.method == "POST" and len(parts) == 2 and parts[0] == "pending":
             self.storage.exec("INSERT OR REPLACE INTO pending (id, expires_at) VALUES (?, ?)", parts[1], self.clock.now() + PENDING_SECONDS)
             return json_response({"pending": parts[1]}, status=201)
@@ -148,10 +157,16 @@ class ConversationObject:
         rows = self.storage.exec("SELECT body FROM responses WHERE id = ?", response_id)
         return StoredResponse.from_json(json.loads(rows[0]["body"])) if rows else None
 
-    def _chain(self, response_id: str) -> list[StoredResponse] | None:
+    def _chain(self, response_id: str) -> list[StoredResponse] | None | str:
+        """Root first; None if a link is gone; "corrupt" if the stored links loop or run longer
+        than `max_chain` links: a damaged file must never make the walk endless."""
         chain: list[StoredResponse] = []
+        seen: set[str] = set()
         current: str | None = response_id
         while current is not None:
+            if current in seen or len(chain) >= self.max_chain:
+                return "corrupt"
+            seen.add(current)
             record = self._get(current)
             if record is None:  # the id itself: 404; a turn further back deleted: history from after it
                 if not chain:
@@ -254,6 +269,10 @@ class ConversationStore:
     async def chain(self, response_id: str) -> list[StoredResponse]:
         """The conversation up to and including `response_id`, root first."""
         response = await self._about(response_id, "GET", f"/chain/{response_id}")
+        if response.status == 422:
+            raise GatewayError(ErrorKind.UPSTREAM, f"The stored conversation of '{response_id}' is damaged: its chain loops or is "
+                               "longer than any conversation can be. Start a new one (omit 'previous_response_id').",
+                               param="previous_response_id", code="conversation_corrupt", retry_after=5)
         return [StoredResponse.from_json(r) for r in json.loads(bytes(response.body))["chain"]]
 
     async def delete(self, response_id: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from .errors import invalid
 from .generation import ToolCallDelta
+from .schema_bounds import check_schema
 from .validation import as_bool, as_int
 
 MAX_TOOLS = 128
@@ -48,20 +49,25 @@ def parse_response_format(value: Any, *, openai_shape: bool) -> dict[str, Any] |
     if kind == "text":
         return None
     if kind == "json_object":
+        if fmt.get("schema") is not None:  # llama.cpp's spelling of a schema'd JSON mode: checked and honoured, never dropped
+            check_schema(fmt["schema"], "response_format.schema")
+            return {"type": "json_schema", "json_schema": fmt["schema"]}
         return {"type": "json_object"}
     if kind != "json_schema":
         raise invalid(f"'response_format.type' must be one of 'text', 'json_object', 'json_schema'; got {kind!r}.",
                       "response_format", "invalid_value")
     spec = fmt.get("json_schema")
     if not openai_shape:
-        return {"type": "json_schema", "json_schema": _object(spec, "response_format.json_schema")}
+        check_schema(spec, "response_format.json_schema")
+        return {"type": "json_schema", "json_schema": spec}
     spec = _object(spec, "response_format.json_schema")
     name = spec.get("name")
     if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
         raise invalid("'response_format.json_schema.name' is required: 1-64 letters, digits, '_' or '-'.",
                       "response_format", "invalid_value")
     schema = spec.get("schema", {})
-    return {"type": "json_schema", "json_schema": _object(schema, "response_format.json_schema.schema")}
+    check_schema(schema, "response_format.json_schema.schema")
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def _function(tool: Any, where: str) -> dict[str, Any]:
@@ -83,7 +89,8 @@ def _function(tool: Any, where: str) -> dict[str, Any]:
             raise invalid(f"'{where}.function.description' must be a string.", where, "invalid_type")
         function["description"] = spec["description"]
     if spec.get("parameters") is not None:
-        function["parameters"] = _object(spec["parameters"], f"{where}.function.parameters")
+        check_schema(spec["parameters"], f"{where}.function.parameters")
+        function["parameters"] = spec["parameters"]
     return {"type": "function", "function": function}
 
 

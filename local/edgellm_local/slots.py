@@ -301,7 +301,7 @@ class SlotPool:
             result = await self._action(slot, "save", path.name)
         except Exception as exc:
             log.warning("could not save the slot state of a conversation: %s", exc)
-            path.unlink(missing_ok=True)
+            _remove(path)
             return
         if not path.is_file():
             return
@@ -333,7 +333,7 @@ class SlotPool:
                                                   self._action(slot, "restore", path.name), return_exceptions=True)
             ok = (intact is True and isinstance(loaded, dict)
                   and int(loaded.get("n_restored") or 0) == saved.tokens)
-        path.unlink(missing_ok=True)  # used once: the slot holds it now, and saves again on eviction
+        _remove(path)  # used once: the slot holds it now, and saves again on eviction
         if ok:
             self.stats.restores += 1
         else:
@@ -357,3 +357,12 @@ class SlotPool:
             "disk_budget": self.disk_budget,
             **self.stats.to_json(),
         }
+
+
+def _remove(path: Path) -> None:
+    """Remove a state file, or whatever took its place (a directory made at its name is damage
+    too: refused like the others, never a 502 naming an internal path)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

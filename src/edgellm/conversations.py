@@ -203,7 +203,8 @@ def _missing() -> Response:
 
 
 def _unavailable(exc: BaseException | str) -> GatewayError:
-    return GatewayError(ErrorKind.UNAVAILABLE, f"The conversation store is unavailable: {exc}", code="conversation_store_unavailable", retry_after=5)
+    # the exception's text (paths, internal names) is not the caller's to read: it stays in the chained cause
+    return GatewayError(ErrorKind.UNAVAILABLE, "The conversation store is unavailable; retry shortly.", code="conversation_store_unavailable", retry_after=5)
 
 
 def not_found(response_id: str) -> GatewayError:

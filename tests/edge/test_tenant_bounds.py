@@ -134,3 +134,31 @@ def test_minus_zero_and_zero_temperature_share_a_cache_key(edge) -> None:
     second = httpx.post(edge.url + "/v1/chat/completions", json={**Q, "temperature": 0}, timeout=60)
     assert second.headers["x-edgellm-cache-key"] == first.headers["x-edgellm-cache-key"]
     assert second.headers["cf-aig-cache-status"] == "HIT"
+
+
+class BrokenKV:
+    """A KV binding whose reads fail with an internal-looking message (a fault at the binding seam)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        from edgellm.ports import BindingError
+
+        if key.startswith("access/keys/"):
+            raise BindingError("sqlite3.OperationalError: unable to open /srv/internal/kv.sqlite3")
+        return await self.inner.get(key, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_failing_dependency_never_echoes_its_internal_text(start_edge, make_deps, clock) -> None:
+    base = make_deps(config=Config(admin_token=ADMIN), clock=clock)
+    made = new_key("acme", clock.now())
+    asyncio.run(KeyRing(base.kv).put(made.record))
+    server = start_edge(replace(base, kv=BrokenKV(base.kv)))
+    refused = chat(server, made.api_key)
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
+    message = refused.json()["error"]["message"]
+    assert "/srv/internal" not in message and "sqlite3" not in message and "OperationalError" not in message, message

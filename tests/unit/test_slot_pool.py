@@ -102,7 +102,7 @@ async def evict(pooled: LlamaCppAI, reference: LlamaCppAI, *names: str) -> None:
         await Conversation(name).turn(pooled, reference, 0)
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "foreign", "truncated", "missing"])
+@pytest.mark.parametrize("damage", ["corrupt", "foreign", "truncated", "missing", "directory"])
 async def test_a_damaged_or_foreign_state_file_is_refused(
     pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool, damage: str,
 ) -> None:
@@ -120,9 +120,13 @@ async def test_a_damaged_or_foreign_state_file_is_refused(
         target.path.write_bytes(other.path.read_bytes())
     elif damage == "truncated":
         target.path.write_bytes(data[: len(data) - 100])
+    elif damage == "directory":  # the file replaced by a directory of its name
+        target.path.unlink()
+        target.path.mkdir()
+        (target.path / "inside").write_bytes(b"x")
     else:
         target.path.unlink()
-    damaged = target.path.read_bytes() if target.path.exists() else None
+    damaged = target.path.read_bytes() if target.path.is_file() else None
     seen = await a.turn(pooled, reference, 1)  # the text is still right: computed in full
     assert seen["cached"] == 0
     assert pool.stats.refused == 1 and pool.stats.restores == 0

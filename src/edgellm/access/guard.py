@@ -76,7 +76,8 @@ async def _record(deps: Deps, key_id: str) -> KeyRecord | None:
     try:
         record = await KeyRing(deps.kv).get(key_id)
     except (BindingError, ValueError) as exc:
-        raise GatewayError(ErrorKind.UNAVAILABLE, f"Keys cannot be checked now: {exc}", code="keys_unavailable", retry_after=5) from exc
+        deps.log.warning("key record read failed: %s", exc)  # the detail is the operator's, never the caller's
+        raise GatewayError(ErrorKind.UNAVAILABLE, "Keys cannot be checked now; retry shortly.", code="keys_unavailable", retry_after=5) from exc
     access.keys.put(key_id, record, now)
     return record
 

@@ -298,20 +298,27 @@ class LlamaCppAI:
             raise InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)") from exc
         return runner, kind, body
 
-    async def _lease(self, session: str | None, body: dict[str, Any]) -> SlotLease | None:
+    @property
+    def scoped_prefix_reuse(self) -> bool:
+        """Requests without a session reuse the prompt prefix their tenant's earlier requests
+        left in a slot (`prefix_scope`): with a slot pool, which keeps tenants apart."""
+        return self.slots is not None
+
+    async def _lease(self, session: str | None, body: dict[str, Any], scope: str | None = None) -> SlotLease | None:
         if self.slots is None:
             return None
-        lease = await self.slots.acquire(session)
+        lease = await self.slots.acquire(session, scope)
         body.update(id_slot=lease.slot, cache_prompt=True)
         return lease
 
-    async def _admitted_lease(self, runner: LlamaCppRunner, session: str | None, body: dict[str, Any]) -> SlotLease | None:
+    async def _admitted_lease(self, runner: LlamaCppRunner, session: str | None, body: dict[str, Any],
+                              scope: str | None = None) -> SlotLease | None:
         """A place in the runner's queue, then a slot (which may mean waiting for one): the queue's
         bound counts the requests waiting for a slot, so a flood is refused at once, not queued.
         The place is released when the generation's events end or are closed (_stream_events)."""
         runner.admit()
         try:
-            return await self._lease(session, body)
+            return await self._lease(session, body, scope)
         except BaseException:
             runner.release()
             raise
@@ -339,7 +346,8 @@ class LlamaCppAI:
         if "messages" in body:
             body["messages"] = defuse_messages(body["messages"], runner.special_pattern)
 
-    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
+    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None,
+                  prefix_scope: str | None = None) -> dict[str, Any]:
         """The whole answer, generated through llama.cpp's streaming callback so that cancelling
         this (a client that left before its JSON answer) stops the generation at its next token."""
         runner, kind, body = self._prepare(model, inputs)
@@ -349,7 +357,7 @@ class LlamaCppAI:
         parts: list[str] = []
         usage: dict[str, Any] = {}
         logprobs: list[dict[str, Any]] = []
-        lease = await self._admitted_lease(runner, session, body)
+        lease = await self._admitted_lease(runner, session, body, prefix_scope)
         then = None
         try:
             events = _stream_events(runner, kind, body)
@@ -375,12 +383,13 @@ class LlamaCppAI:
             out["logprobs"] = logprobs
         return out
 
-    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None,
+                     prefix_scope: str | None = None) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
         self._as_text(runner, body)  # after the structure: tool descriptions and past calls become message text
         body.update(stream=True, stream_options={"include_usage": True})
-        lease = await self._admitted_lease(runner, session, body)
+        lease = await self._admitted_lease(runner, session, body, prefix_scope)
         events = _stream_events(runner, kind, body)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)

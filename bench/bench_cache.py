@@ -25,7 +25,7 @@ import time
 
 import httpx
 
-from bench.edge_process import running_edge
+from bench.edge_process import cpu_seconds, running_edge
 
 BODY = {
     "messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper and a storm."}],
@@ -113,7 +113,92 @@ async def compare_servers(args: argparse.Namespace, rounds: int = 6) -> None:
           f"{percentile(latencies['fast'], 50) * 1000:.2f} ms vs {percentile(latencies['baseline'], 50) * 1000:.2f} ms")
 
 
+async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
+    """Issue 26: HIT and `/healthz` p50 on an edge running `--before` (another version's code, e.g.
+    `git archive <commit> src local`) beside one running this checkout, in alternating rounds, then
+    a long run of HITs at concurrency on both (alternating windows), each window's p50 printed: the
+    per-request usage INSERT grew slower with the table; the batched writer does not."""
+    kinds = ("before", "after")
+    with contextlib.ExitStack() as stack:
+        pids: dict[str, int] = {}
+        urls = {"before": stack.enter_context(running_edge(code=args.before, pids=pids)), "after": stack.enter_context(running_edge(pids=pids))}
+        pid = {kind: pids[url] for kind, url in urls.items()}
+        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+        clients = {kind: httpx.AsyncClient(base_url=url, timeout=300, limits=limits) for kind, url in urls.items()}
+        try:
+            for client in clients.values():
+                (await client.post("/v1/chat/completions", json=SERVER_BODY)).raise_for_status()
+            await asyncio.sleep(0.5)  # let the write-behinds land
+            for client in clients.values():
+                await sequential(client, 20, "POST", "/v1/chat/completions", "HIT", json=SERVER_BODY)  # warm up
+            hit: dict[str, list[float]] = {k: [] for k in kinds}
+            fixed: dict[str, list[float]] = {k: [] for k in kinds}
+            rates: dict[str, list[float]] = {k: [] for k in kinds}
+            fixed_rates: dict[str, list[float]] = {k: [] for k in kinds}
+            cpu: dict[tuple[str, str], float] = {(k, what): 0.0 for k in kinds for what in ("hit", "fixed")}
+            n = args.hits // rounds
+            for i in range(rounds):
+                for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                    c = clients[kind]
+                    spent = cpu_seconds(pid[kind])
+                    hit[kind] += await sequential(c, n, "POST", "/v1/chat/completions", "HIT", json=SERVER_BODY)
+                    rates[kind].append(await throughput(c, n * 2, args.concurrency, "POST", "/v1/chat/completions", json=SERVER_BODY))
+                    cpu[kind, "hit"] += cpu_seconds(pid[kind]) - spent
+                    spent = cpu_seconds(pid[kind])
+                    fixed[kind] += await sequential(c, n, "GET", "/healthz", None)
+                    fixed_rates[kind].append(await throughput(c, n * 2, args.concurrency, "GET", "/healthz"))
+                    cpu[kind, "fixed"] += cpu_seconds(pid[kind]) - spent
+            print(f"\nHIT beside /healthz, before ({args.before}) and after (this checkout), same run, {rounds} alternating rounds:")
+            print(f"{'':<22}{'n':>6}{'p50 ms':>12}{'p99 ms':>12}{'req/s':>10}")
+            for kind in kinds:
+                print(row(f"{kind}: HIT", hit[kind], statistics.median(rates[kind])))
+                print(row(f"{kind}: /healthz", fixed[kind], statistics.median(fixed_rates[kind])))
+            per = 1000 / (n * 3 * rounds)  # ms of the edge's CPU per request (its threads included)
+            for kind in kinds:
+                print(f"{kind}: edge CPU per request: HIT {cpu[kind, 'hit'] * per:.3f} ms, /healthz {cpu[kind, 'fixed'] * per:.3f} ms "
+                      f"({cpu[kind, 'hit'] / cpu[kind, 'fixed']:.2f}x)")
+            for kind in kinds:
+                print(f"{kind}: HIT p50 / /healthz p50 = {percentile(hit[kind], 50) / percentile(fixed[kind], 50):.2f}x (target <= 1.3x); "
+                      f"HIT req/s / /healthz req/s = {statistics.median(rates[kind]) / statistics.median(fixed_rates[kind]):.2f}x")
+            if args.long:
+                window = max(1000, args.long // 10)
+                print(f"\nlong run: {args.long} HITs per edge at concurrency {args.concurrency}, windows of {window}, alternating; p50 ms per window:")
+                p50s: dict[str, list[float]] = {k: [] for k in kinds}
+                cpus: dict[str, list[float]] = {k: [] for k in kinds}
+                for i in range(args.long // window):
+                    for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                        spent = cpu_seconds(pid[kind])
+                        p50s[kind].append(percentile(await concurrent_latencies(clients[kind], window, args.concurrency), 50) * 1000)
+                        cpus[kind].append((cpu_seconds(pid[kind]) - spent) * 1000 / window)
+                for kind in kinds:
+                    print(f"{kind:<8} p50 ms " + " ".join(f"{v:6.2f}" for v in p50s[kind])
+                          + f"   last/first window: {p50s[kind][-1] / p50s[kind][0]:.2f}x")
+                    print(f"{kind:<8} CPU ms " + " ".join(f"{v:6.3f}" for v in cpus[kind])
+                          + f"   last/first window: {cpus[kind][-1] / cpus[kind][0]:.2f}x")
+        finally:
+            for client in clients.values():
+                await client.aclose()
+
+
+async def concurrent_latencies(client: httpx.AsyncClient, total: int, concurrency: int) -> list[float]:
+    """Each request's latency while `concurrency` clients send `total` HITs."""
+    queue, samples = list(range(total)), []
+
+    async def worker() -> None:
+        while queue:
+            queue.pop()
+            elapsed, response = await timed(client, "POST", "/v1/chat/completions", json=SERVER_BODY)
+            response.raise_for_status()
+            samples.append(elapsed)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return samples
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.before:
+        await compare_code(args)
+        return
     if args.servers_only:
         await compare_servers(args)
         return
@@ -149,4 +234,6 @@ if __name__ == "__main__":
     parser.add_argument("--hits", type=int, default=400)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--servers-only", action="store_true", help="only the baseline/fast server comparison")
+    parser.add_argument("--before", metavar="DIR", help="compare with another version's code (a dir with its src/ and local/), side by side")
+    parser.add_argument("--long", type=int, default=0, metavar="N", help="with --before: N HITs per edge in a long run, p50 per window")
     asyncio.run(main(parser.parse_args()))

@@ -326,14 +326,21 @@ class LlamaCppAI:
             raise InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)") from exc
         return runner, kind, body
 
-    async def _lease(self, session: str | None, body: dict[str, Any]) -> SlotLease | None:
+    @property
+    def scoped_prefix_reuse(self) -> bool:
+        """Requests without a session reuse the prompt prefix their tenant's earlier requests
+        left in a slot (`prefix_scope`): with a slot pool, which keeps tenants apart."""
+        return self.slots is not None
+
+    async def _lease(self, session: str | None, body: dict[str, Any], scope: str | None = None) -> SlotLease | None:
         if self.slots is None:
             return None
-        lease = await self.slots.acquire(session)
+        lease = await self.slots.acquire(session, scope)
         body.update(id_slot=lease.slot, cache_prompt=True)
         return lease
 
-    async def _admitted_lease(self, runner: LlamaCppRunner, session: str | None, body: dict[str, Any], tenant: str | None) -> SlotLease | None:
+    async def _admitted_lease(self, runner: LlamaCppRunner, session: str | None, body: dict[str, Any], tenant: str | None,
+                              scope: str | None = None) -> SlotLease | None:
         """A place in the runner's queue, then a slot (which may mean waiting for one): the queue's
         bound counts the requests waiting for a slot, so a flood is refused at once, not queued,
         and a request that finds no slot within `start_timeout` is refused then (3040, a 503).
@@ -341,7 +348,7 @@ class LlamaCppAI:
         runner.admit(tenant)
         try:
             async with asyncio.timeout(runner.start_timeout):  # in this task: the lease stays this request's
-                return await self._lease(session, body)
+                return await self._lease(session, body, scope)
         except TimeoutError:
             runner.release(tenant)
             raise CapacityExceeded(f"3040: Capacity temporarily exceeded: no slot was free within {runner.start_timeout:g} s, please try again.") from None
@@ -372,7 +379,8 @@ class LlamaCppAI:
         if "messages" in body:
             body["messages"] = defuse_messages(body["messages"], runner.special_pattern)
 
-    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
+    async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None,
+                  prefix_scope: str | None = None) -> dict[str, Any]:
         """The whole answer, generated through llama.cpp's streaming callback so that cancelling
         this (a client that left before its JSON answer) stops the generation at its next token."""
         runner, kind, body = self._prepare(model, inputs)
@@ -383,7 +391,7 @@ class LlamaCppAI:
         usage: dict[str, Any] = {}
         logprobs: list[dict[str, Any]] = []
         tenant = admitted_tenant()
-        lease = await self._admitted_lease(runner, session, body, tenant)
+        lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
         then = None
         try:
             events = _stream_events(runner, kind, body, tenant)
@@ -409,14 +417,15 @@ class LlamaCppAI:
             out["logprobs"] = logprobs
         return out
 
-    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None,
+                     prefix_scope: str | None = None) -> AsyncIterator[dict[str, Any]]:
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
         self._as_text(runner, body)  # after the structure: tool descriptions and past calls become message text
         # timings on every chunk: the prompt's tokens are known from the first one (a stream cut by a stop sequence says them)
         body.update(stream=True, stream_options={"include_usage": True}, timings_per_token=True)
         tenant = admitted_tenant()
-        lease = await self._admitted_lease(runner, session, body, tenant)
+        lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
         events = _stream_events(runner, kind, body, tenant)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)

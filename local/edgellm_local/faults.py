@@ -82,6 +82,10 @@ class FaultyAI:
     def describe(self, model: str) -> dict[str, Any] | None:
         return self.inner.describe(model)
 
+    @property
+    def scoped_prefix_reuse(self) -> bool:
+        return bool(getattr(self.inner, "scoped_prefix_reuse", False))
+
     def _roll(self, kind: str, model: str) -> bool:
         if self.plan.models and model not in self.plan.models:
             return False

@@ -6,10 +6,12 @@ llama.cpp reuses the longest common token prefix between a slot's cache and a ne
 A slot changing hands is saved first (llama.cpp's `POST /slots/{id}?action=save`, answered by
 the in-process server's loopback HTTP API; its Python `handle_*` methods have no slot
 actions) and erased or overwritten by the next owner's saved state, so one conversation's
-cache never serves another's prompt; a request without a session is nobody's continuation
-and starts from an empty slot too (prefix reuse needs a session, as on Workers AI). A saved
-file is restored only into the conversation that wrote it, from this process and this model (the
-GGUF, its context size and its chat template: `model_identity`),
+cache never serves another's prompt. A request without a session is nobody's continuation, but
+it may reuse the prompt prefix an earlier sessionless request of its own tenant left in a slot
+(`scope`: the chat template's opening, a shared system prompt), as llama.cpp's server does for
+everyone; a slot is erased before it serves another tenant's, so one tenant's prompts never warm
+(nor time) another's. A saved file is restored only into the conversation that wrote it, from
+this process and this model (the GGUF, its context size and its chat template: `model_identity`),
 and only if its BLAKE3 digest is the one recorded when it was written: a stale, corrupted or
 foreign file is refused (and deleted), and the turn is computed in full instead. Neither digest
 waits in a request's path: the saved file is hashed in the background (its digest is needed only
@@ -91,6 +93,7 @@ class SlotStats:
     restores: int = 0
     refused: int = 0
     prepared: int = 0  # slots made ready for their conversation's next turn as a generation ended
+    scoped: int = 0  # requests without a session that found their tenant's earlier prompt in the slot
     dropped: int = 0  # saved states deleted to stay within the disk budget
 
     def to_json(self) -> dict[str, int]:
@@ -139,6 +142,7 @@ class SlotPool:
     stats: SlotStats = field(default_factory=SlotStats)
     directory: Path = field(init=False)
     _owners: list[str | None] = field(default_factory=list, init=False, repr=False)
+    _scopes: list[str | None] = field(default_factory=list, init=False, repr=False)  # the tenant whose sessionless prompt a slot holds
     _busy: set[int] = field(default_factory=set, init=False, repr=False)
     _used: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _saved: "OrderedDict[str, SavedState]" = field(default_factory=OrderedDict, init=False, repr=False)
@@ -160,6 +164,7 @@ class SlotPool:
         shutil.rmtree(self.directory, ignore_errors=True)  # never trust a previous process's files
         self.directory.mkdir(parents=True, exist_ok=True)
         self._owners = [None] * self.runner.n_parallel
+        self._scopes = [None] * self.runner.n_parallel
 
     @property
     def model_id(self) -> str:
@@ -183,14 +188,15 @@ class SlotPool:
     def file_for(self, session: str) -> Path:
         return self.directory / f"{hashlib.sha256(session.encode()).hexdigest()[:40]}.slot"
 
-    async def acquire(self, session: str | None) -> SlotLease:
-        """A slot for this session (or for an anonymous request), restored if it was saved.
+    async def acquire(self, session: str | None, scope: str | None = None) -> SlotLease:
+        """A slot for this session (or for an anonymous request of tenant `scope`), restored if
+        it was saved.
 
         Choosing is synchronous on the event loop (no lock needed); a request that finds no slot
         waits on a future of its own, which `release` resolves from outside any request, as a
         runtime's queue would (the local edge's loop refuses one request resolving another's).
         """
-        while (slot := self._choose(session)) is None:
+        while (slot := self._choose(session, scope)) is None:
             self._queued += 1
             try:
                 await self._next_release()
@@ -202,15 +208,16 @@ class SlotPool:
         if session is not None:
             self._claiming.add(session)  # owner of `slot` only once it is prepared (a save may come first)
         try:
-            return await self._prepare(slot, previous, session)
+            return await self._prepare(slot, previous, session, scope)
         except BaseException:
             self._owners[slot] = None
+            self._scopes[slot] = None  # what the slot holds is unknown: the next request erases it
             await self.release(slot)
             raise
         finally:
             self._claiming.discard(session)  # type: ignore[arg-type]
 
-    def _choose(self, session: str | None) -> int | None:
+    def _choose(self, session: str | None, scope: str | None = None) -> int | None:
         if session is not None and session in self._claiming:
             return None  # a slot is being prepared for it: its next turn waits for that one
         if session is not None and session in self._owners:
@@ -220,9 +227,15 @@ class SlotPool:
         if not idle:
             return None
         free = [s for s in idle if self._owners[s] is None]
+        if session is None and scope is not None:  # the slot its tenant's last sessionless prompt is in
+            free = [s for s in free if self._scopes[s] == scope] or free
         return min(free or idle, key=lambda s: self._used.get(s, -1))
 
-    async def _prepare(self, slot: int, previous: str | None, session: str | None) -> SlotLease:
+    async def _prepare(self, slot: int, previous: str | None, session: str | None, scope: str | None = None) -> SlotLease:
+        held, self._scopes[slot] = self._scopes[slot], (scope if session is None else None)
+        if previous is None and session is None and scope is not None and held == scope:
+            self.stats.scoped += 1  # its tenant's own earlier prompt: llama.cpp reuses the common prefix
+            return SlotLease(slot, None, warm=True)
         if previous is not None and previous == session:
             self.stats.warm += 1
             self._drop(session)  # a copy written behind is outgrown by this turn
@@ -236,8 +249,7 @@ class SlotPool:
                 return SlotLease(slot, session, restored=True)
             await self._action(slot, "erase")
             return SlotLease(slot, session, refused=True)
-        # Nothing of another conversation stays in the slot, and a request without a session
-        # is nobody's continuation: it starts from an empty cache too.
+        # Nothing of another conversation, or of another tenant's sessionless prompt, stays in the slot.
         await self._action(slot, "erase")
         return SlotLease(slot, session)
 

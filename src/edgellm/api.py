@@ -61,6 +61,8 @@ async def serve_generation(
 ) -> Response:
     await access.admit_generation(request, deps, gen_request)
     enforce_capabilities(deps, gen_request)
+    if gen_request.session is None and request.principal is not None:
+        gen_request = replace(gen_request, prefix_scope=request.principal.tenant)
     generation = await cached_generation(deps, request, gen_request)
     access.observe(request, generation)
     generation.system_fingerprint = system_fingerprint(deps, generation.model)

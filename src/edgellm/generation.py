@@ -119,6 +119,9 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     session: str | None = None  # keeps the model's KV cache warm across turns (x-session-affinity); never part of the cache key
+    # Without a session: whose earlier prompts the model may reuse the prefix of (the caller's
+    # tenant: reuse is timing-visible, so never across tenants); never part of the cache key
+    prefix_scope: str | None = None
 
     @property
     def max_tokens(self) -> int:

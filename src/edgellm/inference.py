@@ -51,7 +51,10 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
     """Start generating on the first model that accepts the request."""
     last: BindingError | None = None
     # A session goes to the binding only when there is one: bindings without sessions need not know the option.
-    options = {"session": request.session} if request.session else {}
+    # Without one, a binding that reuses prompt prefixes per scope (the local edge's slots) is told the tenant.
+    options: dict[str, str] = {"session": request.session} if request.session else {}
+    if not request.session and request.prefix_scope and getattr(deps.ai, "scoped_prefix_reuse", False):
+        options = {"prefix_scope": request.prefix_scope}
     for model in capable_models(deps, request):
         try:
             seen = PromptSeen()

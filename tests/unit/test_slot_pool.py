@@ -209,6 +209,24 @@ async def test_a_request_without_a_session_never_starts_from_another_ones_cache(
         assert result["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+async def test_requests_without_a_session_reuse_their_own_tenants_prefix_never_anothers(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    """Issue 26: a tenant's sessionless requests reuse the prompt prefix its earlier ones left in
+    a slot (llama.cpp's `cache_prompt`), and a slot is erased before another tenant's request
+    uses it, so the same prompt from tenant c, landing on the slot a's prompt is in, computes all."""
+    body = {"messages": [{"role": "user", "content": "the same long question, asked by several tenants"}], **SAMPLING}
+
+    async def cached(scope: str) -> int:
+        return (await pooled.run(MODEL, body, prefix_scope=scope))["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert await cached("a") == 0
+    assert await cached("a") > 0  # its own earlier prompt
+    assert await cached("b") == 0  # the other slot, empty
+    assert await cached("c") == 0  # a's slot (the least recently used), erased first
+    assert await cached("b") > 0
+    assert await cached("a") == 0  # c's slot now: erased again
+    assert pool.stats.scoped == 2
+
+
 def test_requests_waiting_for_a_slot_share_no_io_under_request_isolation(pooled_runner: LlamaCppRunner) -> None:
     """Five requests from five sessions on 2 slots, each in its own request context on the local
     edge's isolating loop: three must wait, and are woken without one request resolving another's future."""

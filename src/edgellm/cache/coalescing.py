@@ -169,8 +169,8 @@ class FlightOrder:
     def encode(self) -> bytes:
         r = self.request
         return json_bytes({"model": r.model, "inputs": r.inputs, "stop": list(r.stop), "stream": r.stream,
-                           "include_usage": r.include_usage, "session": r.session, "kv_key": self.kv_key, "write": self.write, "ttl": self.ttl,
-                           "plan": self.plan.to_json()})
+                           "include_usage": r.include_usage, "session": r.session, "prefix_scope": r.prefix_scope,
+                           "kv_key": self.kv_key, "write": self.write, "ttl": self.ttl, "plan": self.plan.to_json()})
 
     @classmethod
     def decode(cls, data: bytes) -> "FlightOrder":
@@ -178,7 +178,8 @@ class FlightOrder:
         request = GenerationRequest(obj["model"], obj["inputs"], tuple(obj["stop"]), stream=bool(obj["stream"]),
                                     include_usage=bool(obj.get("include_usage")),
                                     # the first asker's session warms the model's cache (never part of the key)
-                                    session=str(obj["session"]) if obj.get("session") else None)
+                                    session=str(obj["session"]) if obj.get("session") else None,
+                                    prefix_scope=str(obj["prefix_scope"]) if obj.get("prefix_scope") else None)
         return cls(request, str(obj["kv_key"]), bool(obj["write"]), int(obj["ttl"]), FlightPlan.from_json(obj.get("plan")))
 
 

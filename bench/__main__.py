@@ -1,7 +1,7 @@
 """`python -m bench`: run every benchmark in turn, each printing its figures and ratios.
 
 Each one also runs alone: `python -m bench.bench_gateway`, `bench.bench_cache`,
-`bench.bench_artifacts`, `bench.bench_browser`, `bench.bench_routing`, `bench.bench_conversations`,
+`bench.bench_artifacts`, `bench.bench_browser`, `bench.bench_device`, `bench.bench_routing`, `bench.bench_conversations`,
 `bench.bench_coalescing`, `bench.bench_abuse`.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_coalescing", "bench.bench_artifacts", "bench.bench_browser",
+BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_coalescing", "bench.bench_artifacts", "bench.bench_browser", "bench.bench_device",
               "bench.bench_routing", "bench.bench_conversations", "bench.bench_abuse")
 
 

@@ -1,0 +1,324 @@
+"""The device tier in headless Chromium against a local edge serving SmolLM2 (the default model)
+from its R2 and answering with the same GGUF through llama.cpp: the page downloads the shards,
+verifies each one, answers on the device with the edge's own greedy text, starts a second visit
+from the browser's cache without fetching a shard, refuses a shard with a flipped byte by name,
+stops clearly on a 404 or a manifest that disagrees with its blob, and falls back to the edge
+when the device path is unavailable or declined. No request leaves the host."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+from playwright.async_api import Browser, BrowserContext, Page, Request, expect
+
+from edgellm.config import Config
+from edgellm.ports import BlobStore, R2Conditional, R2Object, R2Range
+from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, default_model_path
+from edgellm_local.server import EdgeServer
+
+from .conftest import BROWSER_LOOP, DESKTOP, PUBLISHED_NAME, _shoot
+
+pytestmark = BROWSER_LOOP
+
+LOAD_TIMEOUT = 240_000  # 98 MB downloaded, hashed and loaded on two shared cores
+ANSWER_TIMEOUT = 120_000
+# Greedy decoding picks the top token; where the top two are nearly tied the x86 kernels of the
+# edge's llama.cpp and the WebAssembly SIMD kernels of the device's can rank them differently
+# (float sums in another order). "What is the capital of France?" is one: its first token is
+# "The" on the device and "L" on the edge, 0.045 nats apart (top_logprobs on both). This question's
+# greedy answer has a margin of at least 0.66 nats at every token on the edge, far above that noise.
+QUESTION = "Hi!"
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def smollm2_runner() -> LlamaCppRunner:
+    """The GGUF the device downloads, behind the edge too: the same model on both tiers."""
+    return LlamaCppRunner(default_model_path(), n_ctx=2048, n_parallel=1, threads=2).load()
+
+
+@dataclass
+class FlippingR2:
+    """R2 at the binding seam, flipping one byte in the body of `key` for its first `times` reads
+    (a corrupt copy in storage, or on the wire)."""
+
+    inner: BlobStore
+    key: str = ""
+    times: int = 1
+    missing: str = ""  # a key that answers as absent (a blob lost from the bucket)
+    flipped: int = field(default=0)
+
+    async def head(self, key: str) -> R2Object | None:
+        return None if key == self.missing else await self.inner.head(key)
+
+    async def get(self, key: str, *, range: R2Range | None = None, only_if: R2Conditional | None = None) -> R2Object | None:
+        if key == self.missing:
+            return None
+        obj = await self.inner.get(key, range=range, only_if=only_if)
+        if obj is None or obj.body is None or key != self.key or self.flipped >= self.times:
+            return obj
+        self.flipped += 1
+        return replace(obj, body=_flip_first_byte(obj.body))
+
+    async def put(self, key: str, data: Any, **options: Any) -> R2Object:
+        return await self.inner.put(key, data, **options)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    async def list(self, prefix: str = "", **options: Any) -> dict[str, Any]:
+        return await self.inner.list(prefix, **options)
+
+
+async def _flip_first_byte(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    first = True
+    async for chunk in body:
+        if first and chunk:
+            chunk = bytes([chunk[0] ^ 0x01]) + chunk[1:]
+            first = False
+        yield chunk
+
+
+@pytest.fixture
+def device_edge(start_edge: Callable[..., EdgeServer], published_r2: BlobStore, smollm2_runner: LlamaCppRunner) -> Callable[..., EdgeServer]:
+    def start(r2: BlobStore | None = None) -> EdgeServer:
+        config = Config(open_access=True)
+        return start_edge(r2=r2 or published_r2, kv=None, config=config, ai=LlamaCppAI.for_config(config, smollm2_runner))
+
+    return start
+
+
+def manifest_of(edge: EdgeServer) -> dict[str, Any]:
+    return httpx.get(f"{edge.url}/models/{PUBLISHED_NAME}/manifest.json").json()
+
+
+@dataclass
+class Traffic:
+    """Every request the browser context sends: shard downloads counted, nothing off-host."""
+
+    origin: str
+    urls: list[str] = field(default_factory=list)
+
+    def record(self, request: Request) -> None:
+        self.urls.append(request.url)
+
+    @property
+    def shards(self) -> list[str]:
+        return [u for u in self.urls if "/blobs/sha256-" in u]
+
+    def off_host(self) -> list[str]:
+        return [u for u in self.urls if not (u.startswith(self.origin + "/") or u.startswith(("blob:", "data:")))]
+
+
+async def new_context(browser: Browser, edge: EdgeServer) -> tuple[BrowserContext, Traffic]:
+    context = await browser.new_context(viewport=DESKTOP)
+    traffic = Traffic(edge.url)
+    context.on("request", traffic.record)
+    return context, traffic
+
+
+async def open_device(page: Page, edge: EdgeServer, query: str = "") -> None:
+    await page.goto(f"{edge.url}/device{query}")
+    await expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=LOAD_TIMEOUT)
+
+
+async def ask(page: Page, text: str) -> str:
+    await page.get_by_label("Max tokens").fill(str(MAX_TOKENS))
+    await page.get_by_label("Deterministic").set_checked(True)
+    await page.get_by_label("Message").fill(text)
+    await page.get_by_role("button", name="Send").click()
+    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=ANSWER_TIMEOUT)
+    return await page.locator(".message.assistant").last.locator(".content").text_content() or ""
+
+
+def edge_answer(edge: EdgeServer, text: str) -> str:
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS, "temperature": 0}
+    response = httpx.post(f"{edge.url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+async def test_downloads_verifies_answers_on_device_and_resumes_from_cache(
+    browser: Browser, device_edge: Callable[..., EdgeServer], request: pytest.FixtureRequest
+) -> None:
+    edge = device_edge()
+    manifest = manifest_of(edge)
+    context, traffic = await new_context(browser, edge)
+    try:
+        page = await context.new_page()
+        await page.goto(f"{edge.url}/device")
+        # progress while downloading: bytes of the model's size, shards counted as verified
+        await expect(page.locator("#stat-bytes")).to_contain_text(" of ", timeout=LOAD_TIMEOUT)
+        await _shoot(page, request, "progress")
+        await expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=LOAD_TIMEOUT)
+        assert await page.locator("body").get_attribute("data-tier") == "device", await page.locator("#notice").text_content()
+        assert await page.evaluate("crossOriginIsolated") is True, "the device page is not cross-origin isolated"
+        await expect(page.locator("#stat-threads")).to_contain_text("multi-thread")
+        await expect(page.locator("#stat-shards")).to_have_text(f"{len(manifest['shards'])} of {len(manifest['shards'])}")
+        assert sorted(traffic.shards) == sorted(f"{edge.url}/models/{PUBLISHED_NAME}/{s['path']}" for s in manifest["shards"]), \
+            "each shard is downloaded exactly once"
+
+        answer = await ask(page, QUESTION)
+        note = page.locator(".message.assistant").last.locator(".turn-stats")
+        assert await note.get_attribute("data-tier") == "device"
+        assert int(await note.get_attribute("data-ttft") or "-1") >= 0
+        assert float(await note.get_attribute("data-tps") or "0") > 0
+        assert answer.strip(), "the device answered nothing"
+        assert answer == edge_answer(edge, QUESTION), "greedy text differs between the device and the edge"
+        await _shoot(page, request, "answer")
+        await page.close()
+
+        # second visit, same browser profile: every shard from Cache Storage, none fetched
+        before = len(traffic.shards)
+        page = await context.new_page()
+        await open_device(page, edge)
+        assert await page.locator("body").get_attribute("data-tier") == "device"
+        await expect(page.locator("#tier-now")).to_contain_text("started from the browser cache")
+        assert len(traffic.shards) == before, f"the second visit fetched {len(traffic.shards) - before} shards again"
+        assert traffic.off_host() == [], f"requests left the host: {traffic.off_host()}"
+    finally:
+        await context.close()
+
+
+async def test_a_flipped_byte_is_refused_by_name_and_fetched_again(
+    browser: Browser, device_edge: Callable[..., EdgeServer], published_r2: BlobStore
+) -> None:
+    probe = device_edge()
+    shard = manifest_of(probe)["shards"][0]
+    flipping = FlippingR2(published_r2, key=f"models/{PUBLISHED_NAME}/{shard['path']}", times=1)
+    edge = device_edge(flipping)
+    context, traffic = await new_context(browser, edge)
+    try:
+        page = await context.new_page()
+        await open_device(page, edge, "?threads=1")
+        assert flipping.flipped == 1
+        refused = page.locator("#events li.refused")
+        await expect(refused).to_have_count(1)
+        await expect(refused).to_contain_text(f"sha256-{shard['sha256'][:12]}")
+        assert await page.locator("body").get_attribute("data-tier") == "device", "the refetched shard was not used"
+        assert traffic.shards.count(f"{edge.url}/models/{PUBLISHED_NAME}/{shard['path']}") == 2
+    finally:
+        await context.close()
+
+
+async def test_a_blob_that_never_matches_stops_and_the_edge_answers(
+    browser: Browser, device_edge: Callable[..., EdgeServer], published_r2: BlobStore, request: pytest.FixtureRequest
+) -> None:
+    probe = device_edge()
+    shard = manifest_of(probe)["shards"][1]
+    edge = device_edge(FlippingR2(published_r2, key=f"models/{PUBLISHED_NAME}/{shard['path']}", times=99))
+    context, _ = await new_context(browser, edge)
+    try:
+        page = await context.new_page()
+        await open_device(page, edge, "?threads=1")
+        body = page.locator("body")
+        assert await body.get_attribute("data-tier") == "edge"
+        assert await body.get_attribute("data-fallback") == "corrupt"
+        notice = page.locator("#notice")
+        await expect(notice).to_contain_text(f"shard 1 (sha256-{shard['sha256'][:12]}")
+        await expect(notice).to_contain_text("after two downloads")
+        kept = "(hex) => caches.open('edgellm-shards-v1').then(c => c.match('/device-shards/sha256-' + hex)).then(r => r !== undefined)"
+        assert await page.evaluate(kept, shard["sha256"]) is False, "an unverified shard was kept"
+        answer = await ask(page, QUESTION)
+        assert answer.strip()
+        assert await page.locator(".message.assistant").last.locator(".turn-stats").get_attribute("data-tier") == "edge"
+        await _shoot(page, request, "fallback")
+    finally:
+        await context.close()
+
+
+async def test_a_missing_shard_stops_with_a_clear_message(
+    browser: Browser, device_edge: Callable[..., EdgeServer], published_r2: BlobStore
+) -> None:
+    probe = device_edge()
+    shard = manifest_of(probe)["shards"][-1]
+    edge = device_edge(FlippingR2(published_r2, missing=f"models/{PUBLISHED_NAME}/{shard['path']}"))
+    context, _ = await new_context(browser, edge)
+    try:
+        page = await context.new_page()
+        await open_device(page, edge, "?threads=1")
+        assert await page.locator("body").get_attribute("data-fallback") == "not-found"
+        await expect(page.locator("#notice")).to_contain_text("answered 404")
+        await expect(page.locator("#notice")).to_contain_text(f"sha256-{shard['sha256'][:12]}")
+    finally:
+        await context.close()
+
+
+async def test_an_unpublished_model_stops_with_a_clear_message(browser: Browser, device_edge: Callable[..., EdgeServer]) -> None:
+    edge = device_edge()
+    context, _ = await new_context(browser, edge)
+    try:
+        page = await context.new_page()
+        await open_device(page, edge, "?model=not-published")
+        assert await page.locator("body").get_attribute("data-fallback") == "not-found"
+        await expect(page.locator("#notice")).to_contain_text('No model "not-published" is published on this edge')
+    finally:
+        await context.close()
+
+
+async def test_too_little_memory_falls_back_before_downloading(browser: Browser, device_edge: Callable[..., EdgeServer]) -> None:
+    edge = device_edge()
+    context, traffic = await new_context(browser, edge)
+    await context.add_init_script("Object.defineProperty(Navigator.prototype, 'deviceMemory', {get: () => 0.25})")
+    try:
+        page = await context.new_page()
+        await open_device(page, edge)
+        assert await page.locator("body").get_attribute("data-fallback") == "memory"
+        await expect(page.locator("#notice")).to_contain_text("this device reports 0.25 GB")
+        assert traffic.shards == [], "a shard was downloaded for a device that cannot hold the model"
+    finally:
+        await context.close()
+
+
+async def test_the_users_choice_runs_at_the_edge(
+    browser: Browser, device_edge: Callable[..., EdgeServer], request: pytest.FixtureRequest
+) -> None:
+    edge = device_edge()
+    context, traffic = await new_context(browser, edge)
+    try:
+        page = await context.new_page()
+        await open_device(page, edge, "?tier=edge")
+        assert await page.locator("body").get_attribute("data-fallback") == "choice"
+        assert traffic.shards == []
+        answer = await ask(page, QUESTION)
+        assert answer == edge_answer(edge, QUESTION)
+        note = page.locator(".message.assistant").last.locator(".turn-stats")
+        assert await note.get_attribute("data-tier") == "edge"
+        await expect(note).to_contain_text("Ran at the edge")
+    finally:
+        await context.close()
+
+
+async def test_other_pages_are_not_cross_origin_isolated(device_edge: Callable[..., EdgeServer]) -> None:
+    edge = device_edge()
+    device = httpx.get(f"{edge.url}/device")
+    assert device.headers["cross-origin-opener-policy"] == "same-origin"
+    assert device.headers["cross-origin-embedder-policy"] == "require-corp"
+    for path in ("/", "/chat", "/tokenizer", "/python", "/js/chat-page.mjs"):
+        response = httpx.get(f"{edge.url}{path}")
+        assert response.status_code == 200, path
+        assert "cross-origin-embedder-policy" not in response.headers, path
+        assert "cross-origin-opener-policy" not in response.headers, path
+    wasm = httpx.head(f"{edge.url}/vendor/wllama/wllama.wasm")
+    assert wasm.status_code == 200 and wasm.headers["content-type"] == "application/wasm"
+
+
+def test_wllama_is_the_pinned_release_served_from_this_site() -> None:
+    """The vendored copy is the version the Makefile pins, with its licence, kept out of git, and
+    the device module loads it from this site only (its CDN compatibility build is switched off)."""
+    root = Path(__file__).resolve().parents[2]
+    pinned = re.search(r"^WLLAMA := (\S+)$", (root / "Makefile").read_text(), re.M)
+    assert pinned, "the Makefile pins no wllama version"
+    vendored = root / "public" / "vendor" / "wllama"
+    assert (vendored / "VERSION").read_text().strip() == pinned.group(1), "public/vendor/wllama is stale: run `make vendor-wllama`"
+    assert (vendored / "LICENSE").read_bytes() == (root / "public" / "vendor" / "wllama.LICENSE").read_bytes()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "public/vendor/wllama/wllama.wasm"], cwd=root)
+    assert ignored.returncode == 0, "the 9 MB wasm must stay out of git"
+    module = (root / "public" / "js" / "device-llm.mjs").read_text()
+    assert 'WLLAMA_MODULE = "/vendor/wllama/index.js"' in module and "setCompat(null)" in module

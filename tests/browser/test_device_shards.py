@@ -1,0 +1,116 @@
+"""The device tier's download module (public/js/device-shards.mjs) in Chromium itself, on shards
+made in the page and served by an injected `fetch` (no model needed): at most `parallel`
+downloads at once, every shard verified and in order, a flipped byte refused by name and
+fetched again, a damaged cache entry refused, and manifests that break the layout rejected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from playwright.async_api import Page
+
+from edgellm_local.server import EdgeServer
+
+from .conftest import BROWSER_LOOP
+
+pytestmark = BROWSER_LOOP
+
+# Builds a manifest of `count` random shards, and a fetch that serves them with a delay, counting
+# how many are in flight and flipping one byte of the shards listed in `flip` on their first read.
+HARNESS = """async ({count, size, parallel, flip, damageCache}) => {
+  const m = await import('/js/device-shards.mjs');
+  const shards = [], bodies = new Map();
+  for (let i = 0; i < count; i++) {
+    const bytes = crypto.getRandomValues(new Uint8Array(size));
+    const sha256 = await m.sha256Hex(bytes);
+    shards.push({index: i, offset: i * size, size, sha256, path: `blobs/sha256-${sha256}`});
+    bodies.set(`/models/test-model/blobs/sha256-${sha256}`, bytes);
+  }
+  const whole = new Uint8Array(count * size);
+  shards.forEach((s, i) => whole.set(bodies.get(`/models/test-model/${s.path}`), i * size));
+  const manifest = m.checkManifest({schema: m.SCHEMA, name: 'test-model',
+    model: {file: 'm.gguf', size: count * size, sha256: await m.sha256Hex(whole)}, shard_size: size, shards, files: []}, 'test-model');
+  let inFlight = 0, most = 0;
+  const requests = [], flipped = new Set();
+  const fetchImpl = async (url) => {
+    requests.push(url);
+    inFlight++; most = Math.max(most, inFlight);
+    await new Promise((r) => setTimeout(r, 20));
+    inFlight--;
+    const index = shards.findIndex((s) => url.endsWith(s.path));
+    let body = bodies.get(url);
+    if (flip.includes(index) && !flipped.has(index)) {
+      flipped.add(index);
+      body = body.slice(); body[7] ^= 1;
+    }
+    return new Response(body);
+  };
+  await m.clearShardCache();
+  if (damageCache !== null) {
+    const cache = await caches.open(m.SHARD_CACHE);
+    const bad = bodies.get(`/models/test-model/${shards[damageCache].path}`).slice(); bad[0] ^= 1;
+    await cache.put(m.cacheKey(shards[damageCache]), new Response(bad));
+  }
+  const events = [];
+  const result = await m.fetchShards(manifest, {parallel, fetchImpl, onEvent: (e) => events.push({kind: e.kind, shard: e.shard.index, message: e.message || ''})});
+  const joined = new Uint8Array(await new Blob(result.blobs).arrayBuffer());
+  const again = await m.fetchShards(manifest, {parallel, fetchImpl});
+  return {most, requests: requests.length, events, refused: result.refused, sameBytes: (await m.sha256Hex(joined)) === manifest.model.sha256,
+          shaOf: shards.map((s) => s.sha256), second: {fromCache: again.fromCache, fromNetwork: again.fromNetwork}};
+}"""
+
+
+async def run(page: Page, **options: Any) -> dict[str, Any]:
+    defaults = {"count": 10, "size": 4096, "parallel": 3, "flip": [], "damageCache": None}
+    return await page.evaluate(HARNESS, {**defaults, **options})
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def module_page(page: Page, edge: EdgeServer) -> Page:
+    await page.goto(f"{edge.url}/")
+    return page
+
+
+async def test_downloads_are_bounded_verified_in_order_and_cached(module_page: Page) -> None:
+    result = await run(module_page, parallel=3)
+    assert result["most"] == 3, "not bounded at `parallel` (or not parallel at all)"
+    assert result["requests"] == 10 and result["refused"] == []
+    assert result["sameBytes"], "the shards joined are not the model"
+    assert result["second"] == {"fromCache": 10, "fromNetwork": 0}
+
+
+async def test_a_flipped_byte_is_refused_by_name_and_fetched_again(module_page: Page) -> None:
+    result = await run(module_page, flip=[4])
+    assert result["refused"] == [f"sha256-{result['shaOf'][4]}"]
+    assert [e["shard"] for e in result["events"] if e["kind"] == "refused"] == [4]
+    assert result["requests"] == 11 and result["sameBytes"]
+
+
+async def test_a_damaged_cache_entry_is_refused_and_downloaded(module_page: Page) -> None:
+    result = await run(module_page, damageCache=2)
+    assert [e["shard"] for e in result["events"] if e["kind"] == "cache-refused"] == [2]
+    assert result["sameBytes"]
+
+
+BAD_MANIFESTS = [
+    ("wrong schema", {"schema": "other/1"}, "schema"),
+    ("another model", {"name": "other-model"}, "describes"),
+    ("path not its digest", {"shards": [{"index": 0, "offset": 0, "size": 10, "sha256": "a" * 64, "path": "blobs/sha256-" + "b" * 64}]}, "path"),
+    ("gap between shards", {"shards": [{"index": 0, "offset": 0, "size": 5, "sha256": "a" * 64, "path": "blobs/sha256-" + "a" * 64},
+                                       {"index": 1, "offset": 6, "size": 5, "sha256": "b" * 64, "path": "blobs/sha256-" + "b" * 64}]}, "offset"),
+    ("sizes do not add up", {"model": {"file": "m.gguf", "size": 11, "sha256": "c" * 64}}, "add up"),
+]
+
+
+@pytest.mark.parametrize("label,change,words", BAD_MANIFESTS, ids=[c[0] for c in BAD_MANIFESTS])
+async def test_a_manifest_breaking_the_layout_is_rejected(module_page: Page, label: str, change: dict[str, Any], words: str) -> None:
+    good = {"schema": "edgellm.manifest/1", "name": "test-model", "model": {"file": "m.gguf", "size": 10, "sha256": "c" * 64},
+            "shard_size": 10, "shards": [{"index": 0, "offset": 0, "size": 10, "sha256": "a" * 64, "path": "blobs/sha256-" + "a" * 64}], "files": []}
+    message = await module_page.evaluate("""async (data) => {
+      const m = await import('/js/device-shards.mjs');
+      try { m.checkManifest(data, 'test-model'); return null; } catch (e) { return e.reason + ': ' + e.message; }
+    }""", {**good, **change})
+    assert message is not None, f"{label}: accepted"
+    assert message.startswith("manifest: The manifest is invalid") and words in message, message

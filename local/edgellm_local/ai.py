@@ -28,6 +28,7 @@ from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded,
 
 from . import structured
 from .isolation import OwnedStream
+from .llama_server import start_server
 from .slots import SlotLease, SlotPool
 from .structured import ToolPlan
 
@@ -37,6 +38,13 @@ GGUF_MAGIC = b"GGUF"
 # The binding's published input schema, as data: inputs are checked the way Workers AI checks them,
 # never with the gateway's own validation (which would make the two unable to disagree).
 INPUT_SCHEMA_PATH = Path(__file__).with_name("schemas") / "text-generation.input.json"
+
+
+class RunnerStopping(BindingError):
+    """The runner is stopping (`edgellm dev` signalled): a generation cut or refused, retryable
+    elsewhere or later (503 + Retry-After), never a finished answer (so never cached)."""
+
+    retryable = True
 
 
 class ModelFileError(Exception):
@@ -87,9 +95,19 @@ class LlamaCppRunner:
     _active: int = field(default=0, init=False, repr=False)
     _tenants: dict[str | None, int] = field(default_factory=dict, init=False, repr=False)  # places each tenant holds
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _stopping: bool = field(default=False, init=False, repr=False)  # no new generations (cancel_generations)
+    _closed: bool = field(default=False, init=False, repr=False)  # no server either (close)
+    _generations: set[threading.Event] = field(default_factory=set, init=False, repr=False)  # their stop flags
 
     def load(self) -> "LlamaCppRunner":
+        self._serving()
+        return self
+
+    def _serving(self) -> Any:
+        """The server, started on first use; refused once the runner is closed."""
         with self._lock:
+            if self._closed:
+                raise BindingError("the llama.cpp runner is stopped")
             if self._server is None:
                 import xllamacpp
 
@@ -108,17 +126,51 @@ class LlamaCppRunner:
                 if self.chat_template is not None:
                     params.chat_template = self.chat_template
                 try:
-                    self._server = xllamacpp.Server(params)
+                    self._server = start_server(params)
                 except RuntimeError as exc:  # a GGUF header on a truncated or corrupt file
                     raise ModelFileError(f"llama.cpp could not load the model (truncated or corrupt GGUF?): {self.path}") from exc
-        return self
+            return self._server
+
+    def cancel_generations(self) -> None:
+        """The first step of stopping: refuse new generations, and tell those running to stop at
+        their next token (their streams end in `RunnerStopping`, a 503, never as a finished
+        answer). Takes the runner's lock: never call it from a signal handler (the interrupted
+        code may hold it); `edgellm dev` calls it from a thread of its own."""
+        with self._lock:
+            self._stopping = True
+            for cancelled in self._generations:
+                cancelled.set()
+
+    def close(self) -> None:
+        """Stop: `cancel_generations`, then drop the server once its last call has returned (each
+        call holds its own reference, so the destructor, which joins llama.cpp's loop thread,
+        runs after it). Safe at any time: a server exists here only once it has served
+        (`start_server`), so dropping it always stops it."""
+        self.cancel_generations()
+        with self._lock:
+            self._closed = True
+            server, self._server = self._server, None
+        del server  # the last reference unless a call is still returning
+
+    def track(self, cancelled: threading.Event) -> Callable[[], None]:
+        """Register a generation's stop flag (set when the runner stops); returns the call that
+        forgets it. Refused once the runner is stopping."""
+        with self._lock:
+            if self._stopping:
+                raise RunnerStopping("3040: the local model server is stopping; try again later.")
+            self._generations.add(cancelled)
+
+        def forget() -> None:
+            with self._lock:
+                self._generations.discard(cancelled)
+        return forget
 
     def chat(self, body: dict[str, Any], callback: Any = None) -> Any:
-        server = self.load()._server
+        server = self._serving()
         return server.handle_chat_completions(body, callback) if callback else server.handle_chat_completions(body)
 
     def complete(self, body: dict[str, Any], callback: Any = None) -> Any:
-        server = self.load()._server
+        server = self._serving()
         return server.handle_completions(body, callback) if callback else server.handle_completions(body)
 
     def slot_action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
@@ -127,7 +179,7 @@ class LlamaCppRunner:
         return self._loopback(f"/slots/{slot}?action={action}", {"filename": filename} if filename else {}, f"slot {action}")
 
     def _loopback(self, path: str, payload: dict[str, Any], what: str) -> dict[str, Any]:
-        base = self.load()._server.listening_address.rstrip("/")
+        base = self._serving().listening_address.rstrip("/")
         request = urllib.request.Request(base + path, data=json.dumps(payload).encode(), method="POST",
                                          headers={"content-type": "application/json"})
         try:
@@ -154,7 +206,7 @@ class LlamaCppRunner:
         prefix = self.next_turn_prefix(messages)
         if prefix is None:
             return 0
-        result = self.load()._server.handle_completions({"prompt": prefix, "n_predict": 0, "id_slot": slot, "cache_prompt": True})
+        result = self._serving().handle_completions({"prompt": prefix, "n_predict": 0, "id_slot": slot, "cache_prompt": True})
         _raise_llama_error(result)
         return int(((result or {}).get("timings") or {}).get("prompt_n") or 0)
 
@@ -285,6 +337,19 @@ class LlamaCppAI:
     @classmethod
     def for_config(cls, config: Config, runner: LlamaCppRunner) -> "LlamaCppAI":
         return cls({model: runner for model in config.models}, config)
+
+    def _runners(self) -> list[LlamaCppRunner]:
+        return list({id(runner): runner for runner in self.models.values()}.values())  # one may serve several ids
+
+    def cancel_generations(self) -> None:
+        """`LlamaCppRunner.cancel_generations` on every runner."""
+        for runner in self._runners():
+            runner.cancel_generations()
+
+    def close(self) -> None:
+        """`LlamaCppRunner.close` on every runner."""
+        for runner in self._runners():
+            runner.close()
 
     def describe(self, model: str) -> dict[str, Any] | None:
         runner = self.models.get(model)
@@ -543,6 +608,11 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     cancelled = threading.Event()
+    try:
+        forget = runner.track(cancelled)  # a runner that stops stops this generation too
+    except BaseException:
+        runner.release()
+        raise
     DONE = object()
 
     def on_chunk(chunk: Any) -> bool:
@@ -559,6 +629,7 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
     try:
         task = loop.run_in_executor(None, work)
     except BaseException:
+        forget()
         runner.release(tenant)
         raise
     # llama.cpp streams `timings` (with `cache_n`, the prompt tokens it reused) and `usage` on
@@ -569,6 +640,8 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
     try:
         while True:
             item = await queue.get()
+            if cancelled.is_set():  # only the runner sets it while this reads: it is stopping
+                raise RunnerStopping("3040: the local model server stopped mid-generation; try again later.")
             if item is DONE:
                 if usage is not None:
                     yield {"response": "", "usage": llama_usage({"usage": usage, "timings": timings or {}})}
@@ -592,4 +665,5 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
             if not task.done():
                 await asyncio.shield(task)  # the thread stops at its next token
         finally:
+            forget()
             runner.release(tenant)

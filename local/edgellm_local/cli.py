@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sqlite3
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from edgellm.config import Config
 
@@ -39,6 +43,21 @@ def _positive(text: str) -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
+    """`edgellm dev`; SIGTERM stops it as Ctrl-C does, at any point (loading the model included)."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return _serve_dev(args)
+    except KeyboardInterrupt:
+        code = 130
+    except Terminated:
+        code = 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print("EdgeLLM local edge stopped", flush=True)
+    return code
+
+
+def _serve_dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
     from .ai import ModelFileError, default_model_path
     from .edge import EdgeSettings, build_app, dev_stack
@@ -73,6 +92,7 @@ def _dev(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
         print(f"edgellm: error: cannot use the state directory {args.state!r}: {exc}", file=sys.stderr)
         return 2
+    ai = app.deps.ai  # the runners' owner, closed on the way out (dev_stack wraps it)
     if args.warm_up:
         from .warmup import warm_up
 
@@ -89,11 +109,69 @@ def _dev(args: argparse.Namespace) -> int:
         print("  Use --require-keys and `edgellm keys create --tenant NAME` to require API keys.", flush=True)
     else:
         print("  API keys required (Authorization: Bearer <key>); make one with `edgellm keys create --tenant NAME`.", flush=True)
+    return serve_until_stopped(make_server(served, args.server), sock, ai)
+
+
+class Terminated(Exception):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that both stop the same way."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+# How long a stop may take once signalled: uvicorn's graceful shutdown (3 s), a generation reaching
+# its next token, llama.cpp's threads joined. Past it the process exits at once (see StopWatchdog).
+STOP_DEADLINE_S = 8.0
+
+
+class StopWatchdog:
+    """Armed by the first SIGINT/SIGTERM: if the process has not stopped within the deadline, it
+    prints every thread's stack (what was stuck) and exits at once with `os._exit`. Stopping
+    never waits for ever, whatever a native thread does (an xllamacpp destructor joining a loop
+    that missed its stop, a generation deep in a long prompt)."""
+
+    def __init__(self, deadline_s: float = STOP_DEADLINE_S) -> None:
+        self.deadline_s = deadline_s
+        self._timer: threading.Timer | None = None
+        self.code = 130
+
+    def arm(self, code: int) -> None:
+        if self._timer is None:
+            self.code = code
+            self._timer = threading.Timer(self.deadline_s, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        print(f"edgellm: did not stop within {self.deadline_s:.0f} s; exiting now. Threads:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(self.code)
+
+
+def serve_until_stopped(server: Any, sock: Any, ai: Any) -> int:
+    """Serve until SIGINT or SIGTERM, then stop within STOP_DEADLINE_S: generations are cut at
+    their next token (their clients get an error, never a finished answer), uvicorn drains the
+    rest of the requests, then the runners are closed (llama.cpp's servers dropped, which joins
+    their threads)."""
+    watchdog = StopWatchdog()
+    handle_exit = server.handle_exit  # uvicorn's handler for both signals while it serves
+
+    def on_signal(signum: int, frame: Any) -> None:
+        watchdog.arm(128 + signum)
+        # generations stop at their next token rather than run on through the graceful shutdown
+        # (on a thread: the code this handler interrupted may hold the runner's lock)
+        threading.Thread(target=ai.cancel_generations, name="edgellm-stop", daemon=True).start()
+        handle_exit(signum, frame)
+
+    server.handle_exit = on_signal  # capture_signals installs self.handle_exit: arm the watchdog first
     try:
-        make_server(served, args.server).run(sockets=[sock])  # run(): uvicorn sets up its (isolating uvloop) event loop
-    except KeyboardInterrupt:  # uvicorn shuts down, then re-raises the Ctrl-C: exit quietly
-        print("EdgeLLM local edge stopped", flush=True)
-        return 130
+        # run(): uvicorn sets up its (isolating uvloop) event loop; once it has drained, it re-raises
+        # the signal: KeyboardInterrupt for Ctrl-C, Terminated for SIGTERM (_dev's handler)
+        server.run(sockets=[sock])
+    finally:
+        watchdog.arm(0)  # closing the runners is bounded too (a no-op once a signal armed it)
+        ai.close()
     return 0
 
 

@@ -26,6 +26,7 @@ import xllamacpp
 from tokenizers import Tokenizer
 
 from edgellm_local.ai import default_model_path
+from edgellm_local.llama_server import start_server
 from edgellm_local.gguf_tokenizer import (
     UnsupportedVocabulary,
     build_tokenizer,
@@ -111,7 +112,7 @@ def model(
     params.cpuparams.n_threads = 2
     params.cpuparams_batch.n_threads = 2
     params.verbosity = -1
-    server = xllamacpp.Server(params)
+    server = start_server(params)  # served once: safe to drop (llama_server.py)
     assert server.listening_address, "xllamacpp's embedded server should listen on loopback"
     reader = readers[request.param]
     tokenizer = Tokenizer.from_str(build_tokenizer(reader).to_str())
@@ -234,7 +235,7 @@ def test_known_divergence_tied_sentencepiece_scores_is_named(
     params.model.path = str(path)
     params.n_ctx = 512
     params.verbosity = -1
-    server = xllamacpp.Server(params)
+    server = start_server(params)  # served once: safe to drop (llama_server.py)
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     # "▁h", "he" and "ll" all score -2: llama.cpp takes the leftmost ("▁h"), HF the first-ranked.
     llama = [tokens[i] for i in llama_tokenize(server, "hello", False)]

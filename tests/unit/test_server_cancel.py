@@ -15,6 +15,7 @@ from edgellm.http import Request
 from edgellm.ports import Deps
 from edgellm_local import isolation
 from edgellm_local.server import EdgeApp
+from tests.support.bounded import within
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
          "query_string": b"", "headers": [(b"host", b"localhost"), (b"content-length", b"2")]}
@@ -64,10 +65,12 @@ def test_a_client_that_leaves_cancels_the_answer_and_the_request_ends_quietly() 
     async def main() -> None:
         app, client = held_app(), Client()
         serving = asyncio.ensure_future(app(SCOPE, client.receive, nothing_sent))
-        await app.answering.wait()
+        await within(app.answering.wait(), "the answer never started")
         client.leave()
-        await serving  # no CancelledError: the request was served as far as it could be
-        assert app.answer_cancelled.is_set()
+        await within(app.answer_cancelled.wait(), "the client left and its answer kept running: the server no longer "
+                                                  "cancels a departed request's work (EdgeApp._serve's disconnect watcher)")
+        await within(serving, "the answer was cancelled but the request never ended")
+        # no CancelledError: the request was served as far as it could be
 
     isolation.run(main())
 
@@ -76,10 +79,10 @@ def test_cancelling_the_serving_task_stays_a_cancel() -> None:
     async def main() -> None:
         app, client = held_app(), Client()
         serving = asyncio.ensure_future(app(SCOPE, client.receive, nothing_sent))
-        await app.answering.wait()
+        await within(app.answering.wait(), "the answer never started")
         serving.cancel()  # what uvicorn does to requests still running when it shuts down
         with pytest.raises(asyncio.CancelledError):
-            await serving
+            await within(serving, "the serving task was cancelled and never ended")
         assert app.answer_cancelled.is_set()
 
     isolation.run(main())

@@ -19,6 +19,8 @@ from tests.support.tiny_gguf import VocabKind, write_tiny_gguf
 
 import xllamacpp
 
+from edgellm_local.llama_server import start_server
+
 VOCABS: tuple[VocabKind, ...] = ("bpe", "spm")
 MAX_TOKENS = 16
 ONE_MB = 1024 * 1024
@@ -48,7 +50,7 @@ def server(model_path: pathlib.Path) -> Iterator[Any]:
     params.cpuparams.n_threads = 2
     params.cpuparams_batch.n_threads = 2
     params.verbosity = -1
-    srv = xllamacpp.Server(params)
+    srv = start_server(params)  # served once: safe to drop (llama_server.py)
     yield srv
     del srv
 

@@ -5,7 +5,9 @@ how they were called, so the test checks make's decisions, not the registries.""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ["Makefile", "pyproject.toml", "package.json", "package-lock.json", "pyodide-wheels.txt", "public/vendor/pyodide.LICENSE"]
+FILES = ["Makefile", "pyproject.toml", "package.json", "package-lock.json", "pyodide-wheels.txt", "public/vendor/pyodide.LICENSE",
+         "public/vendor/wllama.LICENSE"]
 
 RECORDER = """#!/bin/sh
 echo "$(basename "$0") $*" >> "{log}"
@@ -25,10 +28,27 @@ PYTHON = RECORDER + """if [ "$1" = "-c" ]; then case "$2" in *index.json*) exec 
 """
 EDGELLM = RECORDER + """if [ "$1" = publish ]; then mkdir -p .state; fi
 """
-NPM = RECORDER + """if [ "$1" = pack ]; then mkdir -p p/package/dist && echo x > p/package/dist/transformers.min.js && echo x > p/package/LICENSE && \
+NPM = RECORDER + """if [ "$1" = pack ] && [ "${{3#@wllama/wllama@}}" != "$3" ]; then cp "{wllama}" wllama-wllama-"${{3#@wllama/wllama@}}".tgz; exit 0; fi
+if [ "$1" = pack ]; then mkdir -p p/package/dist && echo x > p/package/dist/transformers.min.js && echo x > p/package/LICENSE && \
   tar czf huggingface-transformers-"${{3#*@*@}}".tgz -C p package && rm -rf p && exit 0; fi
 mkdir -p node_modules/pyodide && for f in pyodide.mjs pyodide.asm.js pyodide.asm.wasm python_stdlib.zip pyodide-lock.json; do echo x > node_modules/pyodide/$f; done
 """
+
+
+def wllama_tarball(project: Path) -> Path:
+    """A stand-in for wllama's npm tarball, with the Makefile's pinned SHA-256 set to its own, so
+    the real recipe (checksum, unpack, licence check) runs on it."""
+    package = project / "wllama-src" / "package"
+    (package / "esm" / "wasm").mkdir(parents=True)
+    (package / "esm" / "index.js").write_text("x\n")
+    (package / "esm" / "wasm" / "wllama.wasm").write_text("x\n")
+    shutil.copy2(project / "public" / "vendor" / "wllama.LICENSE", package / "LICENCE")
+    tarball = project / "wllama.tgz"
+    subprocess.run(["tar", "czf", str(tarball), "-C", str(package.parent), "package"], check=True)
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    makefile = project / "Makefile"
+    makefile.write_text(re.sub(r"^WLLAMA_SHA256 := \w+$", f"WLLAMA_SHA256 := {digest}", makefile.read_text(), flags=re.M))
+    return tarball
 
 
 def tool(path: Path, script: str) -> None:
@@ -50,7 +70,7 @@ def project(tmp_path: Path) -> Path:
     tool(bin_dir / "python", PYTHON.format(log=log, real=sys.executable))
     tool(bin_dir / "pip", RECORDER.format(log=log))
     tool(bin_dir / "edgellm", EDGELLM.format(log=log))
-    tool(path_dir / "npm", NPM.format(log=log))
+    tool(path_dir / "npm", NPM.format(log=log, wllama=wllama_tarball(tmp_path)))
     tool(path_dir / "chromium", RECORDER.format(log=log))
     return tmp_path
 
@@ -70,6 +90,7 @@ def test_a_second_make_dev_installs_nothing(project: Path) -> None:
     assert "npm install --no-audit --no-fund --silent" in first
     assert any(c.startswith("pip download") for c in first) and any(c.startswith("edgellm publish") for c in first)
     assert (project / "public" / "vendor" / "wheels" / "index.json").exists()
+    assert (project / "public" / "vendor" / "wllama" / "wllama.wasm").exists()  # checked against its pinned SHA-256
     assert first[-1].startswith("edgellm dev --port 8787")
 
     second = make(project, "dev")

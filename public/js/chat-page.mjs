@@ -37,8 +37,11 @@ function turnNote(article, m) {
   span.className = "note turn-stats";
   if (ttft !== null) span.dataset.ttft = String(ttft);
   if (cached !== null) span.dataset.cached = String(cached);
+  // a HIT replays a stored answer: the model computed nothing, so its KV-cache figure (from the
+  // generation that was stored) would contradict the HIT beside it
   const parts = [ttft === null ? null : `first token ${ttft} ms`,
-    cached === null ? null : `${cached} of ${m.usage.prompt_tokens} prompt tokens cached`];
+    m.cached ? "answer replayed from the edge's cache: no prompt tokens computed"
+      : cached === null ? null : `${cached} of ${m.usage.prompt_tokens} prompt tokens cached`];
   span.textContent = parts.filter(Boolean).join(" · ");
   article.append(span);
 }
@@ -166,7 +169,8 @@ async function ask(text) {
         m.usage = usage;
         m.show();
         const details = usage.prompt_tokens_details;
-        if (ui.cached && details) ui.cached.textContent = `${details.cached_tokens} of ${usage.prompt_tokens}`;
+        if (ui.cached && m.cached) ui.cached.textContent = "— (HIT: nothing computed)";
+        else if (ui.cached && details) ui.cached.textContent = `${details.cached_tokens} of ${usage.prompt_tokens}`;
       },
     }, { "x-session-affinity": state.session });
     turnNote(answer, m);

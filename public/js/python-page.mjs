@@ -32,6 +32,12 @@ print("A:", reply.json()["choices"][0]["message"]["content"])
 print("cache:", reply.headers.get("cf-aig-cache-status"))
 `;
 
+// https://fetch.spec.whatwg.org/#forbidden-request-header (lower case, as pyodide-http compares)
+const FORBIDDEN_HEADERS = ["accept-charset", "accept-encoding", "access-control-request-headers",
+  "access-control-request-method", "connection", "content-length", "cookie", "cookie2", "date", "dnt", "expect",
+  "host", "keep-alive", "origin", "referer", "set-cookie", "te", "trailer", "transfer-encoding", "upgrade",
+  "user-agent", "via"];
+
 const ui = {
   status: document.getElementById("status"),
   error: document.getElementById("error"),
@@ -64,6 +70,12 @@ async function boot() {
   await pyodide.loadPackage(wheels.map((name) => new URL(`/vendor/wheels/${name}`, location.href).href), {
     messageCallback: () => {}, errorCallback: (message) => write(message, "stderr"),
   });
+  // pyodide-http hands every header requests made to XMLHttpRequest, which refuses the ones only
+  // the browser may set (Accept-Encoding, Connection, Content-Length, ...) with a console error
+  // each: leave those to the browser, as the Fetch standard's forbidden header names say.
+  pyodide.runPython(`import pyodide_http._core as _core
+_core.HEADERS_TO_IGNORE = tuple(set(_core.HEADERS_TO_IGNORE) | {${FORBIDDEN_HEADERS.map((h) => JSON.stringify(h)).join(", ")}})
+del _core`);
   const model = await publishedModel();
   pyodide.globals.set("EDGE", location.origin);
   pyodide.globals.set("MODEL", model);

@@ -30,32 +30,59 @@ function el(name, attrs, text) {
   return node;
 }
 
-function frame(svg) {
+// 11px monospace (usage.css): a character is ~0.6 em wide
+const CHAR_WIDTH = 6.7, SWATCH = 14, GAP = 16, ROW = 15;
+
+/** Legend items laid out in rows that fit `width` (a name too long for one row is cut with "…"),
+ * so every series keeps its legend at any width, a phone's included. */
+export function legendLayout(names, width, left = 8, right = 8) {
+  const room = Math.max(40, width - left - right);
+  const items = [];
+  let x = left, row = 0;
+  for (const name of names) {
+    const fits = Math.max(1, Math.floor((room - SWATCH) / CHAR_WIDTH));
+    const text = name.length > fits ? `${name.slice(0, Math.max(1, fits - 1))}…` : name;
+    const w = SWATCH + text.length * CHAR_WIDTH;
+    if (x > left && x + w > left + room) { x = left; row += 1; }
+    items.push({ name, text, x, row, width: w });
+    x += w + GAP;
+  }
+  return { items, rows: names.length ? row + 1 : 0 };
+}
+
+function frame(svg, names) {
   svg.replaceChildren();
   const width = svg.clientWidth || 400, height = svg.clientHeight || 220;
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  return { width, height, left: 48, right: 8, top: 8, bottom: 36 };
+  const layout = legendLayout(names, width);
+  return { width, height, left: 48, right: 8, top: 8, bottom: 22 + layout.rows * ROW, layout };
 }
 
-function legend(svg, names, f) {
+function legend(svg, f) {
   const g = el("g", { class: "legend" });
-  names.forEach((name, i) => {
-    const x = f.left + i * 110;
-    g.append(el("rect", { x, y: f.height - 14, width: 10, height: 10, fill: COLOURS[i % COLOURS.length] }),
-             el("text", { x: x + 14, y: f.height - 5 }, name));
+  const first = f.height - f.layout.rows * ROW;
+  f.layout.items.forEach((item, i) => {
+    const y = first + item.row * ROW;
+    const text = el("text", { x: item.x + SWATCH, y: y + 9 }, item.text);
+    if (item.text !== item.name) text.append(el("title", {}, item.name));
+    g.append(el("rect", { x: item.x, y, width: 10, height: 10, fill: COLOURS[i % COLOURS.length] }), text);
   });
   svg.append(g);
 }
 
 /** One line per series over the days; points carry data-value for tests and tooltips. */
 export function renderLines(svg, { days, series }) {
-  const f = frame(svg);
+  const f = frame(svg, series.map((s) => s.name));
   const max = maxOf(series), w = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
   const x = (i) => f.left + (days.length > 1 ? (i * w) / (days.length - 1) : w / 2);
   const y = (v) => f.top + h - (v / max) * h;
   svg.append(el("line", { class: "axis", x1: f.left, y1: f.top + h, x2: f.width - f.right, y2: f.top + h }),
              el("text", { x: 2, y: f.top + 10 }, formatNumber(max)), el("text", { x: 2, y: f.top + h }, "0"));
-  days.forEach((day, i) => { if (i === 0 || i === days.length - 1) svg.append(el("text", { x: x(i) - 30, y: f.top + h + 14 }, day)); });
+  days.forEach((day, i) => {  // first and last day, anchored so neither runs off the chart
+    if (i !== 0 && i !== days.length - 1) return;
+    const anchor = days.length === 1 ? "middle" : i === 0 ? "start" : "end";
+    svg.append(el("text", { x: x(i), y: f.top + h + 14, "text-anchor": anchor }, day));
+  });
   series.forEach((s, k) => {
     const colour = COLOURS[k % COLOURS.length];
     svg.append(el("polyline", { fill: "none", stroke: colour, "stroke-width": 2,
@@ -63,12 +90,12 @@ export function renderLines(svg, { days, series }) {
     s.values.forEach((v, i) => svg.append(el("circle", { cx: x(i), cy: y(v), r: 3, fill: colour, class: "point",
       "data-series": s.name, "data-day": days[i], "data-value": v }, undefined)));
   });
-  legend(svg, series.map((s) => s.name), f);
+  legend(svg, f);
 }
 
 /** Grouped bars: one group per label, one bar per measure. */
 export function renderBars(svg, groups, measures) {
-  const f = frame(svg);
+  const f = frame(svg, measures);
   const max = maxOf(groups), w = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
   const slot = w / Math.max(1, groups.length), bar = (slot * 0.7) / Math.max(1, measures.length);
   svg.append(el("line", { class: "axis", x1: f.left, y1: f.top + h, x2: f.width - f.right, y2: f.top + h }),
@@ -80,14 +107,22 @@ export function renderBars(svg, groups, measures) {
       svg.append(el("rect", { x: x0 + k * bar, y: f.top + h - height, width: Math.max(1, bar - 2), height,
         fill: COLOURS[k % COLOURS.length], class: "bar", "data-label": g.label, "data-measure": measures[k], "data-value": v }));
     });
-    svg.append(el("text", { x: x0, y: f.top + h + 14 }, g.label));
+    const fits = Math.max(1, Math.floor((slot * 0.85) / CHAR_WIDTH));  // a label no wider than its group
+    const label = el("text", { x: x0, y: f.top + h + 14, class: "label" }, g.label.length > fits ? `${g.label.slice(0, Math.max(1, fits - 1))}…` : g.label);
+    if (g.label.length > fits) label.append(el("title", {}, g.label));
+    svg.append(label);
   });
-  legend(svg, measures, f);
+  legend(svg, f);
 }
 
+/** A figure as people read it: 1.2k, 3.4M, and small amounts (a cost of $0.0038) with two
+ * significant digits in plain decimals, never `3.8e-3`. */
 export function formatNumber(v) {
   if (v >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
   if (v >= 1e3) return `${(v / 1e3).toFixed(1)}k`;
-  if (v > 0 && v < 0.01) return v.toExponential(1);
+  if (v > 0 && v < 0.01) {
+    const digits = Math.min(20, 1 - Math.floor(Math.log10(v)));
+    return v.toFixed(digits).replace(/0+$/, "");
+  }
   return String(Math.round(v * 100) / 100);
 }

@@ -37,19 +37,26 @@ async function show(event) {
     const [daily, perTenant] = await Promise.all([
       usage(token, { from, to, group_by: "tenant,day" }), usage(token, { from, to, group_by: "tenant" })]);
     showTotals(daily.totals);
-    renderLines($("chart-requests"), seriesBy(daily.data, "tenant", (r) => r.requests));
     const tokens = seriesBy(daily.data, "tenant", (r) => r.prompt_tokens + r.completion_tokens);
-    renderLines($("chart-tokens"), tokens);
     const tenants = perTenant.data.map((r) => ({ ...r, label: r.tenant ?? "(none)" }));
-    renderBars($("chart-hits"), tenants.map((r) => ({ label: r.label, values: [r.hit_rate] })), ["hit rate"]);
-    renderBars($("chart-cost"), tenants.map((r) => ({ label: r.label, values: [r.cost_usd, r.saved_usd] })), ["cost", "saved"]);
+    drawn = () => {
+      renderLines($("chart-requests"), seriesBy(daily.data, "tenant", (r) => r.requests));
+      renderLines($("chart-tokens"), tokens);
+      renderBars($("chart-hits"), tenants.map((r) => ({ label: r.label, values: [r.hit_rate] })), ["hit rate"]);
+      renderBars($("chart-cost"), tenants.map((r) => ({ label: r.label, values: [r.cost_usd, r.saved_usd] })), ["cost", "saved"]);
+    };
+    drawn();
     document.body.dataset.state = "shown";
   } catch (error) {
-    $("error").textContent = error.message;
+    $("error").textContent = error.message;  // a 404 says how to turn the admin routes on
     $("error").hidden = false;
     document.body.dataset.state = "error";
   }
 }
+
+let drawn = null;  // redraws the charts at the page's new width (a phone turned, a window resized)
+let resizing = 0;
+window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => drawn?.(), 100); });
 
 $("auth").addEventListener("submit", show);
 const remembered = sessionStorage.getItem("edgellm-usage-token");

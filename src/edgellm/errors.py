@@ -129,3 +129,14 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
     if exc.retryable:
         return GatewayError(ErrorKind.UNAVAILABLE, failed, code=f"{code}_unavailable", retry_after=RETRY_AFTER_SECONDS)
     return GatewayError(ErrorKind.UPSTREAM, failed, code=f"{code}_error", retry_after=RETRY_AFTER_SECONDS)
+
+
+def admin_routes_off(method: str, path: str) -> GatewayError:
+    """The 404 of an admin route on an edge without an admin token, saying how to turn them on
+    (on `make dev` they are off, and "No route" alone reads like a typo)."""
+    return GatewayError(
+        ErrorKind.NOT_FOUND,
+        f"No route for {method} {path}: the admin routes (/admin/*, and the /usage page's report) are off because this "
+        "edge has no admin token. Locally start it with `edgellm dev --admin-token TOKEN` (or `EDGELLM_ADMIN_TOKEN=TOKEN "
+        "make dev`); on Cloudflare run `npx wrangler secret put ADMIN_TOKEN`. Then send `Authorization: Bearer TOKEN`.",
+        code="route_not_found")

@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import ErrorKind, GatewayError, binding_error, invalid
+from ..errors import ErrorKind, GatewayError, admin_routes_off, binding_error, invalid
 from ..http import Request, Response, json_response
 from ..ports import BindingError, Deps, UsageNotQueryable
 from .guard import unauthenticated
@@ -73,7 +73,7 @@ async def get_usage(request: Request, deps: Deps) -> Response:
     principal = request.principal
     if principal is None:
         if not deps.config.admin_token:
-            raise GatewayError(ErrorKind.NOT_FOUND, f"No route for {request.method} {request.path}.", code="route_not_found")
+            raise admin_routes_off(request.method, request.path)
         raise unauthenticated("The admin token or an API key is required.")
     tenant = None if principal.admin else principal.tenant
     query = request.query

@@ -13,7 +13,7 @@ import re
 from typing import Any, Awaitable
 
 from .. import openai
-from ..errors import ErrorKind, GatewayError, binding_error, invalid
+from ..errors import ErrorKind, GatewayError, admin_routes_off, binding_error, invalid
 from ..generation import GenerationRequest
 from ..http import Request, Response, json_response
 from ..inference import start_generation
@@ -42,7 +42,7 @@ def require_admin(request: Request, deps: Deps, *, tenant_allowed: bool = False)
                            code="admin_only")
     token = deps.config.admin_token
     if not token:
-        raise GatewayError(ErrorKind.NOT_FOUND, f"No route for {request.method} {request.path}.", code="route_not_found")
+        raise admin_routes_off(request.method, request.path)
     auth = request.header("authorization") or ""
     given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
     if not given or not hmac.compare_digest(given.encode(), token.encode()):

@@ -4,8 +4,11 @@ responses alike: a field is honoured, accepted because it asks for nothing (`use
 `verbose` or `min_p` to a llama.cpp server expects them to do something.
 
 llama.cpp's own extension `grammar` (a GBNF grammar the answer must match) is honoured where the
-serving model can (the `grammar` capability: the local edge's llama.cpp); its other extensions
-are refused by name, saying so.
+serving model can (the `grammar` capability: the local edge's llama.cpp). So is the pair
+`continue_final_message: true` / `add_generation_prompt: false` when the last message is the
+assistant's: that is how an edge asks an origin to continue a partial answer (`routing/origin.py`
+sends it, and an origin may be another EdgeLLM), and a final assistant message is continued here
+anyway. Other extensions are refused by name, saying so.
 """
 
 from __future__ import annotations
@@ -68,9 +71,28 @@ CHAT_REFUSED = {
 }
 
 
+# the prefill pair and the value each must have to ask for what a final assistant message gets here
+PREFILL_FIELDS = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+def _check_prefill(body: dict[str, Any], name: str, value: Any) -> None:
+    """`continue_final_message` / `add_generation_prompt` are honoured only as the continuation
+    of a final assistant message (what the edge does with one); any other use is refused by name."""
+    if not isinstance(value, bool):
+        raise invalid(f"'{name}' must be a boolean.", name, "invalid_type")
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else {}
+    if value != PREFILL_FIELDS[name] or last.get("role") != "assistant":
+        raise invalid(f"'{name}': {value} is not supported; only continuing a final assistant message "
+                      "('continue_final_message': true, 'add_generation_prompt': false) is.", name, "unsupported_parameter")
+
+
 def check_chat_fields(body: dict[str, Any], refused_elsewhere: tuple[str, ...]) -> None:
     for name, value in body.items():
         if value is None or name in CHAT_FIELDS or name in CHAT_NEUTRAL or name in refused_elsewhere:
+            continue
+        if name in PREFILL_FIELDS:
+            _check_prefill(body, name, value)
             continue
         if name == "verbosity" and value == "medium":
             continue

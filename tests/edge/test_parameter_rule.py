@@ -82,3 +82,14 @@ def test_a_broken_grammar_is_a_400_not_a_failure(edge: EdgeServer) -> None:
     answer = httpx.post(edge.url + "/v1/chat/completions", json={**CHAT, "grammar": "root ::= ("}, timeout=60)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_prefill_pair_is_honoured_after_a_final_assistant_message(edge: EdgeServer) -> None:
+    """How an edge asks an origin (which may be another EdgeLLM) to continue a partial answer."""
+    messages = [*CHAT["messages"], {"role": "assistant", "content": "The answer is"}]
+    answer = httpx.post(edge.url + "/v1/chat/completions", timeout=60,
+                        json={**CHAT, "messages": messages, "continue_final_message": True, "add_generation_prompt": False})
+    assert answer.status_code == 200, answer.text
+    refused = httpx.post(edge.url + "/v1/chat/completions", timeout=60,
+                         json={**CHAT, "messages": messages, "continue_final_message": False})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "continue_final_message"

@@ -75,9 +75,16 @@ def _output(done: "subprocess.CompletedProcess[str]") -> str:
     return f"{done.stdout or ''}\n{done.stderr or ''}"
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
+    """What wrangler said went wrong: its `[ERROR]` line if any, else its last line, without the
+    colours and the "Logs were written to" line it ends every failure with."""
+    lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and "Logs were written to" not in line]
+    errors = [line.split("[ERROR]", 1)[1].strip() for line in lines if "[ERROR]" in line]
+    return (errors or lines or ["no output"])[-1]
 
 
 def check_login(wrangler: Sequence[str], run: Runner) -> Check:

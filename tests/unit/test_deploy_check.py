@@ -32,6 +32,10 @@ if args[:1] == ["whoami"]:
         print("You are logged in with an OAuth Token, associated with the email dev@example.com.")
     else:  # wrangler 4.86 exits 0 here
         print("You are not authenticated. Please run `wrangler login`.")
+elif args[:2] == ["secret", "list"] and os.environ.get("STUB_NO_WORKER") == "1":
+    sys.stderr.write("\x1b[31m\u2718 \x1b[41;31m[\x1b[41;97mERROR\x1b[41;31m]\x1b[0m \x1b[1mThis Worker does not exist on your account. [code: 10007]\x1b[0m\n\n")
+    sys.stderr.write('\U0001fab5  Logs were written to "/root/.config/.wrangler/logs/wrangler.log"\n')
+    sys.exit(1)
 elif args[:2] == ["secret", "list"]:
     print(json.dumps([{{"name": n, "type": "secret_text"}} for n in os.environ.get("STUB_SECRETS", "").split(",") if n]))
 elif args[:3] == ["kv", "key", "list"]:
@@ -111,6 +115,14 @@ def test_logged_in_without_secret_or_key_says_what_to_run(tmp_path: Path, stub: 
     assert "[FAIL] secret ADMIN_TOKEN" in done.stdout and "npx wrangler secret put ADMIN_TOKEN" in done.stdout
     assert "[FAIL] API key" in done.stdout and "edgellm keys create" in done.stdout
     assert "[ok  ] dry run" in done.stdout
+
+
+def test_a_worker_not_yet_created_says_what_wrangler_said(tmp_path: Path, stub: dict[str, str]) -> None:
+    done = deploy_check(with_real_ids(tmp_path), {**stub, "STUB_LOGGED_IN": "1", "STUB_NO_WORKER": "1", "STUB_KEYS": "1"})
+    assert done.returncode == 1
+    line = next(x for x in done.stdout.splitlines() if x.startswith("[FAIL] secret ADMIN_TOKEN"))
+    assert "This Worker does not exist on your account. [code: 10007]" in line and "\x1b" not in line, line
+    assert "creates the Worker if it does not exist yet" in done.stdout
 
 
 def test_usage_account_asks_for_its_token_secret(tmp_path: Path, stub: dict[str, str]) -> None:

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
 
-.PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split deploy-check clean
+.PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split deploy-check deploy clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -131,8 +131,16 @@ bench: setup-test
 bench-split: setup
 	$(BIN)/python -m bench.split $(ARGS)
 
-deploy-check:
-	npx wrangler deploy --dry-run --outdir dist
+# `make deploy` runs what it can and checks what it cannot (README, "Deploy"): logged in, the ids in
+# wrangler.toml, the secrets, a key in the deployed KV, the dry run; it deploys only if all pass.
+# `make deploy-check` is the checks alone. wrangler's [build] step (vendor-python, vendor-wllama)
+# downloads from PyPI and npm on a fresh clone.
+WRANGLER_PATH := PATH="$(CURDIR)/node_modules/.bin:$$PATH"
+deploy-check: | $(VENV)/.installed-local node_modules/.installed
+	$(WRANGLER_PATH) $(BIN)/edgellm deploy-check
+
+deploy: deploy-check
+	$(WRANGLER_PATH) wrangler deploy
 
 clean:
 	rm -rf $(VENV) node_modules dist .state

@@ -17,6 +17,7 @@ from typing import Any
 from edgellm.config import Config
 
 from .access_log import install as install_access_log
+from .deploy_check import add_parser as add_deploy_check_parser
 from .keys_cli import add_parser as add_keys_parser
 from .publish import add_parser as add_publish_parser
 
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     pull.set_defaults(run=_pull)
     add_publish_parser(sub)
     add_keys_parser(sub)
+    add_deploy_check_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "dev":

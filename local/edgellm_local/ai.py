@@ -454,6 +454,7 @@ class LlamaCppAI:
         body.update(stream=True, stream_options={"include_usage": True})
         parts: list[str] = []
         usage: dict[str, Any] = {}
+        finish: str | None = None
         logprobs: list[dict[str, Any]] = []
         tenant = admitted_tenant()
         lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
@@ -464,6 +465,7 @@ class LlamaCppAI:
                 async for event in events:
                     parts.append(event.get("response") or "")
                     usage = event.get("usage") or usage
+                    finish = event.get("finish_reason") or finish
                     if top is not None and "logprobs" in event:
                         logprobs.extend(structured.logprobs_of(event, top) or [])
             finally:
@@ -480,6 +482,8 @@ class LlamaCppAI:
                 out["tool_calls"] = calls
         if top is not None:
             out["logprobs"] = logprobs
+        if finish:
+            out["finish_reason"] = finish
         return out
 
     async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None,
@@ -637,14 +641,18 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] | None = None
     told_prompt = False
+    finish: str | None = None  # llama.cpp's finish_reason ("length" also when the slot's context filled up)
     try:
         while True:
             item = await queue.get()
             if cancelled.is_set():  # only the runner sets it while this reads: it is stopping
                 raise RunnerStopping("3040: the local model server stopped mid-generation; try again later.")
             if item is DONE:
-                if usage is not None:
-                    yield {"response": "", "usage": llama_usage({"usage": usage, "timings": timings or {}})}
+                end: dict[str, Any] = {"usage": llama_usage({"usage": usage, "timings": timings or {}})} if usage is not None else {}
+                if finish == "length":  # max_tokens or the slot's context: only llama.cpp knows which stopped it
+                    end["finish_reason"] = finish
+                if end:
+                    yield {"response": "", **end}
                 return
             if isinstance(item, BaseException):
                 raise _llama_exception(item) from item
@@ -652,6 +660,7 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
             timings = item.get("timings") or timings
             usage = item.get("usage") or usage
             for choice in item.get("choices") or []:
+                finish = choice.get("finish_reason") or finish
                 text = (choice.get("delta") or {}).get("content") if kind == "chat" else choice.get("text")
                 if choice.get("logprobs"):  # asked for: llama.cpp's entries ride along (trimmed by _structured_stream)
                     yield {"response": text or "", "logprobs": choice["logprobs"]}

@@ -41,6 +41,17 @@ ROUTES = Router((
     route("GET", "/api/models/models/{name}/tree/{revision}", hf.list_repo_tree),
     route("GET", "/api/models/models/{name}/tree/{revision}/{path:path}", hf.list_repo_tree),
     route("GET", "/models/{path:path}", artifacts.get_artifact),
+    # the same repos as `{name}` (a repo id without namespace, as the Hub's `gpt2`), after the
+    # artifact route so a model's own blob paths are never read as a bare repo
+    route("GET", "/api/models/{bare}", hf.get_repo_info),
+    route("GET", "/api/models/{bare}/revision/{revision}", hf.get_repo_info),
+    route("GET", "/api/models/{bare}/tree/{revision}", hf.list_repo_tree),
+    route("GET", "/api/models/{bare}/tree/{revision}/{path:path}", hf.list_repo_tree),
+    route("GET", "/{bare}/resolve/{revision}/{file:path}", hf.resolve_file),
+    route("GET", "/{owner}/{repo}/resolve/{revision}/{file:path}", hf.foreign_repo),
+    route("GET", "/api/models/{owner}/{repo}", hf.foreign_repo),
+    route("GET", "/api/models/{owner}/{repo}/revision/{revision}", hf.foreign_repo),
+    route("GET", "/api/models/{owner}/{repo}/tree/{revision:path}", hf.foreign_repo),
     route("POST", "/admin/cache/preload", cache_admin.preload_cache),
     route("POST", "/admin/cache/purge", cache_admin.purge_cache),
     route("GET", "/admin/cache/stats", cache_admin.cache_stats),

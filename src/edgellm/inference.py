@@ -80,9 +80,11 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
     raise binding_error(last, request.model)
 
 
-def finish_reason(usage: Usage, max_tokens: int) -> str:
-    """Workers AI reports no finish reason; a generation that used its whole budget hit it."""
-    return "length" if usage.completion_tokens >= max_tokens else "stop"
+def finish_reason(usage: Usage, max_tokens: int, said: Any = None) -> str:
+    """Workers AI reports no finish reason; a generation that used its whole budget hit it. A
+    binding that says `finish_reason: "length"` (the local edge's llama.cpp) was cut short,
+    whether by max_tokens or by the serving slot's context, which the budget alone cannot tell."""
+    return "length" if said == "length" or usage.completion_tokens >= max_tokens else "stop"
 
 
 def _with_tool_calls(reason: str, called: bool) -> str:
@@ -101,15 +103,17 @@ async def _from_result(result: dict[str, Any], max_tokens: int) -> AsyncIterator
         yield Token(text or "", tuple(logprobs) if isinstance(logprobs, list) else None)
     for call in calls:
         yield call
-    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), bool(calls)), usage)
+    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens, result.get("finish_reason")), bool(calls)), usage)
 
 
 async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int, seen: PromptSeen | None = None) -> AsyncIterator[Event]:
     usage: Usage | None = None
     count = 0
     called = False
+    said = None  # the binding's own finish_reason, if it gives one
     try:
         async for event in events:
+            said = event.get("finish_reason") or said
             text = response_text(event.get("response")) or ""
             if event.get("usage"):
                 usage = Usage.from_json(event["usage"])
@@ -133,7 +137,7 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int, s
     usage = usage or Usage(0, count)  # a stream without a usage event: one event per token
     if count and not usage.completion_tokens:  # only the prompt was reported (the local binding's first token)
         usage = Usage(usage.prompt_tokens, count, usage.cached_tokens)
-    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens), called), usage)
+    yield Finish(_with_tool_calls(finish_reason(usage, max_tokens, said), called), usage)
 
 
 async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, live: bool = True,

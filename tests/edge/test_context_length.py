@@ -90,6 +90,76 @@ def test_an_uncounted_prompt_the_edge_cannot_hold_goes_to_an_origin_that_can(
     client.close()
 
 
+def _stream_end(response: httpx.Response) -> tuple[str | None, dict[str, Any], str, list[str]]:
+    """An SSE answer (with `stream_options.include_usage`): its finish_reason, usage, content
+    and the names of the tools it called."""
+    finish, usage, content, names = None, {}, "", []
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            chunk = json.loads(line[len("data: "):])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                finish = choice.get("finish_reason") or finish
+                delta = choice.get("delta") or {}
+                content += delta.get("content") or choice.get("text") or ""
+                names += [c["function"]["name"] for c in delta.get("tool_calls") or [] if c.get("function", {}).get("name")]
+    return finish, usage, content, names
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_an_answer_cut_by_the_slots_context_finishes_with_length(
+    start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], small_runner: LlamaCppRunner, stream: bool, route: str,
+) -> None:
+    """A prompt and a max_tokens that each fit the 256-token slot but not together: llama.cpp stops
+    when the slot is full, short of max_tokens, and that is OpenAI's "length" (the answer is cut),
+    not "stop" (which tells a client the answer is complete)."""
+    config = Config(open_access=True)
+    client = httpx.Client(base_url=start_edge(make_deps(config=config, ai=LlamaCppAI.for_config(config, small_runner), kv=None)).url, timeout=120)
+    max_tokens = 200
+    common = {"max_tokens": max_tokens, "temperature": 0, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
+    path, body = (("/v1/chat/completions", {"messages": [{"role": "user", "content": words(150)}], **common}) if route == "chat"
+                  else ("/v1/completions", {"prompt": words(150), **common}))
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    if stream:
+        finish, usage, _, _ = _stream_end(response)
+    else:
+        finish, usage = response.json()["choices"][0]["finish_reason"], response.json()["usage"]
+    assert 0 < usage["completion_tokens"] < max_tokens  # cut by the slot, not by max_tokens
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == small_runner.slot_context
+    assert finish == "length"
+    client.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_tool_call_cut_by_the_slots_context_finishes_with_length_not_tool_calls(
+    start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], tiny_model: Path, stream: bool,
+) -> None:
+    """The forced call's arguments run into the full slot (512 tokens: the tool's description
+    alone takes ~280): a partial call, finish_reason "length"."""
+    config = Config(open_access=True)
+    runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, threads=1).load()
+    client = httpx.Client(base_url=start_edge(make_deps(config=config, ai=LlamaCppAI.for_config(config, runner), kv=None)).url, timeout=120)
+    tool = {"type": "function", "function": {"name": "note", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+    body = {"messages": [{"role": "user", "content": words(180)}], "tools": [tool], "tool_choice": "required", "max_tokens": 200,
+            "temperature": 0, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    if stream:
+        finish, usage, content, names = _stream_end(response)
+        assert names == ["note"] and "tool_calls" not in content
+    else:
+        choice, usage = response.json()["choices"][0], response.json()["usage"]
+        finish = choice["finish_reason"]
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["note"]
+        assert "tool_calls" not in (choice["message"]["content"] or "")
+    assert usage["completion_tokens"] < 200 and usage["prompt_tokens"] + usage["completion_tokens"] == runner.slot_context
+    assert finish == "length"
+    client.close()
+    runner.close()
+
+
 def test_an_origins_context_refusal_is_context_length_exceeded(routed: Callable[..., Any], origin: OriginProcess) -> None:  # noqa: F811
     client, faulty, _ = routed(ORIGINS=[{"name": "central", "url": origin.url, "context_window": 8192}])
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": words(1000)}], "max_tokens": 8})

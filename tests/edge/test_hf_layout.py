@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-from huggingface_hub import hf_hub_download, snapshot_download
+from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 from tokenizers import Tokenizer
 
@@ -84,6 +84,32 @@ def test_missing_repo_revision_and_file_are_the_hubs_errors(hub: EdgeServer, tmp
     bad = httpx.get(f"{hub.url}/models/{NAME}/resolve/main/nothing.bin")
     assert bad.status_code == 404 and bad.headers["x-error-code"] == "EntryNotFound"
     assert bad.json()["error"]["type"] == "not_found_error"  # still the gateway's one error shape
+
+
+def test_the_repo_id_without_the_models_prefix_is_the_same_repo(hub: EdgeServer, model_file: Path, tmp_path: Path) -> None:
+    """`tiny-hf` as well as `models/tiny-hf`, as the Hub serves `gpt2`: the same bytes and commit."""
+    cache = tmp_path / "hf-cache"
+    gguf = hf_hub_download(NAME, "model.gguf", endpoint=hub.url, cache_dir=cache)
+    assert Path(gguf).read_bytes() == model_file.read_bytes()
+    commit = httpx.head(f"{hub.url}/{REPO}/resolve/main/model.gguf").headers["x-repo-commit"]
+    assert Path(gguf).parent.name == commit
+    folder = Path(snapshot_download(NAME, endpoint=hub.url, cache_dir=cache))
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.gguf", "tokenizer.json", "tokenizer_config.json"]
+    info = HfApi(endpoint=hub.url).model_info(NAME)
+    assert info.id == NAME and info.sha == commit
+    with pytest.raises(EntryNotFoundError):
+        hf_hub_download(NAME, "special_tokens_map.json", endpoint=hub.url, cache_dir=cache)
+    with pytest.raises(RepositoryNotFoundError, match="nobody"):
+        hf_hub_download("nobody", "config.json", endpoint=hub.url, cache_dir=cache)
+
+
+def test_a_repo_id_in_another_namespace_is_a_repo_not_found_naming_the_edges_ids(hub: EdgeServer, tmp_path: Path) -> None:
+    """Not huggingface_hub's "check your connection": its RepositoryNotFoundError, with our message."""
+    cache = tmp_path / "hf-cache"
+    with pytest.raises(RepositoryNotFoundError, match=f"models/{NAME}"):
+        hf_hub_download(f"someone/{NAME}", "config.json", endpoint=hub.url, cache_dir=cache)
+    with pytest.raises(RepositoryNotFoundError, match=f"models/{NAME}"):
+        snapshot_download(f"someone/{NAME}", endpoint=hub.url, cache_dir=cache)
 
 
 def test_a_range_crosses_shard_boundaries(hub: EdgeServer, model_file: Path) -> None:

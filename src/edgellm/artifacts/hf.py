@@ -7,6 +7,10 @@ look for repo `models/{name}` at:
   file `X-Linked-Etag`/`X-Linked-Size` (the Hub's LFS headers; the ETag is the file's SHA-256);
 - `GET /api/models/models/{name}[/revision/{revision}]`: repo info (`sha`, `siblings`);
 - `GET /api/models/models/{name}/tree/{revision}[/{path}]`: the file list `snapshot_download` uses.
+The same repo answers as `{name}` too (`/{name}/resolve/...`, `/api/models/{name}...`), as the Hub
+answers a repo id without a namespace (`gpt2`): a user who types the bare name gets the model, not
+huggingface_hub's "check your connection" (its word for any 404 without the Hub's error code). A
+repo id in another namespace is a `RepoNotFound` whose message names the ids this edge serves.
 
 The repo is a view of the manifest: its files are the tokenizer files the manifest lists plus
 `model.gguf`, which is not stored whole but streamed from its shards in order (one `Range` may
@@ -21,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from ..errors import ErrorKind, GatewayError
@@ -68,10 +72,11 @@ class Snapshot:
     name: str
     commit: str
     files: dict[str, RepoFile]
+    namespace: str = "models/"  # as the client asked for it: "models/" or "" (the bare id)
 
     @property
     def repo_id(self) -> str:
-        return f"models/{self.name}"
+        return f"{self.namespace}{self.name}"
 
 
 def _hub_error(status: ErrorKind, code: str, message: str) -> GatewayError:
@@ -114,17 +119,36 @@ def parse_snapshot(name: str, raw: bytes) -> Snapshot:
     return Snapshot(name, hashlib.sha256(raw).hexdigest()[:40], repo)
 
 
-async def load_snapshot(deps: Deps, name: str) -> Snapshot:
+async def load_snapshot(deps: Deps, name: str, namespace: str = "models/") -> Snapshot:
     validate_name(name)
     obj = await _call(_store(deps).get(ArtifactPath(name, MANIFEST).key))
     if obj is None or obj.body is None:
-        raise _hub_error(ErrorKind.NOT_FOUND, "RepoNotFound", f"Repository models/{name} not found: no model {name!r} is published on this edge.")
+        raise _hub_error(ErrorKind.NOT_FOUND, "RepoNotFound", f"Repository {namespace}{name} not found: no model {name!r} is published on this edge.")
     raw = bytearray()
     async for chunk in obj.body:
         raw += chunk
         if len(raw) > _MAX_MANIFEST_BYTES:
             raise _bad_manifest(name, "it is larger than 4 MiB")
-    return parse_snapshot(name, bytes(raw))
+    return replace(parse_snapshot(name, bytes(raw)), namespace=namespace)
+
+
+async def _requested_snapshot(request: Request, deps: Deps) -> Snapshot:
+    """The routes of `models/{name}` name the model `name`; the bare routes (repo id `{name}`) `bare`."""
+    params = request.path_params
+    if "name" in params:
+        return await load_snapshot(deps, params["name"])
+    return await load_snapshot(deps, params["bare"], namespace="")
+
+
+async def foreign_repo(request: Request, deps: Deps) -> Response:
+    """A repo id in a namespace this edge does not have: the Hub's `RepoNotFound` (which
+    huggingface_hub raises with this message) rather than a bare 404 it calls a connection problem."""
+    owner, repo = request.path_params["owner"], request.path_params["repo"]
+    raise _hub_error(
+        ErrorKind.NOT_FOUND, "RepoNotFound",
+        f"Repository {owner}/{repo} not found: this edge serves its published models as repo ids "
+        f"models/{{name}} (or {{name}}), e.g. models/{repo}; GET /models lists them.",
+    )
 
 
 def _check_revision(snapshot: Snapshot, revision: str) -> None:
@@ -200,7 +224,7 @@ async def _close(body: Any) -> None:
 
 async def resolve_file(request: Request, deps: Deps) -> Response:
     params = request.path_params
-    snapshot = await load_snapshot(deps, params["name"])
+    snapshot = await _requested_snapshot(request, deps)
     revision = params["revision"]
     _check_revision(snapshot, revision)
     file = snapshot.files.get(params["file"])
@@ -234,7 +258,7 @@ def _tree_entry(file: RepoFile) -> dict[str, Any]:
 
 async def get_repo_info(request: Request, deps: Deps) -> Response:
     """`HfApi.model_info` / `repo_info`: what `snapshot_download` resolves a revision with."""
-    snapshot = await load_snapshot(deps, request.path_params["name"])
+    snapshot = await _requested_snapshot(request, deps)
     revision = request.path_params.get("revision", MAIN)
     _check_revision(snapshot, revision)
     files = sorted(snapshot.files.values(), key=lambda f: f.path)
@@ -257,7 +281,7 @@ async def get_repo_info(request: Request, deps: Deps) -> Response:
 
 async def list_repo_tree(request: Request, deps: Deps) -> Response:
     """`HfApi.list_repo_tree`: the repo is flat, so a sub-folder never exists (the Hub's 404)."""
-    snapshot = await load_snapshot(deps, request.path_params["name"])
+    snapshot = await _requested_snapshot(request, deps)
     _check_revision(snapshot, request.path_params["revision"])
     folder = request.path_params.get("path", "").strip("/")
     if folder:

@@ -17,6 +17,14 @@ Figures from a shared, busy 2-core machine vary from run to run: compare ratios 
 
     .venv/bin/python -m bench.bench_artifacts [--size 1GiB] [--shard-size 64MiB] [--parallel 4] [--also-parallel 1] [--rounds 1]
 
+`--serving-cpu` measures only what serving costs the server (issue 26): the edge's CPU seconds per
+GiB of shards served (user + system, from /proc), for an edge running `--before DIR` (another
+version's `src/` and `local/`, e.g. `git archive <commit> src local`) beside one running this
+checkout and beside nginx (`sendfile on`) serving the same shard files, in alternating rounds, each
+round one curl fetching every shard in turn; medians printed with the ratios.
+
+    .venv/bin/python -m bench.bench_artifacts --serving-cpu [--before DIR] [--cpu-rounds 5]
+
 `--also-parallel` adds a second pull row: on loopback, where there is no latency to hide, one
 stream competes less with the edge for the CPU; the targets are judged on `--parallel`.
 """
@@ -25,18 +33,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 
-from bench.edge_process import running_edge
+from bench.edge_process import cpu_seconds, free_port, running_edge
 from edgellm_local.publish import parse_size
 from edgellm_local.r2 import FileR2
 from tests.support.tiny_gguf import write_tiny_gguf
@@ -124,6 +136,115 @@ def measure(label: str, command: list[str], size: int, stdout: Path | None = Non
     return Run(label, seconds, size, peak)
 
 
+NGINX_CONF = """
+{user}daemon off; worker_processes 1; error_log {root}/nginx-error.log; pid {root}/nginx.pid;
+events {{ worker_connections 64; }}
+http {{
+  access_log off; sendfile on; tcp_nopush on; default_type application/octet-stream;
+  client_body_temp_path {root}/nginx-tmp; proxy_temp_path {root}/nginx-tmp; fastcgi_temp_path {root}/nginx-tmp;
+  uwsgi_temp_path {root}/nginx-tmp; scgi_temp_path {root}/nginx-tmp;
+  server {{ listen 127.0.0.1:{port}; root {files}; }}
+}}
+"""
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and its children (nginx's master and its worker)."""
+    total = cpu_seconds(pid)
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            total += sum(cpu_seconds(int(child)) for child in f.read().split())
+    return total
+
+
+@contextlib.contextmanager
+def running_nginx(root: Path, files: Path) -> Iterator[tuple[str, int]]:
+    """nginx serving `files` (sendfile on), as the reference for what bytes should cost; yields
+    (URL, master pid)."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    port = free_port()
+    (root / "nginx-tmp").mkdir(exist_ok=True)
+    conf = root / "nginx.conf"
+    # as root its worker would run as nobody, who cannot read the bench's private temporary directory
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    conf.write_text(NGINX_CONF.format(user=user, root=root, port=port, files=files))
+    process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"nginx exited: {(root / 'nginx-error.log').read_text(errors='replace')[-2000:]}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.05)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def fetch_all(urls: list[str]) -> tuple[int, float]:
+    """One curl fetching every URL in turn into /dev/null: (bytes received, seconds)."""
+    command = ["curl", "--silent", "--show-error", "--fail", "-H", "Accept-Encoding: identity", "-w", "%{size_download}\\n"]
+    for url in urls:
+        command += ["-o", "/dev/null", url]
+    start = time.perf_counter()
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return sum(int(n) for n in out.split()), time.perf_counter() - start
+
+
+def serving_cpu(args: argparse.Namespace, root: Path, state: Path, tiny: Path, manifest: dict, size: int) -> int:
+    """The `--serving-cpu` phase (see the module doc)."""
+    with contextlib.ExitStack() as stack:
+        pids: dict[str, int] = {}
+        targets: dict[str, tuple[list[str], int]] = {}
+        if shutil.which("nginx") or os.path.exists("/usr/sbin/nginx"):
+            data = state / "r2" / "data"
+            url, pid = stack.enter_context(running_nginx(root, data))
+            shard_sizes = sorted(s["size"] for s in manifest["shards"])
+            files = [p.name for p in data.iterdir() if p.stat().st_size in shard_sizes][: len(shard_sizes)]
+            targets["nginx (sendfile)"] = ([f"{url}/{name}" for name in files], pid)
+        else:
+            print("nginx is not installed: no reference row (`apt-get install nginx-light`)")
+        if args.before:
+            url = stack.enter_context(running_edge(tiny, state, code=args.before, pids=pids))
+            targets["edge before"] = ([f"{url}/models/{NAME}/{s['path']}" for s in manifest["shards"]], pids[url])
+        url = stack.enter_context(running_edge(tiny, state, pids=pids))
+        targets["edge after"] = ([f"{url}/models/{NAME}/{s['path']}" for s in manifest["shards"]], pids[url])
+        for urls, _pid in targets.values():
+            fetch_all(urls)  # warm: the page cache, and each server's first requests
+        per_gib: dict[str, list[float]] = {k: [] for k in targets}
+        rate: dict[str, list[float]] = {k: [] for k in targets}
+        names = list(targets)
+        for i in range(args.cpu_rounds):
+            for name in names if i % 2 == 0 else names[::-1]:
+                urls, pid = targets[name]
+                before = process_tree_cpu(pid)
+                got, seconds = fetch_all(urls)
+                used = process_tree_cpu(pid) - before
+                assert got == size, (name, got, size)
+                per_gib[name].append(used / (got / (1 << 30)))
+                rate[name].append(got / seconds / MB)
+    load = os.getloadavg()
+    print(f"\nserver CPU per GiB served, {size:,} bytes a round as {len(manifest['shards'])} shards, one curl, "
+          f"median of {args.cpu_rounds} alternating rounds (load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}):")
+    print(f"{'server':<20}{'CPU s/GiB':>11}{'min':>8}{'max':>8}{'MB/s':>9}")
+    median = {k: statistics.median(v) for k, v in per_gib.items()}
+    for name in names:
+        print(f"{name:<20}{median[name]:>11.3f}{min(per_gib[name]):>8.3f}{max(per_gib[name]):>8.3f}{statistics.median(rate[name]):>9.0f}")
+    after = median["edge after"]
+    if "edge before" in median:
+        print(f"edge after / before:  {after / median['edge before']:.2f}x CPU per GiB")
+    if "nginx (sendfile)" in median:
+        ref = median["nginx (sendfile)"]
+        if "edge before" in median:
+            print(f"edge before / nginx:  {median['edge before'] / ref:.1f}x")
+        print(f"edge after / nginx:   {after / ref:.1f}x   (target <= 3x)")
+        return 0 if after <= 3 * ref else 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default=1 << 30, help="model size (default 1GiB)")
@@ -131,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=4, help="pull's concurrent shard downloads (the targets' row)")
     parser.add_argument("--also-parallel", type=int, default=1, help="a second pull row with this --parallel (0: none)")
     parser.add_argument("--rounds", type=int, default=1, help="repeat each download; the best round counts")
+    parser.add_argument("--serving-cpu", action="store_true", help="only the server-CPU-per-GiB comparison (see the module doc)")
+    parser.add_argument("--before", help="with --serving-cpu: a directory holding another version's src/ and local/")
+    parser.add_argument("--cpu-rounds", type=int, default=5, help="with --serving-cpu: alternating rounds (median)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="edgellm-bench-artifacts-") as tmp:
@@ -141,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         manifest = publish(state, model, args.shard_size)
         print(f"published {args.size:,} bytes as {len(manifest['shards'])} shards of {args.shard_size:,} in {time.perf_counter() - t:.1f} s")
+        if args.serving_cpu:
+            return serving_cpu(args, root, state, tiny, manifest, args.size)
         aria2c = shutil.which("aria2c")
         if aria2c is None:
             print("aria2c is not installed: skipping its row (`apt-get install aria2`; `make bench` does)")

@@ -254,6 +254,7 @@ function showTier(tier, text) {
   document.body.dataset.tier = tier;
   ui.tierNow.dataset.tier = tier;
   ui.tierNow.textContent = text;
+  ui.model.disabled = tier === "device"; // the device runs its one published model
   for (const radio of ui.tierRadios) radio.checked = radio.value === tier;
 }
 

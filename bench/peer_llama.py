@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,9 +24,16 @@ from bench.edge_process import free_port
 ENV_VAR = "EDGELLM_LLAMA_SERVER"
 
 
+XLLAMACPP = "xllamacpp"  # the stand-in: llama.cpp's server from the edge's own build, in its own process
+
+
 def find_llama_server(flag: str | None) -> Path | None:
-    """The `--llama-server` flag, else $EDGELLM_LLAMA_SERVER, else None (with the reason printed)."""
+    """The `--llama-server` flag, else $EDGELLM_LLAMA_SERVER, else None (with the reason printed).
+    `xllamacpp` names the stand-in (bench/xllamacpp_server.py)."""
     chosen = flag or os.environ.get(ENV_VAR)
+    if chosen == XLLAMACPP:
+        print("llama-server: the stand-in, llama.cpp's server from xllamacpp's build in its own process")
+        return Path(XLLAMACPP)
     if not chosen:
         print(f"llama-server: not given (--llama-server PATH or ${ENV_VAR}; build it with bench/build_llama_server.sh): "
               "its rows are skipped")
@@ -48,6 +56,10 @@ def running_llama_server(binary: Path, model: str | os.PathLike[str], ctx: int, 
                          threads: int, extra: list[str] | None = None) -> Iterator[str]:
     """`llama-server` on a free loopback port with the same GGUF, context, slots and threads as
     the edge; yields its URL and stops it (terminate, then kill) whatever happens."""
+    if str(binary) == XLLAMACPP:
+        with _running_stand_in(model, ctx, parallel, threads) as url:
+            yield url
+        return
     port = free_port()
     command = [str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
                "--ctx-size", str(ctx), "--parallel", str(parallel), "--threads", str(threads),
@@ -72,6 +84,28 @@ def running_llama_server(binary: Path, model: str | os.PathLike[str], ctx: int, 
             process.terminate()
             try:
                 process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+
+
+@contextlib.contextmanager
+def _running_stand_in(model: str | os.PathLike[str], ctx: int, parallel: int, threads: int) -> Iterator[str]:
+    command = [sys.executable, "-m", "bench.xllamacpp_server", str(model), str(ctx), str(parallel), str(threads)]
+    with tempfile.TemporaryFile() as errors:
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
+        try:
+            line = process.stdout.readline() if process.stdout else ""
+            if not line.startswith("URL "):
+                errors.seek(0)
+                raise RuntimeError(f"the xllamacpp stand-in did not start: {errors.read()[-2000:].decode(errors='replace')}")
+            yield line.split()[1]
+        finally:
+            if process.stdin:
+                process.stdin.close()
+            process.terminate()
+            try:
+                process.wait(20)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(10)

@@ -30,6 +30,18 @@ DEFAULT_PRICES = {
 }
 
 
+def _positive_int(name: str, value: Any) -> int:
+    """A count that must be at least 1: MAX_MESSAGES=0 would refuse every request and a negative cap
+    means nothing, so a deploy with one fails at start-up naming the variable, not on every request."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return number
+
+
 def _flag(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
@@ -166,7 +178,7 @@ class Config:
             max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
             open_access=_flag(get("OPEN_ACCESS") or "false"),
             cors_origins=_list(get("CORS_ORIGINS")),
-            fixed_max_messages=int(get("MAX_MESSAGES")) if get("MAX_MESSAGES") else None,
+            fixed_max_messages=_positive_int("MAX_MESSAGES", get("MAX_MESSAGES")) if get("MAX_MESSAGES") else None,
             model_prices=_prices(get("MODEL_PRICES")),
             model_capabilities=_capabilities(get("MODEL_CAPABILITIES")),
             # present but empty turns aliases off; absent keeps the default ones

@@ -29,7 +29,7 @@ from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded,
 from . import structured
 from .isolation import OwnedStream
 from .llama_server import start_server
-from .slots import SlotLease, SlotPool
+from .slots import SlotLease, SlotPool, prompt_text
 from .structured import ToolPlan
 
 from .control_tokens import defuse_messages, special_pattern, special_texts
@@ -400,7 +400,7 @@ class LlamaCppAI:
     async def _lease(self, session: str | None, body: dict[str, Any], scope: str | None = None) -> SlotLease | None:
         if self.slots is None:
             return None
-        lease = await self.slots.acquire(session, scope)
+        lease = await self.slots.acquire(session, scope, prompt_text(body) if session is None and scope is not None else "")
         body.update(id_slot=lease.slot, cache_prompt=True)
         return lease
 

@@ -31,8 +31,12 @@ asks for it, in the background and outside any request, the slot staying busy un
   is about to grow). While every conversation has a slot of its own, nothing is written.
 
 llama.cpp's own RAM prompt cache is turned off for a pooled runner (`cache_ram_mib = 0`): it
-restores by prompt similarity across conversations, the kind of reuse this pool exists to rule
-out.
+restores by prompt similarity across conversations and tenants, the kind of reuse this pool
+exists to rule out. What it gave, the pool gives within a tenant: a sessionless prompt goes to
+the tenant's slot whose prompt it continues (`_choose_sessionless`), and a tenant's sessionless
+prompt about to be overwritten is saved first ("kept") and restored for that tenant's next
+prompt that continues or repeats it, so an OpenAI client's conversation (its whole history sent
+again, no session) and a repeated question reuse their tokens as they would on llama-server.
 
 Saved states live under `--state`/slots, within a disk budget (least recently used dropped
 first). The index is this process's memory: files a previous process left are deleted at start.
@@ -124,6 +128,37 @@ def model_identity(runner: "LlamaCppRunner") -> str:
             f"n_parallel={runner.n_parallel}:template={digest}")
 
 
+# llama.cpp's server takes a slot whose cache holds at least `slot_prompt_similarity` (0.1) of a
+# prompt; it can afford to, since its RAM cache restores what that evicts. A pool has no such
+# cache (it would cross tenants), so it evicts a tenant's prompt for a mere similar one only when
+# that saves half of the new prompt; less than that, an empty slot keeps both.
+SIMILAR_START = 0.5
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """What a sessionless prompt is matched on when a slot is chosen for it: its messages (role
+    and content, in order) or its raw prompt. Equal starts here are equal starts of the rendered
+    prompt, which is what llama.cpp's `cache_prompt` reuses."""
+    if "messages" in body:
+        return "".join(f"\x1e{m.get('role', '')}\x1f{m.get('content', '')!s}" for m in body["messages"] if isinstance(m, dict))
+    return str(body.get("prompt", ""))
+
+
+def _common_start(a: str, b: str) -> int:
+    """How many leading characters `a` and `b` share (os.path.commonprefix, without its list)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # binary search on slices: C-speed comparisons, not a Python loop per character
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
     for waiter in waiters:
         if not waiter.done():
@@ -143,6 +178,8 @@ class SlotPool:
     directory: Path = field(init=False)
     _owners: list[str | None] = field(default_factory=list, init=False, repr=False)
     _scopes: list[str | None] = field(default_factory=list, init=False, repr=False)  # the tenant whose sessionless prompt a slot holds
+    _prompts: list[str] = field(default_factory=list, init=False, repr=False)  # that prompt (`prompt_text`), to match the next one against
+    _kept: dict[str, tuple[str, str]] = field(default_factory=dict, init=False, repr=False)  # saved sessionless prompts: key -> (scope, prompt)
     _busy: set[int] = field(default_factory=set, init=False, repr=False)
     _used: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _saved: "OrderedDict[str, SavedState]" = field(default_factory=OrderedDict, init=False, repr=False)
@@ -165,6 +202,7 @@ class SlotPool:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._owners = [None] * self.runner.n_parallel
         self._scopes = [None] * self.runner.n_parallel
+        self._prompts = [""] * self.runner.n_parallel
 
     @property
     def model_id(self) -> str:
@@ -188,15 +226,16 @@ class SlotPool:
     def file_for(self, session: str) -> Path:
         return self.directory / f"{hashlib.sha256(session.encode()).hexdigest()[:40]}.slot"
 
-    async def acquire(self, session: str | None, scope: str | None = None) -> SlotLease:
-        """A slot for this session (or for an anonymous request of tenant `scope`), restored if
-        it was saved.
+    async def acquire(self, session: str | None, scope: str | None = None, prompt: str = "") -> SlotLease:
+        """A slot for this session (or for an anonymous request of tenant `scope`, whose `prompt`
+        (`prompt_text`) picks among its tenant's slots the one holding the longest common start),
+        restored if it was saved.
 
         Choosing is synchronous on the event loop (no lock needed); a request that finds no slot
         waits on a future of its own, which `release` resolves from outside any request, as a
         runtime's queue would (the local edge's loop refuses one request resolving another's).
         """
-        while (slot := self._choose(session, scope)) is None:
+        while (slot := self._choose(session, scope, prompt)) is None:
             self._queued += 1
             try:
                 await self._next_release()
@@ -208,16 +247,19 @@ class SlotPool:
         if session is not None:
             self._claiming.add(session)  # owner of `slot` only once it is prepared (a save may come first)
         try:
-            return await self._prepare(slot, previous, session, scope)
+            lease = await self._prepare(slot, previous, session, scope, prompt)
+            self._prompts[slot] = prompt if session is None and scope is not None else ""
+            return lease
         except BaseException:
             self._owners[slot] = None
             self._scopes[slot] = None  # what the slot holds is unknown: the next request erases it
+            self._prompts[slot] = ""
             await self.release(slot)
             raise
         finally:
             self._claiming.discard(session)  # type: ignore[arg-type]
 
-    def _choose(self, session: str | None, scope: str | None = None) -> int | None:
+    def _choose(self, session: str | None, scope: str | None = None, prompt: str = "") -> int | None:
         if session is not None and session in self._claiming:
             return None  # a slot is being prepared for it: its next turn waits for that one
         if session is not None and session in self._owners:
@@ -227,15 +269,49 @@ class SlotPool:
         if not idle:
             return None
         free = [s for s in idle if self._owners[s] is None]
-        if session is None and scope is not None:  # the slot its tenant's last sessionless prompt is in
-            free = [s for s in free if self._scopes[s] == scope] or free
+        if session is None and scope is not None:
+            chosen = self._choose_sessionless(free, scope, prompt)
+            if chosen is not None:
+                return chosen
         return min(free or idle, key=lambda s: self._used.get(s, -1))
 
-    async def _prepare(self, slot: int, previous: str | None, session: str | None, scope: str | None = None) -> SlotLease:
+    def _choose_sessionless(self, free: list[int], scope: str, prompt: str) -> int | None:
+        """Where llama.cpp's server picks a slot by prompt similarity (and restores others from its
+        RAM cache, which a pool turns off), among this tenant's slots only and in this order:
+        1. one whose whole prompt this one continues (an OpenAI client sending its history again
+           with the next message, or the same question): the longest such;
+        2. one whose prompt shares at least SIMILAR_START of this one's (a long shared system
+           prompt): the most;
+        3. an empty slot, so that the tenant's other prompts stay warm for their own follow-ups;
+        4. the one whose prompt starts the most like this one (the chat template's opening at
+           least), least recently used on a tie.
+        None: the tenant has no slot free (the caller takes the least recently used one)."""
+        own = [s for s in free if self._scopes[s] == scope]
+        continued = [s for s in own if self._prompts[s] and prompt.startswith(self._prompts[s])]
+        if continued:
+            return max(continued, key=lambda s: (len(self._prompts[s]), -self._used.get(s, -1)))
+        shared = {s: _common_start(self._prompts[s], prompt) for s in own}
+        best = max(own, key=lambda s: (shared[s], -self._used.get(s, -1)), default=None)
+        if best is not None and prompt and shared[best] >= SIMILAR_START * len(prompt):
+            return best
+        empty = [s for s in free if self._scopes[s] is None]
+        if empty:
+            return min(empty, key=lambda s: self._used.get(s, -1))
+        return best
+
+    async def _prepare(self, slot: int, previous: str | None, session: str | None, scope: str | None = None,
+                       prompt: str = "") -> SlotLease:
         held, self._scopes[slot] = self._scopes[slot], (scope if session is None else None)
+        old = self._prompts[slot]
+        kept = self._kept_prompt(scope, prompt) if session is None and scope is not None else None
         if previous is None and session is None and scope is not None and held == scope:
-            self.stats.scoped += 1  # its tenant's own earlier prompt: llama.cpp reuses the common prefix
-            return SlotLease(slot, None, warm=True)
+            if kept is None or len(self._kept[kept][1]) <= _common_start(old, prompt):
+                if old and not prompt.startswith(old):
+                    await self._keep_prompt(slot, held, old)  # about to be overwritten past the common start
+                self.stats.scoped += 1  # its tenant's own earlier prompt: llama.cpp reuses the common prefix
+                return SlotLease(slot, None, warm=True)
+        if previous is None and held is not None and old and not prompt.startswith(old):
+            await self._keep_prompt(slot, held, old)  # a tenant's sessionless prompt, for its own next use
         if previous is not None and previous == session:
             self.stats.warm += 1
             self._drop(session)  # a copy written behind is outgrown by this turn
@@ -243,6 +319,15 @@ class SlotPool:
         if previous is not None and previous not in self._saved:  # else written behind already
             await self._save(slot, previous)
         self._owners[slot] = session
+        saved = self._saved.pop(kept, None) if kept is not None else None  # a save above may have dropped it
+        if kept is not None:
+            self._kept.pop(kept, None)
+        if saved is not None and kept is not None:
+            if await self._restore(slot, saved):
+                self.stats.scoped += 1
+                return SlotLease(slot, None, restored=True)
+            await self._action(slot, "erase")
+            return SlotLease(slot, None, refused=True)
         saved = self._saved.pop(session, None) if session is not None else None
         if saved is not None:
             if await self._restore(slot, saved):
@@ -259,7 +344,7 @@ class SlotPool:
         saved, in the background and outside any request; the slot is free once both are done."""
         owner = self._owners[slot]
         prepare = then if owner is not None and not self._queued else None
-        save = owner is not None and bool(self._saved) and owner not in self._saved
+        save = owner is not None and len(self._saved) > len(self._kept) and owner not in self._saved  # conversations' saves
         if prepare is None and not save:
             self._free(slot)
             return
@@ -325,14 +410,35 @@ class SlotPool:
         self.stats.saves += 1
         self._enforce_budget()
 
+    def _kept_prompt(self, scope: str, prompt: str) -> str | None:
+        """The key of the longest saved sessionless prompt of `scope` that `prompt` continues (or
+        repeats): what llama.cpp's RAM prompt cache would restore, within one tenant."""
+        fits = [(len(p), key) for key, (s, p) in self._kept.items() if s == scope and p and prompt.startswith(p) and key in self._saved]
+        return max(fits)[1] if fits else None
+
+    async def _keep_prompt(self, slot: int, scope: str, prompt: str) -> None:
+        """Save the sessionless prompt a slot holds before another overwrites it, under its
+        tenant's name: as llama.cpp's server keeps an evicted prompt in its RAM cache, but per
+        tenant (its own cache is shared by everyone, so a pool turns it off), within the same
+        disk budget as the conversations' states. A failed save only costs a recompute later."""
+        key = "\x00prompt\x00" + scope + "\x00" + hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
+        if key in self._saved:
+            return
+        self._kept[key] = (scope, prompt)
+        await self._save(slot, key)
+        if key not in self._saved:
+            self._kept.pop(key, None)
+
     def _drop(self, session: str) -> None:
+        self._kept.pop(session, None)
         stale = self._saved.pop(session, None)
         if stale is not None:
             stale.path.unlink(missing_ok=True)
 
     def _enforce_budget(self) -> None:
         while self._saved and sum(s.size for s in self._saved.values()) > self.disk_budget:
-            _, oldest = self._saved.popitem(last=False)
+            key, oldest = self._saved.popitem(last=False)
+            self._kept.pop(key, None)
             oldest.path.unlink(missing_ok=True)
             self.stats.dropped += 1
 

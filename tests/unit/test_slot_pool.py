@@ -351,3 +351,68 @@ async def test_requests_waiting_for_a_slot_count_in_the_runners_queue(pooled_run
         for events in held:
             await events.aclose()  # type: ignore[attr-defined]
     await pool.idle()
+
+
+async def test_a_sessionless_prompt_goes_to_its_tenants_slot_that_starts_most_like_it(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    """Issue 26: llama.cpp's server sends a prompt to the slot whose cache it shares the most
+    with (slot similarity); the pool did least-recently-used among the tenant's slots, so two
+    alternating conversations without a session (an OpenAI client sends the whole history and no
+    session) each recomputed their history on every turn. Among its own tenant's slots only, the
+    one whose prompt this one continues now wins: each conversation's second turn reuses its
+    first; a new question that shares a long system prompt goes where that prompt is, not to an
+    empty slot."""
+    asked = {"boats": "Which boats sail fastest upwind?", "trains": "Explain how a steam train works, part by part."}
+
+    def chat(topic: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": asked[topic]}]
+
+    first = {topic: await pooled.run(MODEL, {"messages": chat(topic), **SAMPLING}, prefix_scope="a") for topic in ("boats", "trains")}
+    # least recently used would send trains' turn to the boats slot (and the other way round)
+    for topic in ("trains", "boats"):
+        messages = [*chat(topic), {"role": "assistant", "content": first[topic]["response"]},
+                    {"role": "user", "content": "And then?"}]
+        result = await pooled.run(MODEL, {"messages": messages, **SAMPLING}, prefix_scope="a")
+        cached = result["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= first[topic]["usage"]["prompt_tokens"] - 1, (topic, cached, first[topic]["usage"])
+    other = await pooled.run(MODEL, {"messages": chat("boats"), **SAMPLING}, prefix_scope="b")
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # never another tenant's slot
+
+
+async def test_a_new_question_under_a_long_shared_system_prompt_goes_where_that_prompt_is(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    """An empty slot keeps a tenant's other prompts warm, but not at the price of recomputing a
+    long system prompt the tenant's own slot already holds (SIMILAR_START)."""
+    system = {"role": "system", "content": "You are the harbour's guide. " + "Answer briefly, kindly and only about the harbour. " * 6}
+    opening = await pooled.run(MODEL, {"messages": [system, {"role": "user", "content": "When does the ferry leave?"}], **SAMPLING}, prefix_scope="c")
+    later = await pooled.run(MODEL, {"messages": [system, {"role": "user", "content": "Where can I park?"}], **SAMPLING}, prefix_scope="c")
+    assert later["usage"]["prompt_tokens_details"]["cached_tokens"] >= opening["usage"]["prompt_tokens"] // 2
+
+
+def test_prompt_text_matches_on_messages_in_order() -> None:
+    from edgellm_local.slots import _common_start, prompt_text
+
+    one = prompt_text({"messages": [{"role": "user", "content": "hello"}]})
+    two = prompt_text({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]})
+    assert two.startswith(one) and _common_start(one, two) == len(one)
+    assert _common_start("abcdef", "abcxyz") == 3 and _common_start("", "abc") == 0 and _common_start("abc", "abc") == 3
+    assert prompt_text({"prompt": "raw text"}) == "raw text"
+
+
+async def test_a_tenants_evicted_prompt_is_kept_and_restored_for_it_only(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    """Issue 26: llama.cpp's server keeps an evicted prompt in its RAM cache and restores it for a
+    prompt that continues it, so three questions asked in turn over 2 slots were answered from
+    cache on the second round there and recomputed here. The pool now saves a tenant's
+    sessionless prompt before another overwrites it and restores it for that tenant's next
+    prompt that continues it; another tenant's identical prompt never gets it."""
+    questions = ["Which boats sail fastest upwind?", "Explain how a steam train works.", "Why is the sea salty?"]
+    bodies = [{"messages": [{"role": "user", "content": q}], **SAMPLING} for q in questions]
+    firsts = [await pooled.run(MODEL, body, prefix_scope="a") for body in bodies]
+    again = [await pooled.run(MODEL, body, prefix_scope="a") for body in bodies]
+    for first, second in zip(firsts, again):
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] - 1, (first["usage"], second["usage"])
+    assert pool.stats.restores >= 2  # one of the three is still in its slot
+    other = await pooled.run(MODEL, bodies[0], prefix_scope="b")  # a's states are saved, one is in a slot: b gets neither
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    follow_up = {"messages": [*bodies[1]["messages"], {"role": "assistant", "content": again[1]["response"]},
+                              {"role": "user", "content": "And then?"}], **SAMPLING}
+    continued = await pooled.run(MODEL, follow_up, prefix_scope="a")
+    assert continued["usage"]["prompt_tokens_details"]["cached_tokens"] >= again[1]["usage"]["prompt_tokens"] - 1

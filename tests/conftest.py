@@ -43,7 +43,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_runner(tiny_model: Path) -> LlamaCppRunner:
-    return LlamaCppRunner(tiny_model, n_ctx=2048, n_parallel=4).load()
+    # One thread in every test runner: on a loaded 2-core machine (CI), a 2-thread llama.cpp stalls at
+    # its barriers whenever another process takes a core (5-50 s for one answer at load 10; a fuzzed
+    # request under a CPU hog passed its 30 s), and the tiny model gains nothing from a second one.
+    return LlamaCppRunner(tiny_model, n_ctx=2048, n_parallel=4, threads=1).load()
 
 
 @pytest.fixture

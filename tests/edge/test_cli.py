@@ -25,7 +25,7 @@ def free_port() -> int:
 
 def dev(*args: str) -> list[str]:
     assert EDGELLM.exists(), f"{EDGELLM} is missing: pip install -e '.[local]'"
-    return [str(EDGELLM), "dev", *args]
+    return [str(EDGELLM), "dev", "--threads", "1", *args]  # one thread: see tests/conftest.py tiny_runner
 
 
 def run_to_exit(args: list[str]) -> subprocess.CompletedProcess[str]:

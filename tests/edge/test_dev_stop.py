@@ -47,7 +47,7 @@ class DevProcess:
 
     def __init__(self, model: Path, state: Path) -> None:
         self.process = subprocess.Popen(
-            [str(EDGELLM), "dev", "--model", str(model), "--port", "0", "--state", str(state)],
+            [str(EDGELLM), "dev", "--model", str(model), "--port", "0", "--state", str(state), "--threads", "1"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.output: list[str] = []

@@ -373,7 +373,7 @@ def test_a_full_inference_queue_is_a_503_with_retry_after(start_edge, make_deps,
     from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 
     config = Config(open_access=True)
-    runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, max_waiting=1).load()
+    runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, max_waiting=1, threads=1).load()
     server = start_edge(make_deps(config=config, ai=LlamaCppAI.for_config(config, runner)))
     runner.admit()  # another generation holds the only place
     try:

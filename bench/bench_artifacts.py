@@ -21,7 +21,8 @@ Figures from a shared, busy 2-core machine vary from run to run: compare ratios 
 GiB of shards served (user + system, from /proc), for an edge running `--before DIR` (another
 version's `src/` and `local/`, e.g. `git archive <commit> src local`) beside one running this
 checkout and beside nginx (`sendfile on`) serving the same shard files, in alternating rounds, each
-round one curl fetching every shard in turn; medians printed with the ratios.
+round one curl fetching every shard in turn; medians printed with the ratios. An "edge chunked" row
+(this checkout under `edgellm dev --no-sendfile`) is the same-code baseline for sendfile(2).
 
     .venv/bin/python -m bench.bench_artifacts --serving-cpu [--before DIR] [--cpu-rounds 5]
 
@@ -210,6 +211,9 @@ def serving_cpu(args: argparse.Namespace, root: Path, state: Path, tiny: Path, m
         if args.before:
             url = stack.enter_context(running_edge(tiny, state, code=args.before, pids=pids))
             targets["edge before"] = ([f"{url}/models/{NAME}/{s['path']}" for s in manifest["shards"]], pids[url])
+        if args.chunked_row:  # this checkout with sendfile off: the chunked path, same code otherwise
+            url = stack.enter_context(running_edge(tiny, state, extra=["--no-sendfile"], pids=pids))
+            targets["edge chunked"] = ([f"{url}/models/{NAME}/{s['path']}" for s in manifest["shards"]], pids[url])
         url = stack.enter_context(running_edge(tiny, state, pids=pids))
         targets["edge after"] = ([f"{url}/models/{NAME}/{s['path']}" for s in manifest["shards"]], pids[url])
         for urls, _pid in targets.values():
@@ -236,8 +240,12 @@ def serving_cpu(args: argparse.Namespace, root: Path, state: Path, tiny: Path, m
     after = median["edge after"]
     if "edge before" in median:
         print(f"edge after / before:  {after / median['edge before']:.2f}x CPU per GiB")
+    if "edge chunked" in median:
+        print(f"edge after / chunked: {after / median['edge chunked']:.2f}x CPU per GiB")
     if "nginx (sendfile)" in median:
         ref = median["nginx (sendfile)"]
+        if "edge chunked" in median:
+            print(f"edge chunked / nginx: {median['edge chunked'] / ref:.1f}x")
         if "edge before" in median:
             print(f"edge before / nginx:  {median['edge before'] / ref:.1f}x")
         print(f"edge after / nginx:   {after / ref:.1f}x   (target <= 3x)")
@@ -254,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="repeat each download; the best round counts")
     parser.add_argument("--serving-cpu", action="store_true", help="only the server-CPU-per-GiB comparison (see the module doc)")
     parser.add_argument("--before", help="with --serving-cpu: a directory holding another version's src/ and local/")
+    parser.add_argument("--chunked-row", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --serving-cpu: also this checkout with `--no-sendfile` (the chunked path), default on")
     parser.add_argument("--cpu-rounds", type=int, default=5, help="with --serving-cpu: alternating rounds (median)")
     args = parser.parse_args(argv)
 

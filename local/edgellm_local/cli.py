@@ -101,6 +101,7 @@ def _serve_dev(args: argparse.Namespace) -> int:
         from .warmup import warm_up
 
         print(warm_up(app.deps.ai.models[config.model]).line(), flush=True)  # type: ignore[attr-defined]
+    app.zero_copy = args.sendfile
     served = dev_stack(app, plan, Path(args.request_log) if args.request_log else None)
     host, port = sock.getsockname()[:2]
     print(f"EdgeLLM local edge listening on http://{host}:{port}", flush=True)
@@ -213,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
                      help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
                           "static files first (for benchmarks) (default: %(default)s)")
+    dev.add_argument("--no-sendfile", dest="sendfile", action="store_false",
+                     help="send R2 files in chunks through Python instead of sendfile(2) (for comparison)")
     dev.add_argument("--origin", action="append", default=[], metavar="URL", help="an OpenAI-compatible origin to fall back to (repeatable)")
     dev.add_argument("--origin-token", help="bearer token for the origins (default: $EDGELLM_ORIGIN_TOKEN)")
     dev.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a [vars] value, e.g. EDGE_FIRST_TOKEN_MS=500 (repeatable)")

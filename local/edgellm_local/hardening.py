@@ -23,6 +23,8 @@ from edgellm.errors import ErrorKind, GatewayError, invalid
 from edgellm import workers_ai
 from edgellm.http import Response
 
+from .zero_copy import EXTENSION, ZeroCopySender, ZeroCopyStats
+
 # RFC 3986 host (reg-name / IPv4 / bracketed IPv6) with an optional port
 _HOST = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}))(?::(\d{1,5}))?$")
 
@@ -91,11 +93,11 @@ def body_too_large(limit: int) -> Response:
     return _closing(GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large"))
 
 
-def uvicorn_options(limits: ServerLimits, http: str = "httptools") -> dict[str, Any]:
+def uvicorn_options(limits: ServerLimits, http: str = "httptools", zero_copy: ZeroCopyStats | None = None) -> dict[str, Any]:
     """uvicorn.Config keywords: the idle timeout, and `http`'s parser ("httptools" or "h11")
     guarded as below. h11 also bounds an incomplete head itself; httptools does not, so the
     guard counts head bytes for both."""
-    return {"timeout_keep_alive": limits.idle_timeout, "http": guarded_protocol(limits, _base_protocol(http)),
+    return {"timeout_keep_alive": limits.idle_timeout, "http": guarded_protocol(limits, _base_protocol(http), zero_copy),
             "h11_max_incomplete_event_size": limits.max_header_bytes}
 
 
@@ -119,12 +121,14 @@ def head_too_large(limits: ServerLimits) -> bytes:
             + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()) + b"\r\n" + body)
 
 
-def guarded_protocol(limits: ServerLimits, base: type) -> type:
+def guarded_protocol(limits: ServerLimits, base: type, zero_copy: ZeroCopyStats | None = None) -> type:
     """uvicorn's HTTP protocol (httptools or h11) with a head deadline, a head size cap and a
     connection cap. The deadline is armed when a connection opens and whenever bytes of a new
     request arrive, and disarmed once the head is complete (the ASGI cycle has started). The
     bytes of an unfinished head are counted for both parsers: httptools keeps accepting header
-    lines for as long as they come (h11 stops at `h11_max_incomplete_event_size`)."""
+    lines for as long as they come (h11 stops at `h11_max_incomplete_event_size`).
+    With `zero_copy` (httptools only), each request's scope offers the zero-copy file sender
+    (zero_copy.py), which counts what it sends there."""
 
     class GuardedProtocol(base):  # type: ignore[misc, valid-type]
         _head_timer: asyncio.TimerHandle | None = None
@@ -173,6 +177,13 @@ def guarded_protocol(limits: ServerLimits, base: type) -> type:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        if zero_copy is not None and base.__name__ == "HttpToolsProtocol":
+            def on_headers_complete(self) -> None:
+                super().on_headers_complete()
+                # no TLS (the bytes must be encrypted in Python) and a cycle of this request
+                if self.cycle is not None and self.cycle.scope is self.scope and self.transport.get_extra_info("sslcontext") is None:
+                    self.scope.setdefault("extensions", {})[EXTENSION] = ZeroCopySender(self, self.cycle, zero_copy)
 
     return GuardedProtocol
 

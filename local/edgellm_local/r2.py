@@ -126,6 +126,24 @@ class FileBody:
         with self._lock:
             return b"" if self._file is None or self._file.closed else os.pread(self._file.fileno(), size, offset)
 
+    @property
+    def remaining(self) -> int:
+        """Bytes of the range not yet read."""
+        return 0 if self._file is None or self._file.closed else self._left
+
+    def sendfile_to(self, sock_fd: int, count: int, stop: threading.Event, stall_timeout: float) -> int:
+        """Send the next `count` bytes to a socket with sendfile(2) (on a worker thread, for
+        zero_copy.py), holding the lock, so the file is not closed under it."""
+        from .zero_copy import send_file_blocking
+
+        with self._lock:
+            if self._file is None or self._file.closed:
+                return 0
+            sent = send_file_blocking(sock_fd, self._file.fileno(), self._offset, min(count, self._left), stop, stall_timeout)
+            self._offset += sent
+            self._left -= sent
+            return sent
+
     def _close_file(self) -> None:
         with self._lock:
             if self._file is not None:

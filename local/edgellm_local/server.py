@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import errno
 import socket
 import threading
@@ -28,6 +29,11 @@ from .isolation import as_runtime, request_context
 from .platform import encoded
 from .page_headers import HeaderRules
 from .hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
+from .r2 import FileBody
+from .zero_copy import EXTENSION, ZeroCopyStats
+
+
+_SCOPE: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("asgi_scope", default={})
 
 
 class PortInUse(Exception):
@@ -47,6 +53,8 @@ class EdgeApp:
     api_first: bool = True
     limits: ServerLimits = field(default_factory=ServerLimits)
     page_headers: HeaderRules = field(default_factory=HeaderRules)
+    zero_copy: bool = True  # local files go to the socket with sendfile(2) where the server offers it (zero_copy.py)
+    zero_copy_stats: ZeroCopyStats = field(default_factory=ZeroCopyStats)
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -109,6 +117,21 @@ class EdgeApp:
         with request_context(f"{scope['method']} {scope['path']}"):  # I/O made here is this request's
             await self._serve(scope, runtime_receive, runtime_send)
 
+    def _zero_copy_sender(self, scope: dict[str, Any], response: Response) -> Any:
+        """The server's sendfile extension when this body can use it: a whole local file or a
+        range of one (not compressed: a gzip body is not a FileBody), with its exact length."""
+        body = response.body
+        if not self.zero_copy or not isinstance(body, FileBody) or scope["method"] == "HEAD":
+            return None
+        sender = scope.get("extensions", {}).get(EXTENSION)
+        if sender is None:
+            return None
+        if response.headers.get("content-length") != str(body.remaining):
+            self.zero_copy_stats.fallbacks += 1
+            self.deps.log.info("zero-copy skipped: content-length %r, %d bytes left", response.headers.get("content-length"), body.remaining)
+            return None
+        return sender
+
     async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         refusal = refuse_head(scope, self.deps.config.max_body_bytes, self.limits)
         if refusal is not None:
@@ -122,6 +145,7 @@ class EdgeApp:
             return  # the client left while sending its body: nothing to answer, nothing to start
         # From here the client may leave at any moment, before its JSON answer as well as
         # mid-stream: then the work is cancelled, which closes the body and stops the generation.
+        _SCOPE.set(scope)  # the work task's context carries it (its server extensions)
         work = asyncio.ensure_future(self._answer(request, send))
 
         async def watch() -> None:
@@ -151,7 +175,8 @@ class EdgeApp:
             log_request(request, response, self.deps, self.deps.clock.now(), "asset")
         if response is None:
             response = await handle(request, self.deps.for_request(self.wait_until))
-        await self._send(encoded(response, request, compress=self.compress), send)
+        response = encoded(response, request, compress=self.compress)
+        await self._send(response, send, self._zero_copy_sender(_SCOPE.get(), response))
 
     async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | Response | None:
         body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits.body_timeout, self.limits.body_min_rate)
@@ -165,7 +190,7 @@ class EdgeApp:
         url = f"http://{headers.get('host') or 'localhost'}{path}" + (f"?{query}" if query else "")
         return Request(scope["method"], url, headers, body)
 
-    async def _send(self, response: Response, send: Any) -> None:
+    async def _send(self, response: Response, send: Any, sendfile: Any = None) -> None:
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()]
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         if not response.is_streaming:
@@ -173,6 +198,10 @@ class EdgeApp:
             return
         body = response.body
         try:
+            if sendfile is not None:
+                await as_runtime(sendfile, body, body.remaining)  # type: ignore[union-attr]
+                await send({"type": "http.response.body", "body": b""})
+                return
             async for chunk in body:  # type: ignore[union-attr]
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
@@ -214,7 +243,7 @@ def make_server(app: EdgeApp, kind: str = "fast") -> uvicorn.Server:
     `server.config.get_loop_factory()`): a bare `asyncio.run(server.serve())` skips uvicorn's loop
     choice and runs on the default asyncio loop whatever `loop` says."""
     # both kinds get the hostile-input guards (hardening.py) around their own HTTP parser
-    options = {**SERVER_KINDS[kind], **uvicorn_options(app.limits, SERVER_KINDS[kind]["http"])}
+    options = {**SERVER_KINDS[kind], **uvicorn_options(app.limits, SERVER_KINDS[kind]["http"], app.zero_copy_stats if app.zero_copy else None)}
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3, **options)
     return uvicorn.Server(config)
 

@@ -93,13 +93,15 @@ async function choose(prefer) {
     ui.status.textContent = "Reading the model's manifest from the edge…";
   }
   let result;
+  let settled = false;
   try {
     result = await openTier(model, {
       prefer,
       threads: params.has("threads") ? Number(params.get("threads")) : undefined,
       parallel: params.has("parallel") ? Number(params.get("parallel")) : undefined,
       signal: controller.signal,
-      onProgress: showProgress,
+      // a download still in flight when another shard failed must not write over "stopped"
+      onProgress: (p) => { if (!settled) showProgress(p); },
       onEvent: logEvent,
       onStage: (stage) => {
         ui.status.textContent = { manifest: "Reading the model's manifest from the edge…",
@@ -110,6 +112,7 @@ async function choose(prefer) {
     if (error.name === "AbortError") return;
     throw error;
   }
+  settled = true;
   if (controller.signal.aborted) return;
   state.client = result.client;
   state.tier = result.tier;
@@ -126,6 +129,8 @@ async function choose(prefer) {
     ui.eta.textContent = ui.rate.textContent = "stopped";
     ui.download.hidden = result.code === "choice" || ui.events.childElementCount === 0 && result.code !== "corrupt";
     showTier("edge", "Answers run at the edge (/v1/chat/completions).");
+    // the switch shows where answers run (choosing "On this device" again retries), as on /chat
+    for (const radio of ui.tierRadios) radio.checked = radio.value === "edge";
     if (result.code === "choice") ui.notice.hidden = true;
     else showNotice("This device cannot run the model, so the edge answers.", result.reason);
     ui.status.textContent = "";

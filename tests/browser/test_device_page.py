@@ -228,6 +228,10 @@ async def test_a_blob_that_never_matches_stops_and_the_edge_answers(
         answer = await ask(page, QUESTION)
         assert answer.strip()
         assert await page.locator(".message.assistant").last.locator(".turn-stats").get_attribute("data-tier") == "edge"
+        # the page says the download stopped (a shard still in flight when the other failed does not
+        # write its progress over that) and the switch shows where answers run now
+        await expect(page.locator("#stat-eta")).to_have_text("stopped")
+        await expect(page.get_by_label("At the edge")).to_be_checked()
         await _shoot(page, request, "fallback")
     finally:
         await context.close()

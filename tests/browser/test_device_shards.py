@@ -114,3 +114,65 @@ async def test_a_manifest_breaking_the_layout_is_rejected(module_page: Page, lab
     }""", {**good, **change})
     assert message is not None, f"{label}: accepted"
     assert message.startswith("manifest: The manifest is invalid") and words in message, message
+
+
+# A first visit cut off mid-download (the network fails for the shards from `cutAt` on, as a reload
+# or a dropped connection would), then a second visit: the shards verified before the cut come
+# from Cache Storage, only the rest are fetched.
+RESUME = """async ({count, size, cutAt}) => {
+  const m = await import('/js/device-shards.mjs');
+  const shards = [], bodies = new Map(), whole = new Uint8Array(count * size);
+  for (let i = 0; i < count; i++) {
+    const bytes = crypto.getRandomValues(new Uint8Array(size));
+    const sha256 = await m.sha256Hex(bytes);
+    shards.push({index: i, offset: i * size, size, sha256, path: `blobs/sha256-${sha256}`});
+    bodies.set(`/models/test-model/blobs/sha256-${sha256}`, bytes);
+    whole.set(bytes, i * size);
+  }
+  const manifest = m.checkManifest({schema: m.SCHEMA, name: 'test-model',
+    model: {file: 'm.gguf', size: count * size, sha256: await m.sha256Hex(whole)}, shard_size: size, shards, files: []}, 'test-model');
+  await m.clearShardCache();
+  const serve = (cut) => async (url) => {
+    const index = shards.findIndex((s) => url.endsWith(s.path));
+    if (cut && index >= cutAt) throw new TypeError('Failed to fetch');
+    return new Response(bodies.get(url));
+  };
+  let first = null;
+  try { await m.fetchShards(manifest, {parallel: 1, fetchImpl: serve(true)}); } catch (e) { first = e.reason; }
+  const cache = await caches.open(m.SHARD_CACHE);
+  const kept = [];
+  for (const s of shards) if (await cache.match(m.cacheKey(s))) kept.push(s.index);
+  const requests = [];
+  const fetchImpl = serve(false);
+  const second = await m.fetchShards(manifest, {parallel: 1, fetchImpl: (url) => { requests.push(shards.findIndex((s) => url.endsWith(s.path))); return fetchImpl(url); }});
+  const joined = new Uint8Array(await new Blob(second.blobs).arrayBuffer());
+  return {first, kept, requests, fromCache: second.fromCache, fromNetwork: second.fromNetwork, sameBytes: (await m.sha256Hex(joined)) === manifest.model.sha256};
+}"""
+
+
+async def test_a_download_cut_off_resumes_with_only_the_missing_shards(module_page: Page) -> None:
+    result = await module_page.evaluate(RESUME, {"count": 8, "size": 4096, "cutAt": 5})
+    assert result["first"] == "network", "the cut-off visit did not stop with a network error"
+    assert result["kept"] == [0, 1, 2, 3, 4], "the shards verified before the cut were not kept"
+    assert result["requests"] == [5, 6, 7], "the second visit fetched verified shards again (or missed some)"
+    assert (result["fromCache"], result["fromNetwork"]) == (5, 3) and result["sameBytes"]
+
+
+async def test_without_cache_storage_the_shards_are_kept_in_memory(module_page: Page) -> None:
+    """Storage blocked (private windows, a denied quota, an opaque origin): `caches.open` throws.
+    The download still completes from memory, and progress says the cache is unavailable."""
+    result = await module_page.evaluate("""async () => {
+      const m = await import('/js/device-shards.mjs');
+      const bytes = crypto.getRandomValues(new Uint8Array(4096));
+      const sha256 = await m.sha256Hex(bytes);
+      const manifest = m.checkManifest({schema: m.SCHEMA, name: 'test-model', model: {file: 'm.gguf', size: 4096, sha256},
+        shard_size: 4096, shards: [{index: 0, offset: 0, size: 4096, sha256, path: `blobs/sha256-${sha256}`}], files: []}, 'test-model');
+      const realOpen = CacheStorage.prototype.open;
+      CacheStorage.prototype.open = () => Promise.reject(new DOMException('blocked', 'SecurityError'));
+      try {
+        const progress = [];
+        const result = await m.fetchShards(manifest, {fetchImpl: async () => new Response(bytes), onProgress: (p) => progress.push(p.cacheAvailable)});
+        return {fromNetwork: result.fromNetwork, size: result.blobs[0].size, cacheAvailable: [...new Set(progress)]};
+      } finally { CacheStorage.prototype.open = realOpen; }
+    }""")
+    assert result == {"fromNetwork": 1, "size": 4096, "cacheAvailable": [False]}

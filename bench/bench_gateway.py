@@ -21,6 +21,7 @@ p50 and p99 (paired differences).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -32,6 +33,7 @@ from typing import Any
 import httpx
 
 from bench.edge_process import running_edge
+from bench.peer_llama import ENV_VAR, find_llama_server, load, running_llama_server
 from edgellm.config import DEFAULT_MODEL
 from edgellm_local.ai import LlamaCppRunner, default_model_path
 
@@ -43,6 +45,8 @@ PROMPTS = (
     "Tell me about the history of maps and how they were made.",
 )
 TARGET_RATIO = 1.05
+TARGET_MISS = 1.02  # whole 64-token answer p50, gateway / the edge's own llama.cpp
+TARGET_TTFT = 1.0  # streamed TTFT p50, gateway / llama-server
 GATEWAY_HEADERS = {"cf-aig-skip-cache": "true"}
 
 
@@ -62,8 +66,9 @@ class Side:
     extra: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
 
-    def request(self, prompt: str, max_tokens: int, stream: bool) -> tuple[float, int]:
-        """(seconds to the last byte, completion tokens)."""
+    def request(self, prompt: str, max_tokens: int, stream: bool) -> tuple[float, int, float]:
+        """(seconds to the last byte, completion tokens, seconds to the first text: the whole
+        answer for json)."""
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
                 **self.extra}
         if stream:
@@ -73,17 +78,21 @@ class Side:
             response = self.client.post(self.path, json=body, headers=self.headers)
             elapsed = time.perf_counter() - started
             response.raise_for_status()
-            return elapsed, int(response.json()["usage"]["completion_tokens"])
+            return elapsed, int(response.json()["usage"]["completion_tokens"]), elapsed
         tokens = 0
+        ttft = None
         # llama.cpp's server drops a kept-alive connection after a stream, so streams use a
         # fresh connection on both sides (loopback connect: a fraction of a millisecond)
         headers = {**self.headers, "connection": "close"}
         with self.client.stream("POST", self.path, json=body, headers=headers) as response:
             response.raise_for_status()
             for line in response.iter_lines():
+                if ttft is None and line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                    ttft = time.perf_counter() - started
                 if line.startswith("data: {") and '"usage":{' in line:
                     tokens = int(json.loads(line[len("data: "):])["usage"]["completion_tokens"])
-        return time.perf_counter() - started, tokens
+        elapsed = time.perf_counter() - started
+        return elapsed, tokens, ttft if ttft is not None else elapsed
 
 
 @dataclass
@@ -91,8 +100,16 @@ class Result:
     gateway: list[float] = field(default_factory=list)
     direct: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    gateway_ttft: list[float] = field(default_factory=list)
+    direct_ttft: list[float] = field(default_factory=list)
+    peer: list[float] = field(default_factory=list)  # llama-server, its own process (when given)
+    peer_ttft: list[float] = field(default_factory=list)
+    loads: list[str] = field(default_factory=list)
 
     def report(self, mode: str) -> None:
+        if not self.gateway:
+            print(f"\n[{mode}] nothing measured within the time budget")
+            return
         added_ms = [(g - d) * 1000 for g, d in zip(self.gateway, self.direct)]
         ratio = sum(self.gateway) / sum(self.direct)
         print(f"\n[{mode}] {len(self.gateway)} pairs, {statistics.mean(self.tokens):.0f} tokens per answer on average")
@@ -102,21 +119,47 @@ class Result:
         print(f"  overhead ratio {ratio:.3f}x (median of pair ratios "
               f"{statistics.median(g / d for g, d in zip(self.gateway, self.direct)):.3f}x), "
               f"target < {TARGET_RATIO}x: {'met' if ratio < TARGET_RATIO else 'NOT met'}")
+        g50, d50 = percentile(self.gateway, 50), percentile(self.direct, 50)
+        print(f"  whole answer p50: gateway / the edge's own llama.cpp = {g50 / d50:.3f}x (MISS target <= {TARGET_MISS}x: "
+              f"{'met' if g50 / d50 <= TARGET_MISS else 'NOT met'})")
+        if mode == "stream":
+            gt, dt = percentile(self.gateway_ttft, 50), percentile(self.direct_ttft, 50)
+            print(f"  TTFT p50: gateway {gt * 1000:.1f} ms, the edge's own llama.cpp {dt * 1000:.1f} ms ({gt / dt:.3f}x)")
+            if self.peer_ttft:
+                pt = percentile(self.peer_ttft, 50)
+                print(f"  TTFT p50: llama-server {pt * 1000:.1f} ms; gateway / llama-server = {gt / pt:.3f}x "
+                      f"(target <= {TARGET_TTFT}x: {'met' if gt / pt <= TARGET_TTFT else 'NOT met'})")
+        if self.peer:
+            print(f"  llama-server (own process, own build) whole answer p50 {percentile(self.peer, 50) * 1000:.1f} ms")
+        print(f"  load (1 min) during the rounds: {', '.join(self.loads)}")
 
 
-def run_mode(gateway: Side, direct: Side, args: argparse.Namespace, stream: bool) -> Result:
+def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Namespace, stream: bool, deadline: float) -> Result:
+    """Rounds of the prompts, each pair in ABBA order (llama-server, when given, last); stops
+    between rounds once `deadline` (time.monotonic) has passed, so a busy machine shortens the run
+    rather than hanging it."""
     result = Result()
     for i in range(args.warmup + args.iterations):
+        if i > args.warmup and time.monotonic() > deadline:
+            print(f"  [{'stream' if stream else 'json'}] time budget spent: {i - args.warmup} of {args.iterations} rounds measured")
+            break
+        result.loads.append(load())
         for j, prompt in enumerate(PROMPTS[: args.prompts]):
             order = (gateway, direct) if (i + j) % 2 == 0 else (direct, gateway)
             timings = {side.name: side.request(prompt, args.max_tokens, stream) for side in order}
-            (g, g_tokens), (d, d_tokens) = timings["gateway"], timings["direct"]
+            (g, g_tokens, g_ttft), (d, d_tokens, d_ttft) = timings["gateway"], timings["direct"]
             if g_tokens != d_tokens:
                 raise SystemExit(f"unequal work: gateway generated {g_tokens} tokens, direct {d_tokens} for {prompt!r}")
+            p = peer.request(prompt, args.max_tokens, stream) if peer is not None else None
             if i >= args.warmup:
                 result.gateway.append(g)
                 result.direct.append(d)
                 result.tokens.append(g_tokens)
+                result.gateway_ttft.append(g_ttft)
+                result.direct_ttft.append(d_ttft)
+                if p is not None:
+                    result.peer.append(p[0])
+                    result.peer_ttft.append(p[2])
     return result
 
 
@@ -125,9 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=3, help="measured rounds over the prompts, per mode (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first (default 1)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1), metavar="N")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--modes", default="json,stream", help="json, stream or both (default json,stream)")
     parser.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--llama-server", default=None, help=f"llama.cpp's llama-server binary (or ${ENV_VAR}) for the TTFT peer row")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="llama.cpp threads, every side (default 1: on a shared 2-core machine a 2-thread llama.cpp "
+                             "stalls at its barriers whenever another process takes a core, 5-50 s for one answer at load 10)")
+    parser.add_argument("--budget", type=float, default=300, help="seconds of measuring before rounds stop (default 300)")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds one request may take (default 60)")
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or set(modes) - {"json", "stream"}:
@@ -135,19 +184,30 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or default_model_path()
     # the same loading parameters as the local edge's composition root (EdgeSettings defaults)
-    runner = LlamaCppRunner(model, n_ctx=4096, n_parallel=2).load()
+    runner = LlamaCppRunner(model, n_ctx=4096, n_parallel=2, threads=args.threads).load()
+    binary = find_llama_server(args.llama_server)
     direct_url = runner._server.listening_address.rstrip("/")  # noqa: SLF001  (the runner's own server)
     print(f"model {model.name}; {args.prompts} prompts x {args.iterations} iterations (+{args.warmup} warm-up) "
           f"per mode, max_tokens {args.max_tokens}, temperature 0")
-    with running_edge(str(model)) as edge_url, httpx.Client(base_url=edge_url, timeout=120) as edge_client, \
-            httpx.Client(base_url=direct_url, timeout=120) as direct_client:
+    with contextlib.ExitStack() as stack:
+        edge_url = stack.enter_context(running_edge(str(model), extra=["--threads", str(args.threads)]))
+        edge_client = stack.enter_context(httpx.Client(base_url=edge_url, timeout=args.timeout))
+        direct_client = stack.enter_context(httpx.Client(base_url=direct_url, timeout=args.timeout))
         gateway = Side("gateway", edge_client, "/v1/chat/completions", {"model": DEFAULT_MODEL}, GATEWAY_HEADERS)
         direct = Side("direct", direct_client, "/v1/chat/completions", {})
-        print(f"gateway {edge_url} (edgellm dev)   direct {direct_url} (llama.cpp server)")
+        peer = None
+        if binary is not None:
+            peer_url = stack.enter_context(running_llama_server(binary, model, 4096, 2, runner.threads))
+            peer = Side("llama-server", stack.enter_context(httpx.Client(base_url=peer_url, timeout=args.timeout)),
+                        "/v1/chat/completions", {})
+        print(f"gateway {edge_url} (edgellm dev)   direct {direct_url} (the edge's own llama.cpp)"
+              f"{f'   llama-server {peer.client.base_url}' if peer else ''}   load {load()}")
         started = time.monotonic()
+        deadline = started + args.budget
         for mode in modes:
-            run_mode(gateway, direct, args, stream=(mode == "stream")).report(mode)
+            run_mode(gateway, direct, peer, args, stream=(mode == "stream"), deadline=deadline).report(mode)
         print(f"\n{time.monotonic() - started:.0f} s of measuring")
+    runner.close()
     return 0
 
 

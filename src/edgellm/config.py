@@ -18,11 +18,28 @@ MAX_BODY_BYTES = 1024 * 1024
 # characters (a newline and 80 spaces); runs of spaces, '#' or '=' are the longest in any
 # byte-level vocabulary. A message past window x this can fill no window.
 MAX_CHARS_PER_TOKEN = 128
+# The fewest tokens one message costs in any chat template: every template marks where a message
+# starts and where it ends (ChatML `<|im_start|>role ... <|im_end|>`, Llama 2 `[INST] ... [/INST]`
+# or `</s><s>`, Gemma `<start_of_turn> ... <end_of_turn>`). More messages than window / this fill
+# no window, so no route could take them.
+MIN_TOKENS_PER_MESSAGE = 2
 # Workers AI's published prices, USD per million (input, output) tokens; MODEL_PRICES overrides.
 DEFAULT_PRICES = {
     "@cf/meta/llama-2-7b-chat-int8": (0.556, 6.667),
     "@cf/meta/llama-2-7b-chat-hf-lora": (0.556, 6.667),
 }
+
+
+def _positive_int(name: str, value: Any) -> int:
+    """A count that must be at least 1: MAX_MESSAGES=0 would refuse every request and a negative cap
+    means nothing, so a deploy with one fails at start-up naming the variable, not on every request."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return number
 
 
 def _flag(value: Any) -> bool:
@@ -93,7 +110,8 @@ class Config:
     # ever configured, and said loudly (start banner, /healthz).
     open_access: bool = False
     cors_origins: tuple[str, ...] = ()  # besides the edge's own origin and localhost
-    max_messages: int = 256
+    # None: derived from the routes' windows (`max_messages`); MAX_MESSAGES sets a stricter one.
+    fixed_max_messages: int | None = None
     # USD per million tokens (input, output), for the usage API's estimated cost.
     model_prices: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     # model id -> what it can honour (see capabilities.py); unlisted ids use the backend's word
@@ -125,6 +143,15 @@ class Config:
         return min(self.max_body_bytes, self.largest_context_window * MAX_CHARS_PER_TOKEN)
 
     @property
+    def max_messages(self) -> int:
+        """How many messages one request may carry: as many as the largest route's window could
+        hold. A fixed 256 once refused a 300-message conversation a 32k-token origin would take;
+        `context_length_exceeded` is the question whether a route really can. An operator's
+        MAX_MESSAGES may only make it stricter."""
+        derived = max(1, self.largest_context_window // MIN_TOKENS_PER_MESSAGE)
+        return derived if self.fixed_max_messages is None else min(derived, self.fixed_max_messages)
+
+    @property
     def models(self) -> tuple[str, ...]:
         """Every model id the gateway serves, primary first, without duplicates."""
         return tuple(dict.fromkeys((self.model, *self.fallback_models)))
@@ -151,6 +178,7 @@ class Config:
             max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
             open_access=_flag(get("OPEN_ACCESS") or "false"),
             cors_origins=_list(get("CORS_ORIGINS")),
+            fixed_max_messages=_positive_int("MAX_MESSAGES", get("MAX_MESSAGES")) if get("MAX_MESSAGES") else None,
             model_prices=_prices(get("MODEL_PRICES")),
             model_capabilities=_capabilities(get("MODEL_CAPABILITIES")),
             # present but empty turns aliases off; absent keeps the default ones

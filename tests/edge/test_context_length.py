@@ -12,7 +12,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from edgellm.config import MAX_CHARS_PER_TOKEN, Config
+from edgellm.config import MAX_CHARS_PER_TOKEN, MIN_TOKENS_PER_MESSAGE, Config
 from edgellm.ports import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.origin_fetch import HttpxFetch
@@ -206,4 +206,37 @@ def test_the_message_cap_is_the_largest_routes_window_in_characters(
     before = len(origin.generation_requests())
     response = httpx.post(routed_edge.url + path, json=body(past_small), timeout=120)
     assert response.json()["error"]["code"] == "context_length_exceeded"  # past the edge's cap, within the origin's: routed
+    assert len(origin.generation_requests()) == before + 1
+
+
+# --- so does the message count ---------------------------------------------------------------------
+
+
+def test_the_message_count_cap_is_the_largest_routes_window(
+    start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], origin: OriginProcess,  # noqa: F811
+) -> None:
+    """A fixed 256 refused, as `too_many_messages`, a conversation an origin could hold. The cap
+    is now how many messages the largest window could hold (each costs at least
+    MIN_TOKENS_PER_MESSAGE): 300 pass the guard, and past the cap is refused before any work."""
+    small = Config.from_env({"OPEN_ACCESS": "true", "CONTEXT_WINDOW": "2048"})
+    routed_config = Config.from_env(routing_env(origin, CONTEXT_WINDOW="2048",
+                                                 ORIGINS=[{"name": "central", "url": origin.url, "context_window": 4096}]))
+    assert small.max_messages == 2048 // MIN_TOKENS_PER_MESSAGE
+    assert routed_config.max_messages == 4096 // MIN_TOKENS_PER_MESSAGE
+    assert Config.from_env({"CONTEXT_WINDOW": "2048", "MAX_MESSAGES": "10"}).max_messages == 10  # stricter only
+    assert Config.from_env({"CONTEXT_WINDOW": "2048", "MAX_MESSAGES": "99999"}).max_messages == 1024
+
+    def chat(count: int) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": "x"}] * count, "max_tokens": 4}
+
+    edge = start_edge(make_deps(config=small))
+    taken = httpx.post(edge.url + "/v1/chat/completions", json=chat(300), timeout=120)
+    assert taken.json()["error"]["code"] == "context_length_exceeded"  # taken, and refused by the tiny slot's window
+    refused = httpx.post(edge.url + "/v1/chat/completions", json=chat(small.max_messages + 1), timeout=120)
+    assert refused.status_code == 400
+    assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == ("too_many_messages", "messages")
+    routed_edge = start_edge(make_deps(config=routed_config, fetch=HttpxFetch(), kv=None))
+    before = len(origin.generation_requests())
+    response = httpx.post(routed_edge.url + "/v1/chat/completions", json=chat(small.max_messages + 1), timeout=120)
+    assert response.json()["error"]["code"] != "too_many_messages"  # past the edge's cap, within the origin's: routed
     assert len(origin.generation_requests()) == before + 1

@@ -89,7 +89,7 @@ def test_deleting_the_parent_mid_stream_leaves_no_child_that_cannot_be_continued
 
 
 def test_a_chain_past_the_message_cap_is_truncated_on_request_or_named_as_too_large(conversing) -> None:
-    server, ai = conversing(config=Config(open_access=True, max_messages=6))
+    server, ai = conversing(config=Config(open_access=True, fixed_max_messages=6))
     ai.gate.set()
     ids = [create(server).json()["id"]]
     for _ in range(2):  # three turns: 6 messages stored

@@ -93,15 +93,13 @@ async function choose(prefer) {
     ui.status.textContent = "Reading the model's manifest from the edge…";
   }
   let result;
-  let settled = false;
   try {
     result = await openTier(model, {
       prefer,
       threads: params.has("threads") ? Number(params.get("threads")) : undefined,
       parallel: params.has("parallel") ? Number(params.get("parallel")) : undefined,
       signal: controller.signal,
-      // a download still in flight when another shard failed must not write over "stopped"
-      onProgress: (p) => { if (!settled) showProgress(p); },
+      onProgress: showProgress, // never called once openTier settles (device-shards.mjs), so "stopped" stays
       onEvent: logEvent,
       onStage: (stage) => {
         ui.status.textContent = { manifest: "Reading the model's manifest from the edge…",
@@ -112,7 +110,6 @@ async function choose(prefer) {
     if (error.name === "AbortError") return;
     throw error;
   }
-  settled = true;
   if (controller.signal.aborted) return;
   state.client = result.client;
   state.tier = result.tier;

@@ -176,3 +176,48 @@ async def test_without_cache_storage_the_shards_are_kept_in_memory(module_page: 
       } finally { CacheStorage.prototype.open = realOpen; }
     }""")
     assert result == {"fromNetwork": 1, "size": 4096, "cacheAvailable": [False]}
+
+
+# Shard 0 is missing (404) while shard 1 is mid-download: its body has sent one chunk and sends the
+# rest only when its request is aborted (the bytes were already on their way, or the shard was
+# being hashed, when the other failed). `fetchShards` must abort it and settle only after it has
+# stopped, so no progress or event callback comes after the caller was told the load failed.
+STOP_ON_FAILURE = """async () => {
+  const m = await import('/js/device-shards.mjs');
+  const size = 4096, shards = [], bodies = [];
+  for (let i = 0; i < 2; i++) {
+    const bytes = crypto.getRandomValues(new Uint8Array(size));
+    const sha256 = await m.sha256Hex(bytes);
+    shards.push({index: i, offset: i * size, size, sha256, path: `blobs/sha256-${sha256}`});
+    bodies.push(bytes);
+  }
+  const manifest = m.checkManifest({schema: m.SCHEMA, name: 'test-model',
+    model: {file: 'm.gguf', size: 2 * size, sha256: 'c'.repeat(64)}, shard_size: size, shards, files: []}, 'test-model');
+  await m.clearShardCache();
+  let aborted = false, settled = false, late = 0, firstChunkSent, shard1Verified;
+  const firstChunk = new Promise((r) => (firstChunkSent = r));
+  const verified = new Promise((r) => (shard1Verified = r));
+  const fetchImpl = async (url, init) => {
+    if (url.endsWith(shards[0].path)) { await firstChunk; return new Response('missing', {status: 404}); }
+    return new Response(new ReadableStream({start(controller) {
+      controller.enqueue(bodies[1].slice(0, 1024)); firstChunkSent();
+      init?.signal?.addEventListener('abort', () => { aborted = true; controller.enqueue(bodies[1].slice(1024)); controller.close(); });
+    }}));
+  };
+  const count = () => { if (settled) late++; };
+  let reason = null;
+  try {
+    await m.fetchShards(manifest, {parallel: 2, fetchImpl, onProgress: count,
+      onEvent: (e) => { count(); if (e.kind === 'verified' && e.shard.index === 1) shard1Verified(); }});
+  } catch (e) { reason = e.reason; }
+  settled = true;
+  if (aborted) await verified; // the in-flight shard's worker has run to its end (before or after settling)
+  return {reason, aborted, late};
+}"""
+
+
+async def test_a_failed_shard_stops_the_downloads_in_flight_before_the_caller_hears(module_page: Page) -> None:
+    result = await module_page.evaluate(STOP_ON_FAILURE)
+    assert result["reason"] == "not-found", result
+    assert result["aborted"], "the download in flight went on after another shard failed"
+    assert result["late"] == 0, f"{result['late']} progress/event callbacks came after fetchShards had failed"

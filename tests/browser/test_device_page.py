@@ -366,6 +366,23 @@ async def test_too_little_memory_falls_back_before_downloading(browser: Browser,
         await context.close()
 
 
+async def test_a_browser_without_jspi_falls_back_before_downloading(browser: Browser, device_edge: Callable[..., EdgeServer]) -> None:
+    """wllama's build needs JavaScript Promise Integration (its CDN compatibility build is off):
+    a browser without it is told so, and no shard is fetched for nothing."""
+    edge = device_edge()
+    context, traffic = await new_context(browser, edge)
+    await context.add_init_script("delete WebAssembly.Suspending")
+    try:
+        page = await context.new_page()
+        await open_device(page, edge)
+        assert await page.locator("body").get_attribute("data-fallback") == "unsupported"
+        await expect(page.locator("#notice")).to_contain_text("This browser lacks WebAssembly JavaScript Promise Integration (JSPI)")
+        assert traffic.shards == [], "a shard was downloaded for a browser that cannot run the model"
+        assert await ask(page, QUESTION) == edge_answer(edge, QUESTION)
+    finally:
+        await context.close()
+
+
 async def test_the_users_choice_runs_at_the_edge(
     browser: Browser, device_edge: Callable[..., EdgeServer], request: pytest.FixtureRequest
 ) -> None:

@@ -182,6 +182,9 @@ async def test_without_cache_storage_the_shards_are_kept_in_memory(module_page: 
 # rest only when its request is aborted (the bytes were already on their way, or the shard was
 # being hashed, when the other failed). `fetchShards` must abort it and settle only after it has
 # stopped, so no progress or event callback comes after the caller was told the load failed.
+# If the abort never comes, shard 1's body ends anyway on the first task after the 404 was handed
+# over (the abort, when there is one, runs in the microtasks before it): a broken build fails the
+# asserts instead of hanging.
 STOP_ON_FAILURE = """async () => {
   const m = await import('/js/device-shards.mjs');
   const size = 4096, shards = [], bodies = [];
@@ -197,11 +200,18 @@ STOP_ON_FAILURE = """async () => {
   let aborted = false, settled = false, late = 0, firstChunkSent, shard1Verified;
   const firstChunk = new Promise((r) => (firstChunkSent = r));
   const verified = new Promise((r) => (shard1Verified = r));
+  let rest;
   const fetchImpl = async (url, init) => {
-    if (url.endsWith(shards[0].path)) { await firstChunk; return new Response('missing', {status: 404}); }
+    if (url.endsWith(shards[0].path)) {
+      await firstChunk;
+      setTimeout(() => rest(), 0);
+      return new Response('missing', {status: 404});
+    }
     return new Response(new ReadableStream({start(controller) {
       controller.enqueue(bodies[1].slice(0, 1024)); firstChunkSent();
-      init?.signal?.addEventListener('abort', () => { aborted = true; controller.enqueue(bodies[1].slice(1024)); controller.close(); });
+      let sent = false;
+      rest = () => { if (!sent) { sent = true; controller.enqueue(bodies[1].slice(1024)); controller.close(); } };
+      init?.signal?.addEventListener('abort', () => { aborted = true; rest(); });
     }}));
   };
   const count = () => { if (settled) late++; };
@@ -211,7 +221,7 @@ STOP_ON_FAILURE = """async () => {
       onEvent: (e) => { count(); if (e.kind === 'verified' && e.shard.index === 1) shard1Verified(); }});
   } catch (e) { reason = e.reason; }
   settled = true;
-  if (aborted) await verified; // the in-flight shard's worker has run to its end (before or after settling)
+  await verified; // the in-flight shard's worker has run to its end (before or after settling)
   return {reason, aborted, late};
 }"""
 

@@ -7,12 +7,16 @@ that state in its own process, then measures:
   second visit (the same browser profile: shards from Cache Storage, hashed again, loaded), then
   time to first token and tokens/s of greedy answers generated on the device (wllama, N threads);
 - over HTTP, the same greedy requests streamed from the edge's llama.cpp (`/v1/chat/completions`,
-  cache skipped), with the same N threads (the edge's llama.cpp uses every core: N = os.cpu_count()).
+  cache skipped), with the same N threads: the edge is started with `--threads N` and the page
+  with `?threads=N` (N = --threads, default os.cpu_count()); the run stops if the device reports
+  another thread count.
+The whole run is bounded: past --deadline seconds an alarm unwinds it, and the edge process and
+Chromium are stopped by the context managers that own them.
 Tokens/s is (completion tokens - 1) / (last token time - first token time) on both sides.
 Figures are medians of --rounds answers (after one warm-up answer each); the machine's load
 average is printed with them.
 
-    .venv/bin/python -m bench.bench_device [--rounds 3] [--max-tokens 32]
+    .venv/bin/python -m bench.bench_device [--rounds 3] [--max-tokens 32] [--threads N] [--deadline 900]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -106,13 +111,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads on both tiers")
+    parser.add_argument("--deadline", type=int, default=900, help="seconds the whole run may take")
     args = parser.parse_args()
-    threads = os.cpu_count() or 1
+    threads = args.threads
+
+    def out_of_time(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"bench_device ran past its --deadline of {args.deadline} s")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(args.deadline)
     median = statistics.median
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="edgellm-bench-device-") as state:
         publish(Path(state))
-        with running_edge(state=state) as base:
+        with running_edge(state=state, extra=["--threads", str(threads)]) as base:
             edge = edge_answers(base, args.rounds, args.max_tokens)
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -124,7 +137,10 @@ def main() -> None:
                 second_ms, second_info = visit(page, base, threads)
                 device = device_answers(page, args.rounds, args.max_tokens)
                 browser.close()
+    signal.alarm(0)
     load_after = os.getloadavg()
+    if second_info["threads"] != threads:
+        raise RuntimeError(f"the device ran {second_info['threads']} threads, the edge {threads}: not comparable")
 
     size = first_info["bytes"] / 1e6
     print(f"SmolLM2-135M Q4_1 ({size:.1f} MB, {first_info['shards']} shards) from the local edge; {threads} threads on both tiers "

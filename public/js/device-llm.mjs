@@ -134,7 +134,10 @@ async function* edgeShapedChunks(source, { model, includeUsage }) {
   yield chunk({ index: 0, delta: {}, logprobs: null, finish_reason: finish || "stop" }, { edgellm_route: "device" });
   if (includeUsage) {
     const u = usage || {};
-    yield chunk(null, { usage: { prompt_tokens: u.prompt_tokens ?? 0, completion_tokens: u.completion_tokens ?? 0, total_tokens: u.total_tokens ?? 0 } });
+    const cached = u.prompt_tokens_details?.cached_tokens;
+    // the prompt tokens llama.cpp reused from its cache, in the edge's field (it sends it when its runner knows)
+    const details = Number.isInteger(cached) ? { prompt_tokens_details: { cached_tokens: cached } } : {};
+    yield chunk(null, { usage: { prompt_tokens: u.prompt_tokens ?? 0, completion_tokens: u.completion_tokens ?? 0, total_tokens: u.total_tokens ?? 0, ...details } });
   }
 }
 
@@ -261,10 +264,19 @@ export class DeviceLLM {
     }
     const started = performance.now();
     onStage("download");
-    const [shards, specials] = await Promise.all([
-      fetchShards(manifest, { parallel, signal, onProgress, onEvent }),
-      controlTokens(manifest, signal),
-    ]);
+    // either failing stops the other, and both have stopped before `open` settles (no late progress)
+    const stop = new AbortController();
+    const both = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
+    let firstError = null;
+    const jobs = [fetchShards(manifest, { parallel, signal: both, onProgress, onEvent }), controlTokens(manifest, both)]
+      .map((job) => job.catch((error) => {
+        if (!stop.signal.aborted) firstError = error;
+        stop.abort();
+        throw error;
+      }));
+    const [got, tokens] = await Promise.allSettled(jobs);
+    if (firstError) throw firstError;
+    const [shards, specials] = [got.value, tokens.value];
     const downloaded = performance.now();
     onStage("load");
     const { Wllama } = await import(WLLAMA_MODULE);

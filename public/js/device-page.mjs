@@ -99,7 +99,7 @@ async function choose(prefer) {
       threads: params.has("threads") ? Number(params.get("threads")) : undefined,
       parallel: params.has("parallel") ? Number(params.get("parallel")) : undefined,
       signal: controller.signal,
-      onProgress: showProgress,
+      onProgress: showProgress, // never called once openTier settles (device-shards.mjs), so "stopped" stays
       onEvent: logEvent,
       onStage: (stage) => {
         ui.status.textContent = { manifest: "Reading the model's manifest from the edge…",
@@ -126,6 +126,8 @@ async function choose(prefer) {
     ui.eta.textContent = ui.rate.textContent = "stopped";
     ui.download.hidden = result.code === "choice" || ui.events.childElementCount === 0 && result.code !== "corrupt";
     showTier("edge", "Answers run at the edge (/v1/chat/completions).");
+    // the switch shows where answers run (choosing "On this device" again retries), as on /chat
+    for (const radio of ui.tierRadios) radio.checked = radio.value === "edge";
     if (result.code === "choice") ui.notice.hidden = true;
     else showNotice("This device cannot run the model, so the edge answers.", result.reason);
     ui.status.textContent = "";

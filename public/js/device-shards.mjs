@@ -13,6 +13,10 @@
  * A shard whose bytes do not match is refused by name and fetched again (once); a second mismatch
  * means the manifest and the edge's blob disagree, and loading stops with that message, as it does
  * on a 404. The manifest itself is checked as `edgellm pull` checks it (local/edgellm_local/manifest.py).
+ *
+ * When one shard fails, the downloads still in flight are aborted and `fetchShards` settles only
+ * once every one of them has stopped: no progress or event callback comes after it returns or
+ * throws (a page that says "stopped" is not written over by a download nobody waits for).
  */
 
 export const SCHEMA = "edgellm.manifest/1";
@@ -178,6 +182,9 @@ async function readBody(response, size, onBytes) {
  */
 export async function fetchShards(manifest, { parallel = DEFAULT_PARALLEL, signal, onProgress = () => {}, onEvent = () => {}, fetchImpl = fetch } = {}) {
   const cache = await openCache();
+  // the caller's signal, or a failure of another shard: either stops every download in flight
+  const failed = new AbortController();
+  const downloads = signal ? AbortSignal.any([signal, failed.signal]) : failed.signal;
   const meter = new ProgressMeter(manifest.model.size);
   const blobs = new Array(manifest.shards.length);
   const counts = { fromCache: 0, fromNetwork: 0, verified: 0, refused: [] };
@@ -199,7 +206,7 @@ export async function fetchShards(manifest, { parallel = DEFAULT_PARALLEL, signa
     for (let attempt = 1; attempt <= 2; attempt++) {
       let response;
       try {
-        response = await fetchImpl(url, { cache: "no-store", signal });
+        response = await fetchImpl(url, { cache: "no-store", signal: downloads });
       } catch (error) {
         if (error.name === "AbortError") throw error;
         throw new DeviceError(`Downloading ${shardLabel(shard)} failed: ${error.message}.`, { reason: "network", shard: shard.index });
@@ -248,7 +255,7 @@ export async function fetchShards(manifest, { parallel = DEFAULT_PARALLEL, signa
 
   report();
   const queue = [...manifest.shards];
-  const failed = new AbortController();
+  let firstError = null; // the failure that stopped the rest (theirs are the AbortErrors it caused)
   const workers = Array.from({ length: Math.max(1, Math.min(parallel, queue.length)) }, async () => {
     while (queue.length && !failed.signal.aborted) {
       if (signal?.aborted) throw signal.reason ?? new DOMException("Aborted", "AbortError");
@@ -256,12 +263,15 @@ export async function fetchShards(manifest, { parallel = DEFAULT_PARALLEL, signa
       try {
         await one(shard);
       } catch (error) {
+        if (!failed.signal.aborted) firstError = error;
         failed.abort();
         throw error;
       }
     }
   });
-  await Promise.all(workers);
+  await Promise.allSettled(workers);
+  if (firstError) throw firstError;
+  if (signal?.aborted) throw signal.reason ?? new DOMException("Aborted", "AbortError");
   return { blobs, fromCache: counts.fromCache, fromNetwork: counts.fromNetwork, refused: counts.refused };
 }
 

@@ -13,6 +13,7 @@ the session, which breaks `asyncio.run` in every test after it: test order no lo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -34,7 +35,8 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+# EDGELLM_SCREENSHOTS moves them (e.g. to a folder outside the checkout, to look at them).
+SCREENSHOTS = Path(os.environ.get("EDGELLM_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "artifacts" / "screenshots")
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 PUBLISHED_NAME = "smollm2-135m"

@@ -7,8 +7,10 @@ when the device path is unavailable or declined. No request leaves the host."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -53,6 +55,9 @@ class FlippingR2:
     times: int = 1
     missing: str = ""  # a key that answers as absent (a blob lost from the bucket)
     flipped: int = field(default=0)
+    # a key whose body stops after its first chunk until `release` is set (a download in flight)
+    hold: str = ""
+    release: threading.Event = field(default_factory=threading.Event)
 
     async def head(self, key: str) -> R2Object | None:
         return None if key == self.missing else await self.inner.head(key)
@@ -61,6 +66,8 @@ class FlippingR2:
         if key == self.missing:
             return None
         obj = await self.inner.get(key, range=range, only_if=only_if)
+        if obj is not None and obj.body is not None and key == self.hold:
+            return replace(obj, body=_held(obj.body, self.release))
         if obj is None or obj.body is None or key != self.key or self.flipped >= self.times:
             return obj
         self.flipped += 1
@@ -74,6 +81,15 @@ class FlippingR2:
 
     async def list(self, prefix: str = "", **options: Any) -> dict[str, Any]:
         return await self.inner.list(prefix, **options)
+
+
+async def _held(body: AsyncIterator[bytes], release: threading.Event) -> AsyncIterator[bytes]:
+    first = True
+    async for chunk in body:
+        yield chunk
+        if first:
+            first = False
+            await asyncio.to_thread(release.wait)  # the test sets it (in `finally` too): never left waiting
 
 
 async def _flip_first_byte(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -104,9 +120,19 @@ class Traffic:
 
     origin: str
     urls: list[str] = field(default_factory=list)
+    endings: dict[str, asyncio.Future[str]] = field(default_factory=dict)
 
     def record(self, request: Request) -> None:
         self.urls.append(request.url)
+
+    def ended(self, url: str) -> asyncio.Future[str]:
+        """How the (last) request for `url` ended: "finished" (all its body read) or "failed" (aborted)."""
+        return self.endings.setdefault(url, asyncio.get_running_loop().create_future())
+
+    def end(self, request: Request, how: str) -> None:
+        future = self.ended(request.url)
+        if not future.done():
+            future.set_result(how)
 
     @property
     def shards(self) -> list[str]:
@@ -120,6 +146,8 @@ async def new_context(browser: Browser, edge: EdgeServer) -> tuple[BrowserContex
     context = await browser.new_context(viewport=DESKTOP)
     traffic = Traffic(edge.url)
     context.on("request", traffic.record)
+    context.on("requestfinished", lambda r: traffic.end(r, "finished"))
+    context.on("requestfailed", lambda r: traffic.end(r, "failed"))
     return context, traffic
 
 
@@ -142,6 +170,55 @@ def edge_answer(edge: EdgeServer, text: str) -> str:
     response = httpx.post(f"{edge.url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"]
+
+
+# The module's two clients asked the same greedy request through one API, streamed and not.
+BOTH_TIERS = """async ({messages, max_tokens}) => {
+  const {EdgeLLM} = await import('/js/device-llm.mjs');
+  const device = window.edgellmClient, edge = new EdgeLLM();
+  const request = {messages, max_tokens, temperature: 0};
+  const streamed = async (client, usage) => {
+    const out = [];
+    for await (const c of await client.chat.completions.create({...request, stream: true, ...(usage ? {stream_options: {include_usage: true}} : {})})) out.push(c);
+    return out;
+  };
+  return {device: {usage: await streamed(device, true), plain: await streamed(device, false), whole: await device.chat.completions.create(request)},
+          edge: {usage: await streamed(edge, true), plain: await streamed(edge, false), whole: await edge.chat.completions.create(request)}};
+}"""
+
+
+def chunk_shape(chunk: dict[str, Any]) -> tuple[Any, ...]:
+    """What a client of the edge relies on in a chunk: its fields, its object, and per choice the
+    fields, the delta's fields and whether it finishes; not the values that differ by tier.
+    `edgellm_route` is left out: the edge puts it on its final chunk only after a mid-stream
+    failover (its `x-edgellm-route` header says the rest), the device, which has no header, on its
+    finish chunk always ("device"), asserted on its own."""
+    choices = tuple((tuple(sorted(c)), tuple(sorted(c["delta"])), c["finish_reason"] is not None) for c in chunk["choices"])
+    return tuple(sorted(set(chunk) - {"edgellm_route"})), chunk["object"], choices
+
+
+def squeeze(shapes: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Consecutive text chunks as one (the two tiers split the same text into pieces differently)."""
+    return [s for i, s in enumerate(shapes) if i == 0 or s != shapes[i - 1]]
+
+
+async def same_chunks_from_both_tiers(page: Page) -> None:
+    """`chat.completions.create` answers with the edge's chunks on the device: the same fields in
+    the same order of chunks (a role, the text, a finish, `usage` only when asked), the same text."""
+    got = await page.evaluate(BOTH_TIERS, {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": MAX_TOKENS})
+    text = lambda chunks: "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])  # noqa: E731
+    for kind in ("usage", "plain"):
+        device, edge = got["device"][kind], got["edge"][kind]
+        assert squeeze([chunk_shape(c) for c in device]) == squeeze([chunk_shape(c) for c in edge]), kind
+        assert device[0]["choices"][0]["delta"]["role"] == "assistant" and {c["object"] for c in device} == {"chat.completion.chunk"}
+        assert text(device) == text(edge) and text(device).strip(), kind
+        assert [c["edgellm_route"] for c in device if "edgellm_route" in c] == ["device"], kind
+    assert got["device"]["usage"][-1]["choices"] == [] and got["device"]["usage"][-1]["usage"]["completion_tokens"] > 0
+    whole_device, whole_edge = got["device"]["whole"], got["edge"]["whole"]
+    assert sorted(whole_device) == sorted(whole_edge) and whole_device["object"] == whole_edge["object"] == "chat.completion"
+    assert sorted(whole_device["choices"][0]) == sorted(whole_edge["choices"][0])
+    assert whole_device["choices"][0]["message"] == whole_edge["choices"][0]["message"]
+    assert sorted(whole_device["usage"]) == sorted(whole_edge["usage"])
 
 
 async def test_downloads_verifies_answers_on_device_and_resumes_from_cache(
@@ -172,6 +249,7 @@ async def test_downloads_verifies_answers_on_device_and_resumes_from_cache(
         assert answer.strip(), "the device answered nothing"
         assert answer == edge_answer(edge, QUESTION), "greedy text differs between the device and the edge"
         await _shoot(page, request, "answer")
+        await same_chunks_from_both_tiers(page)
         await page.close()
 
         # second visit, same browser profile: every shard from Cache Storage, none fetched
@@ -210,10 +288,15 @@ async def test_a_flipped_byte_is_refused_by_name_and_fetched_again(
 async def test_a_blob_that_never_matches_stops_and_the_edge_answers(
     browser: Browser, device_edge: Callable[..., EdgeServer], published_r2: BlobStore, request: pytest.FixtureRequest
 ) -> None:
+    """Shard 1 never matches; shard 0 is still downloading when it fails for good (its body is held
+    after one chunk until the page has fallen back). The page aborts that download, so nothing
+    writes progress over "stopped", and the switch moves to "At the edge"."""
     probe = device_edge()
-    shard = manifest_of(probe)["shards"][1]
-    edge = device_edge(FlippingR2(published_r2, key=f"models/{PUBLISHED_NAME}/{shard['path']}", times=99))
-    context, _ = await new_context(browser, edge)
+    first, shard = manifest_of(probe)["shards"][:2]
+    r2 = FlippingR2(published_r2, key=f"models/{PUBLISHED_NAME}/{shard['path']}", times=99,
+                    hold=f"models/{PUBLISHED_NAME}/{first['path']}")
+    edge = device_edge(r2)
+    context, traffic = await new_context(browser, edge)
     try:
         page = await context.new_page()
         await open_device(page, edge, "?threads=1")
@@ -225,11 +308,18 @@ async def test_a_blob_that_never_matches_stops_and_the_edge_answers(
         await expect(notice).to_contain_text("after two downloads")
         kept = "(hex) => caches.open('edgellm-shards-v1').then(c => c.match('/device-shards/sha256-' + hex)).then(r => r !== undefined)"
         assert await page.evaluate(kept, shard["sha256"]) is False, "an unverified shard was kept"
+        # the held download: let it go on, and see how it ended
+        r2.release.set()
+        ending = await asyncio.wait_for(traffic.ended(f"{edge.url}/models/{PUBLISHED_NAME}/{first['path']}"), LOAD_TIMEOUT / 1000)
+        await expect(page.locator("#stat-eta")).to_have_text("stopped")
+        assert ending == "failed", "shard 0's download went on after the load had stopped"
+        await expect(page.get_by_label("At the edge")).to_be_checked()
         answer = await ask(page, QUESTION)
         assert answer.strip()
         assert await page.locator(".message.assistant").last.locator(".turn-stats").get_attribute("data-tier") == "edge"
         await _shoot(page, request, "fallback")
     finally:
+        r2.release.set()
         await context.close()
 
 
@@ -272,6 +362,23 @@ async def test_too_little_memory_falls_back_before_downloading(browser: Browser,
         assert await page.locator("body").get_attribute("data-fallback") == "memory"
         await expect(page.locator("#notice")).to_contain_text("this device reports 0.25 GB")
         assert traffic.shards == [], "a shard was downloaded for a device that cannot hold the model"
+    finally:
+        await context.close()
+
+
+async def test_a_browser_without_jspi_falls_back_before_downloading(browser: Browser, device_edge: Callable[..., EdgeServer]) -> None:
+    """wllama's build needs JavaScript Promise Integration (its CDN compatibility build is off):
+    a browser without it is told so, and no shard is fetched for nothing."""
+    edge = device_edge()
+    context, traffic = await new_context(browser, edge)
+    await context.add_init_script("delete WebAssembly.Suspending")
+    try:
+        page = await context.new_page()
+        await open_device(page, edge)
+        assert await page.locator("body").get_attribute("data-fallback") == "unsupported"
+        await expect(page.locator("#notice")).to_contain_text("This browser lacks WebAssembly JavaScript Promise Integration (JSPI)")
+        assert traffic.shards == [], "a shard was downloaded for a browser that cannot run the model"
+        assert await ask(page, QUESTION) == edge_answer(edge, QUESTION)
     finally:
         await context.close()
 

@@ -26,7 +26,7 @@ import jsonschema
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 from schemathesis import GenerationMode
@@ -47,6 +47,10 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     print_blob=False,
+    # no shrinking: every attempt is a request to a real edge (up to its client timeout), so a
+    # shrink could outlast the per-test timeout and hide the failure; the first failing example
+    # is reported as found
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                            HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
@@ -204,20 +208,25 @@ def _sha256(data: bytes) -> str:
 # --- generated requests ------------------------------------------------------------------
 
 
-def keep_small(value: Any) -> Any:
-    """Valid `max_tokens` anywhere in a body (preload items too) made small, so generation is
-    fast; invalid ones (0, 8193, strings) are kept, since rejecting them is under test."""
+def keep_small(value: Any, top: bool = True) -> Any:
+    """Valid token budgets anywhere in a body (preload items too) made small, so generation is
+    fast; invalid ones (0, 8193, strings) are kept, since rejecting them is under test. A budget
+    left out or sent as `null` (valid for `max_tokens`: the default, 256) is made small too: under a CPU hog one
+    such request took the whole 30 s client timeout (CI failed on `"max_tokens": null` and on
+    Responses bodies, whose `max_output_tokens` this once left alone)."""
     if isinstance(value, list):
-        return [keep_small(v) for v in value]
+        return [keep_small(v, top=False) for v in value]
     if not isinstance(value, dict):
         return value
-    out = {k: keep_small(v) for k, v in value.items()}
-    for name in ("max_tokens", "max_completion_tokens"):
+    out = {k: keep_small(v, top=False) for k, v in value.items()}
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = out.get(name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and SMALL_MAX_TOKENS < v <= 8192:
+        if name in out and v is None and name != "max_output_tokens" or isinstance(v, (int, float)) and not isinstance(v, bool) and SMALL_MAX_TOKENS < v <= 8192:
             out[name] = SMALL_MAX_TOKENS
     if "messages" in out or "prompt" in out:
         out.setdefault("max_tokens", SMALL_MAX_TOKENS)  # the default, 256, is valid but slow to fuzz with
+    if top and "input" in out:  # a Responses body (only at the top: `input` may name a schema's property)
+        out.setdefault("max_output_tokens", SMALL_MAX_TOKENS)
     if isinstance(out.get("requests"), list):
         out["requests"] = out["requests"][:MAX_PRELOAD_ITEMS]
     return out

@@ -7,15 +7,27 @@ Prints requests sent and answered, statuses and p50/p99 per kind, and the edge's
 and after. Targets (issue 10): nothing lost (every request answered), no 5xx but 503 with
 Retry-After. The machine is shared: figures are indicative, ratios are what to read.
 
-    .venv/bin/python -m bench.bench_abuse [--clients 200] [--duration 60]
+The load runs twice on the same edge (issue 25): first alone (the baseline), then under attack:
+`--trickle` connections from another loopback address (127.0.0.2) trickling a request body at
+one byte per 2 s, and prompts too long for the edge that route to a hostile origin, a real second
+process (`tests/support/hostile_origin.py`) rotating through headers never sent, pings without a
+token, a gzip bomb and garbage SSE. Both phases print sent/answered/lost, the statuses, and the
+p99 of a `/healthz` probe (every 50 ms) side by side; attack requests are counted apart (they
+should be 502/503/504 with Retry-After, never lost).
+
+    .venv/bin/python -m bench.bench_abuse [--clients 200] [--duration 60] [--trickle 32] [--hostile 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import asyncio
 import collections
 import contextlib
+import json
+import socket
 import os
 import random
 import subprocess
@@ -23,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 
@@ -47,10 +59,14 @@ def edgellm(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def edge(state: Path) -> Iterator[tuple[str, int]]:
+def edge(state: Path, origin_url: str | None = None) -> Iterator[tuple[str, int]]:
     port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if origin_url:  # prompts past the edge's window go to it; its budgets are short so an attack costs seconds
+        env["ORIGINS"] = json.dumps([{"name": "hostile", "url": origin_url, "context_window": 1_000_000, "timeout_ms": 1500, "total_ms": 6000}])
+        env["BREAKER"] = json.dumps({"failures": 1_000_000})
     process = subprocess.Popen([sys.executable, "-m", "edgellm_local.cli", "dev", "--open", "--port", str(port), "--state", str(state)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -99,9 +115,16 @@ async def load(url: str, key: str, blob: str, clients: int, duration: float) -> 
     sent = answered = unannounced = 0  # unannounced: a 503 without Retry-After
     names, weights = zip(*KINDS)
     stop = time.monotonic() + duration
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    # the edge holds one address to 64 connections (issue 25 item 8): 50 clients per loopback address
+    addresses = [f"127.0.1.{i + 1}" for i in range(max(1, -(-clients // 50)))]
+    limits = httpx.Limits(max_connections=50, max_keepalive_connections=50)
+    async with contextlib.AsyncExitStack() as stack:
+        pool = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=120, limits=limits,
+                                                                  transport=httpx.AsyncHTTPTransport(local_address=a, limits=limits)))
+                for a in addresses]
+
         async def worker(w: int) -> None:
+            client = pool[w % len(pool)]
             nonlocal sent, answered, unannounced
             rng, n = random.Random(w), 0
             while time.monotonic() < stop:
@@ -137,43 +160,173 @@ async def key_check_cost(url: str, key: str, n: int) -> tuple[float, float]:
     return percentile(with_key, 50), percentile(without, 50)
 
 
+HOSTILE_MODES = ("no_headers", "pings", "gzip_bomb", "garbage", "endless", "long_line")
+TOO_LONG = {"messages": [{"role": "user", "content": "word " * 12000}], "max_tokens": 16}  # past the edge's window: the origin's
+
+
+@dataclasses.dataclass
+class Attack:
+    """What the attackers did and saw (counted apart from the load)."""
+
+    trickled: int = 0  # slow-body connections opened
+    hostile_sent: int = 0
+    hostile_answered: int = 0
+    hostile_statuses: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    unannounced: int = 0
+
+
+async def trickler(host: str, port: int, stop: float, attack: Attack) -> None:
+    """One connection from 127.0.0.2 sending a 4 KiB body at one byte per 2 s, reopened when the edge cuts it."""
+    while time.monotonic() < stop:
+        attack.trickled += 1
+        try:
+            reader, writer = await asyncio.open_connection(host, port, local_addr=("127.0.0.2", 0))
+        except OSError:
+            await asyncio.sleep(0.5)
+            continue
+        try:
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\ncontent-length: 4096\r\n\r\n{")
+            while time.monotonic() < stop and not reader.at_eof():
+                await writer.drain()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    if await asyncio.wait_for(reader.read(1), 2.0) == b"":
+                        break  # the edge cut it (its body deadline)
+                writer.write(b" ")
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+
+async def hostile(url: str, origin: Any, stop: float, attack: Attack, workers: int) -> None:
+    async def mode_rotation() -> None:
+        for i in itertools.count():
+            if time.monotonic() >= stop:
+                return
+            await asyncio.to_thread(origin.set_mode, HOSTILE_MODES[i % len(HOSTILE_MODES)])
+            await asyncio.sleep(2)
+
+    async with httpx.AsyncClient(base_url=url, timeout=60, transport=httpx.AsyncHTTPTransport(local_address="127.0.3.1")) as client:
+        async def worker() -> None:
+            while time.monotonic() < stop:
+                attack.hostile_sent += 1
+                try:
+                    response = await client.post("/v1/chat/completions", json=TOO_LONG, headers={"cf-aig-skip-cache": "true"})
+                except httpx.HTTPError as exc:
+                    attack.hostile_statuses[type(exc).__name__] += 1
+                    continue
+                attack.hostile_answered += 1
+                attack.hostile_statuses[response.status_code] += 1
+                attack.unannounced += response.status_code >= 500 and "retry-after" not in response.headers
+        await asyncio.gather(mode_rotation(), *(worker() for _ in range(workers)))
+
+
+async def healthz_probe(url: str, stop: float) -> tuple[list[float], int]:
+    """`/healthz` every 50 ms from its own connection: (latencies, failures)."""
+    samples, failed = [], 0
+    async with httpx.AsyncClient(base_url=url, timeout=10, transport=httpx.AsyncHTTPTransport(local_address="127.0.2.1")) as client:
+        while time.monotonic() < stop:
+            started = time.perf_counter()
+            try:
+                ok = (await client.get("/healthz")).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            samples.append(time.perf_counter() - started)
+            failed += not ok
+            await asyncio.sleep(0.05)
+    return samples, failed
+
+
+async def phase(url: str, key: str, blob: str, args: argparse.Namespace, origin: Any | None) -> dict[str, Any]:
+    """One run of the load, with the attackers when `origin` is given."""
+    stop = time.monotonic() + args.duration
+    attack = Attack()
+    host, port = url.rsplit("//", 1)[1].split(":")
+    jobs = [load(url, key, blob, args.clients, args.duration), healthz_probe(url, stop)]
+    if origin is not None:
+        jobs += [trickler(host, int(port), stop, attack) for _ in range(args.trickle)]
+        jobs.append(hostile(url, origin, stop, attack, args.hostile))
+    results = await asyncio.gather(*jobs)
+    statuses, latency, by_kind, sent, answered, unannounced = results[0]
+    health, health_failed = results[1]
+    return {"statuses": statuses, "latency": latency, "by_kind": by_kind, "sent": sent, "answered": answered,
+            "unannounced": unannounced, "health": health, "health_failed": health_failed, "attack": attack}
+
+
+def report(name: str, run: dict[str, Any], args: argparse.Namespace) -> dict[Any, int]:
+    print(f"[{name}] {args.clients} clients for {args.duration:.0f} s: sent {run['sent']}, answered {run['answered']}, "
+          f"lost {run['sent'] - run['answered']}")
+    print(f"[{name}]   statuses: " + ", ".join(f"{s}: {c}" for s, c in sorted(run["statuses"].items())))
+    for kind, _ in KINDS:
+        samples = run["latency"].get(kind, [])
+        if samples:
+            print(f"[{name}]   {kind:15s} n={len(samples):6d}  p50 {percentile(samples, 50) * 1000:8.1f} ms  "
+                  f"p99 {percentile(samples, 99) * 1000:8.1f} ms  "
+                  + " ".join(f"{s}:{c}" for s, c in sorted(run["by_kind"][kind].items(), key=str)))
+    health = run["health"]
+    print(f"[{name}]   /healthz n={len(health)} p50 {percentile(health, 50) * 1000:.1f} ms, p99 {percentile(health, 99) * 1000:.1f} ms, "
+          f"failed {run['health_failed']}")
+    attack: Attack = run["attack"]
+    if attack.hostile_sent or attack.trickled:
+        print(f"[{name}]   attackers: {args.trickle} trickling connections ({attack.trickled} opened), {args.hostile} clients to the "
+              f"hostile origin: sent {attack.hostile_sent}, answered {attack.hostile_answered}, "
+              f"lost {attack.hostile_sent - attack.hostile_answered}; "
+              + ", ".join(f"{s}: {c}" for s, c in sorted(attack.hostile_statuses.items(), key=str)))
+    bad = {s: c for s, c in run["statuses"].items() if s >= 500 and s != 503}
+    if run["unannounced"] or attack.unannounced:
+        bad["5xx without Retry-After"] = run["unannounced"] + attack.unannounced
+    if run["sent"] != run["answered"] or attack.hostile_sent != attack.hostile_answered:
+        bad["lost"] = run["sent"] - run["answered"] + attack.hostile_sent - attack.hostile_answered
+    if run["health_failed"]:
+        bad["/healthz failed"] = run["health_failed"]
+    return bad
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default %(default)s)")
     parser.add_argument("--hits", type=int, default=300, help="HITs per side for the key-check cost")
+    parser.add_argument("--trickle", type=int, default=32, help="slow-body connections in the attack phase")
+    parser.add_argument("--hostile", type=int, default=8, help="clients sending to the hostile origin in the attack phase")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="edgellm-abuse-") as scratch:
-        state = Path(scratch)
-        edgellm("publish", str(default_model_path()), "--name", "smollm2", "--target", "local", "--state", str(state))
-        made = edgellm("keys", "--state", str(state), "create", "--tenant", "bench", "--rpm", "0").stdout
-        key = next(line for line in made.splitlines() if line.startswith("el-"))
-        with edge(state) as (url, pid):
-            manifest = httpx.get(f"{url}/models/smollm2/manifest.json").json()
-            digest = next(f["sha256"] for f in manifest.get("shards", manifest.get("blobs", [])))
-            blob = f"/models/smollm2/blobs/sha256-{digest}"
-            for headers in ({"authorization": f"Bearer {key}"}, {}):  # the keyed tenant and the open one each cache it
-                httpx.post(f"{url}/v1/chat/completions", json=HIT_BODY, headers=headers, timeout=300)
-            time.sleep(1)  # the KV write happens after the answer
-            before = rss_kib(pid)
-            statuses, latency, by_kind, sent, answered, unannounced = asyncio.run(load(url, key, blob, args.clients, args.duration))
-            after = rss_kib(pid)
-            p50_key, p50_open = asyncio.run(key_check_cost(url, key, args.hits))
-    print(f"{args.clients} clients for {args.duration:.0f} s: sent {sent}, answered {answered}, lost {sent - answered}")
-    print("statuses: " + ", ".join(f"{s}: {c}" for s, c in sorted(statuses.items())))
-    for kind, _ in KINDS:
-        samples = latency.get(kind, [])
-        if samples:
-            print(f"  {kind:15s} n={len(samples):6d}  p50 {percentile(samples, 50) * 1000:8.1f} ms  p99 {percentile(samples, 99) * 1000:8.1f} ms  "
-                  + " ".join(f"{s}:{c}" for s, c in sorted(by_kind[kind].items(), key=str)))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support, from a checkout
+    from tests.support.hostile_origin import HostileOriginProcess
+
+    origin = HostileOriginProcess.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="edgellm-abuse-") as scratch:
+            state = Path(scratch)
+            edgellm("publish", str(default_model_path()), "--name", "smollm2", "--target", "local", "--state", str(state))
+            made = edgellm("keys", "--state", str(state), "create", "--tenant", "bench", "--rpm", "0").stdout
+            key = next(line for line in made.splitlines() if line.startswith("el-"))
+            with edge(state, origin.url) as (url, pid):
+                manifest = httpx.get(f"{url}/models/smollm2/manifest.json").json()
+                digest = next(f["sha256"] for f in manifest.get("shards", manifest.get("blobs", [])))
+                blob = f"/models/smollm2/blobs/sha256-{digest}"
+                for headers in ({"authorization": f"Bearer {key}"}, {}):  # the keyed tenant and the open one each cache it
+                    httpx.post(f"{url}/v1/chat/completions", json=HIT_BODY, headers=headers, timeout=300)
+                time.sleep(1)  # the KV write happens after the answer
+                before = rss_kib(pid)
+                load_before = Path("/proc/loadavg").read_text().split()[0]
+                baseline = asyncio.run(phase(url, key, blob, args, None))
+                attacked = asyncio.run(phase(url, key, blob, args, origin))
+                load_after = Path("/proc/loadavg").read_text().split()[0]
+                after = rss_kib(pid)
+                p50_key, p50_open = asyncio.run(key_check_cost(url, key, args.hits))
+    finally:
+        origin.stop()
+    print(f"1-minute load {load_before} before, {load_after} after")
+    bad = report("baseline", baseline, args)
+    bad_attacked = report("under attack", attacked, args)
+    print(f"/healthz p99: {percentile(baseline['health'], 99) * 1000:.1f} ms alone vs "
+          f"{percentile(attacked['health'], 99) * 1000:.1f} ms under attack")
     print(f"edge RSS before {before / 1024:.0f} MiB, after {after / 1024:.0f} MiB")
     print(f"key check on the HIT path: p50 {p50_key * 1000:.2f} ms with a key vs {p50_open * 1000:.2f} ms without "
           f"(+{(p50_key - p50_open) * 1000:.2f} ms)")
-    bad = {s: c for s, c in statuses.items() if s >= 500 and s != 503}
-    if unannounced:
-        bad["503 without Retry-After"] = unannounced
-    ok = sent == answered and not bad
-    print("targets: nothing lost, no 5xx but 503 with Retry-After ->", "met" if ok else f"MISSED ({bad or 'lost requests'})")
+    ok = not bad and not bad_attacked
+    print("targets: nothing lost, no 5xx but 503 with Retry-After, /healthz answered ->",
+          "met" if ok else f"MISSED (baseline {bad or 'ok'}, under attack {bad_attacked or 'ok'})")
     return 0 if ok else 1
 
 

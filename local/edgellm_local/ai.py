@@ -24,12 +24,13 @@ import jsonschema
 
 from edgellm.admission import admitted_tenant, fair_share
 from edgellm.config import Config
-from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, ModelNotFound
+from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, ModelNotFound, with_public
 
 from . import structured
 from .isolation import OwnedStream
 from .llama_server import start_server
 from .slots import SlotLease, SlotPool, prompt_text
+from .start_places import StartPlaces
 from .structured import ToolPlan
 
 from .control_tokens import defuse_messages, special_pattern, special_texts
@@ -98,6 +99,11 @@ class LlamaCppRunner:
     _stopping: bool = field(default=False, init=False, repr=False)  # no new generations (cancel_generations)
     _closed: bool = field(default=False, init=False, repr=False)  # no server either (close)
     _generations: set[threading.Event] = field(default_factory=set, init=False, repr=False)  # their stop flags
+    # without a slot pool, a place per llama.cpp slot, waited for within start_timeout (start_places.py)
+    starts: StartPlaces = field(default=None, init=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.starts = StartPlaces(max(1, self.n_parallel))
 
     def load(self) -> "LlamaCppRunner":
         self._serving()
@@ -157,7 +163,7 @@ class LlamaCppRunner:
         forgets it. Refused once the runner is stopping."""
         with self._lock:
             if self._stopping:
-                raise RunnerStopping("3040: the local model server is stopping; try again later.")
+                raise public(RunnerStopping("3040: the local model server is stopping; try again later."))
             self._generations.add(cancelled)
 
         def forget() -> None:
@@ -278,11 +284,21 @@ def llama_usage(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def public(error: Any) -> Any:
+    """An error whose text the edge wrote itself (no llama.cpp words in it): the client may read it,
+    without its Workers AI code ("5006: ", "3040: ")."""
+    return with_public(error, str(error).split(": ", 1)[-1])
+
+
 def _llama_exception(exc: BaseException) -> BindingError:
     """llama.cpp raises ValueError for input it refuses (its HTTP server answers those with 400,
     e.g. a chat ending in two assistant messages); anything else is the runner failing."""
-    if isinstance(exc, ValueError):
-        return _refusal(f"5006: llama.cpp: {exc}")
+    if isinstance(exc, ValueError):  # its text is llama.cpp's: the client reads the edge's own words (errors.binding_error)
+        refusal = _refusal(f"5006: llama.cpp: {exc}")
+        if isinstance(refusal, ContextWindowExceeded):
+            return refusal  # the gateway says its figures
+        return with_public(refusal, "the model's chat template refused the messages (e.g. a conversation that ends in two "
+                                    "assistant messages, or roles in an order the model does not take)")
     return BindingError(f"llama.cpp failed: {exc}")
 
 
@@ -367,7 +383,7 @@ class LlamaCppAI:
         if kind != "chat" or "messages" not in inputs:
             return None, None
         if inputs.get("tools") and inputs.get("logprobs"):
-            raise InvalidModelInput("5006: logprobs cannot be combined with tools on the local edge (the logprobs would be those of the tool-call JSON)")
+            raise public(InvalidModelInput("5006: logprobs cannot be combined with tools on the local edge (the logprobs would be those of the tool-call JSON)"))
         plan = structured.apply(inputs, body)
         return plan, (int(inputs.get("top_logprobs") or 0) if inputs.get("logprobs") else None)
 
@@ -377,18 +393,18 @@ class LlamaCppAI:
             raise ModelNotFound(f"5007: No such model {model} or task")
         checked = self.inputs.check(inputs)
         if "lora" in checked:
-            raise InvalidModelInput("5006: LoRA adapters are not available on the local edge")
+            raise public(InvalidModelInput("5006: LoRA adapters are not available on the local edge"))
         max_tokens = int(checked.get("max_tokens") or 0)
         if max_tokens > runner.slot_context:
-            raise ContextWindowExceeded(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds "
-                                        f"(llama.cpp splits its context of {runner.n_ctx} tokens between {runner.n_parallel} slots): "
-                                        f"raise it with `edgellm dev --ctx-size N` (or fewer `--slots`), "
-                                        f"e.g. --ctx-size {max_tokens * max(1, runner.n_parallel) * 2}")
+            raise public(ContextWindowExceeded(f"5006: max_tokens {max_tokens} exceeds the {runner.slot_context} tokens the serving slot holds "
+                                               f"(llama.cpp splits its context of {runner.n_ctx} tokens between {runner.n_parallel} slots): "
+                                               f"raise it with `edgellm dev --ctx-size N` (or fewer `--slots`), "
+                                               f"e.g. --ctx-size {max_tokens * max(1, runner.n_parallel) * 2}"))
         kind, body = to_llama_request(checked)
         try:  # JSON input may hold a lone surrogate; llama.cpp's JSON parser would throw on it
             json.dumps(body, ensure_ascii=False).encode()
         except UnicodeEncodeError as exc:
-            raise InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)") from exc
+            raise public(InvalidModelInput("5006: the input is not valid Unicode (it holds a lone surrogate)")) from exc
         return runner, kind, body
 
     @property
@@ -412,11 +428,14 @@ class LlamaCppAI:
         The place is released when the generation's events end or are closed (_stream_events)."""
         runner.admit(tenant)
         try:
+            if self.slots is None:  # llama.cpp's own queue has no deadline: wait for a start place instead
+                await runner.starts.acquire(runner.start_timeout)
+                return None
             async with asyncio.timeout(runner.start_timeout):  # in this task: the lease stays this request's
                 return await self._lease(session, body, scope)
         except TimeoutError:
             runner.release(tenant)
-            raise CapacityExceeded(f"3040: Capacity temporarily exceeded: no slot was free within {runner.start_timeout:g} s, please try again.") from None
+            raise public(CapacityExceeded(f"3040: Capacity temporarily exceeded: no slot was free within {runner.start_timeout:g} s, please try again.")) from None
         except BaseException:
             runner.release(tenant)
             raise
@@ -460,7 +479,7 @@ class LlamaCppAI:
         lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
         then = None
         try:
-            events = _stream_events(runner, kind, body, tenant)
+            events = _stream_events(runner, kind, body, tenant, placed=self.slots is None)
             try:
                 async for event in events:
                     parts.append(event.get("response") or "")
@@ -495,7 +514,7 @@ class LlamaCppAI:
         body.update(stream=True, stream_options={"include_usage": True}, timings_per_token=True)
         tenant = admitted_tenant()
         lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
-        events = _stream_events(runner, kind, body, tenant)
+        events = _stream_events(runner, kind, body, tenant, placed=self.slots is None)
         if plan is not None or top is not None:
             events = _structured_stream(events, plan, top)
         events = _leased(self, lease, events, lambda answer: self._next_turn(runner, kind, body, lease, plan, answer))
@@ -607,8 +626,11 @@ def _prompt_usage(timings: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt} if prompt > 0 else None
 
 
-async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any], tenant: str | None = None) -> AsyncIterator[dict[str, Any]]:
-    """Bridge llama.cpp's callback thread to async events; closing this stops the generation."""
+async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any], tenant: str | None = None,
+                         placed: bool = False) -> AsyncIterator[dict[str, Any]]:
+    """Bridge llama.cpp's callback thread to async events; closing this stops the generation.
+    `placed`: this generation holds one of the runner's start places (no slot pool), given back
+    when llama.cpp is done with it (its thread returns), not when the consumer is."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     cancelled = threading.Event()
@@ -616,6 +638,8 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
         forget = runner.track(cancelled)  # a runner that stops stops this generation too
     except BaseException:
         runner.release()
+        if placed:
+            runner.starts.release()
         raise
     DONE = object()
 
@@ -629,12 +653,17 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
             loop.call_soon_threadsafe(queue.put_nowait, result if isinstance(result, dict) and "error" in result else DONE)
         except BaseException as exc:  # surfaced to the consumer, not lost in the thread
             loop.call_soon_threadsafe(queue.put_nowait, exc)
+        finally:
+            if placed:
+                runner.starts.release()
 
     try:
         task = loop.run_in_executor(None, work)
     except BaseException:
         forget()
         runner.release(tenant)
+        if placed:
+            runner.starts.release()
         raise
     # llama.cpp streams `timings` (with `cache_n`, the prompt tokens it reused) and `usage` on
     # chunks of their own: the usage event goes out at the end, with both.
@@ -646,7 +675,7 @@ async def _stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any]
         while True:
             item = await queue.get()
             if cancelled.is_set():  # only the runner sets it while this reads: it is stopping
-                raise RunnerStopping("3040: the local model server stopped mid-generation; try again later.")
+                raise public(RunnerStopping("3040: the local model server stopped mid-generation; try again later."))
             if item is DONE:
                 end: dict[str, Any] = {"usage": llama_usage({"usage": usage, "timings": timings or {}})} if usage is not None else {}
                 if finish == "length":  # max_tokens or the slot's context: only llama.cpp knows which stopped it

@@ -90,6 +90,8 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
             request.principal = await access.authenticate(request, deps)
             response = await handler(request, deps)
     except GatewayError as error:
+        if error.detail:  # a binding's own text: for the operator, never the client
+            deps.log.warning("%s %s: %s", request.method, request.path, error.detail)
         response = _error_response(request, error, router)
     except asyncio.CancelledError:  # the client left before its answer: still a usage row and a log line
         log_request(request, access.departed(request, deps, started), deps, started, route_name)

@@ -106,6 +106,9 @@ class Config:
     conversation_ttl: int = 30 * 86400  # seconds a stored response lives (CONVERSATION_TTL)
     conversation_max_bytes: int = 1024 * 1024  # stored size cap per conversation (CONVERSATION_MAX_BYTES)
     max_waiting_generations: int = 32  # admission control: generations in progress per isolate
+    # seconds an admitted stream may wait for the binding to open it before a 503 + Retry-After
+    # (START_TIMEOUT_SECONDS): admission bounds how many wait, this how long (issue 25 item 15)
+    start_timeout_seconds: float = 30.0
     # Access (see access/): without OPEN_ACCESS every API call needs a key; open mode is only
     # ever configured, and said loudly (start banner, /healthz).
     open_access: bool = False
@@ -176,6 +179,7 @@ class Config:
             conversation_ttl=int(get("CONVERSATION_TTL") or base.conversation_ttl),
             conversation_max_bytes=int(get("CONVERSATION_MAX_BYTES") or base.conversation_max_bytes),
             max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
+            start_timeout_seconds=float(get("START_TIMEOUT_SECONDS") or base.start_timeout_seconds),
             open_access=_flag(get("OPEN_ACCESS") or "false"),
             cors_origins=_list(get("CORS_ORIGINS")),
             fixed_max_messages=_positive_int("MAX_MESSAGES", get("MAX_MESSAGES")) if get("MAX_MESSAGES") else None,

@@ -18,6 +18,9 @@ from .ports import BindingError, CapacityExceeded, ContextWindowExceeded, Invali
 # Workers AI's refusal of a prompt past the model's window (error 5021: "...exceeded this model
 # context window limit"), as its adapter passes it on (an InvalidModelInput).
 _CONTEXT_REFUSAL = re.compile(r"\b5021\b|context window|context size|context length", re.IGNORECASE)
+# Workers AI's refusal of the caller's own fields by its input schema (its local mirror says the
+# same): text about the caller's input, the one binding text a client is shown.
+_SCHEMA_REFUSAL = re.compile(r"^(?:AiError: )?5006: Input validation error: ")
 
 # How long a client should back off from a failing dependency. One value for every binding: the
 # gateway cannot know when an overload or outage ends, so one short, honest back-off serves all.
@@ -62,6 +65,7 @@ class GatewayError(Exception):
     code: str | None = None
     retry_after: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    detail: str | None = None  # for the log only (a binding's own error text), never sent
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -99,6 +103,17 @@ def is_context_refusal(message: str) -> bool:
     return bool(_CONTEXT_REFUSAL.search(message))
 
 
+_WINDOW_FIGURES = re.compile(r"\((\d+)(?: tokens)?\)")
+
+
+def _window_figures(text: str) -> str:
+    """"needs N tokens, the window holds M" from a context refusal's two figures (llama.cpp's
+    "request (N tokens) exceeds the available context size (M tokens)", Workers AI's 5021), if it
+    has exactly them: the numbers help a client trim, the backend's wording is not for it."""
+    figures = _WINDOW_FIGURES.findall(text)
+    return f" (the request needs {figures[0]} tokens, the window holds {figures[1]})" if len(figures) == 2 else ""
+
+
 def binding_error(exc: BindingError, binding: str, code: str, subject: str | None = None) -> GatewayError:
     """A failing binding (AI, KV or R2) as the gateway answers it, in this one place.
 
@@ -107,28 +122,43 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
     `retryable` failure (overload, outage) is a 503, any other (a retired model included) a 502,
     and every 5xx says `Retry-After: RETRY_AFTER_SECONDS`. `binding` names it in the message
     ("R2", "The AI binding"), `code` in the error code (`{code}_error`, `{code}_unavailable`).
+
+    The binding's own text never reaches the client (it may hold llama.cpp's or a runtime's words,
+    internal paths): the message says what failed in the gateway's words, with the adapter's
+    `public` text if it set one; the binding's text is the error's `detail`, which `app.handle`
+    logs. Only a schema refusal of the caller's input (5006) keeps its text, which is about the
+    caller's own fields.
     """
-    failed = f"{binding} failed for {subject}: {exc}" if subject else f"{binding} failed: {exc}"
+    where = f"{binding} failed for {subject}" if subject else f"{binding} failed"
+    said = f": {exc.public}" if exc.public else ""
+    detail = f"{where}: {type(exc).__name__}: {exc}"
+
+    def answer(kind: ErrorKind, message: str, error_code: str, retry_after: int | None = None, param: str | None = None) -> GatewayError:
+        return GatewayError(kind, message, param=param, code=error_code, retry_after=retry_after, detail=detail)
+
     if isinstance(exc, KVRateLimited):
-        return GatewayError(ErrorKind.RATE_LIMITED, f"Too soon: {exc}", code="kv_rate_limited",
-                            retry_after=KV_WRITE_INTERVAL_SECONDS)
+        return answer(ErrorKind.RATE_LIMITED, "Too soon: KV takes one write per second to a key; retry after a second.",
+                      "kv_rate_limited", KV_WRITE_INTERVAL_SECONDS)
     if isinstance(exc, KVLimitError):
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"KV refused the call: {exc}", code="kv_limit")
+        return answer(ErrorKind.INVALID_REQUEST, f"KV refused the call: a key or value is past KV's limits{said}.", "kv_limit")
     if isinstance(exc, ContextWindowExceeded) or (isinstance(exc, InvalidModelInput) and is_context_refusal(str(exc))):
         # OpenAI's code for it, which clients (LangChain, LiteLLM) trim or fall back on
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"The prompt and max_tokens do not fit the model's context window: {exc}",
-                            param="messages", code="context_length_exceeded")
+        return answer(ErrorKind.INVALID_REQUEST, "The prompt and max_tokens do not fit the model's context window"
+                      f"{_window_figures(exc.public or str(exc))}{said}.", "context_length_exceeded", param="messages")
     if isinstance(exc, InvalidModelInput):
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"The model rejected the input: {exc}", code="invalid_model_input")
+        told = said or (f": {exc}" if _SCHEMA_REFUSAL.search(str(exc)) else "")
+        return answer(ErrorKind.INVALID_REQUEST, f"The model rejected the input{told}.", "invalid_model_input")
     if isinstance(exc, ModelNotFound):
-        return GatewayError(ErrorKind.UPSTREAM, f"No configured model is available ({failed}).",
-                            code="model_unavailable", retry_after=RETRY_AFTER_SECONDS)
+        return answer(ErrorKind.UPSTREAM, f"No configured model is available ({where}: the model is unknown or retired).",
+                      "model_unavailable", RETRY_AFTER_SECONDS)
     if isinstance(exc, CapacityExceeded):
-        return GatewayError(ErrorKind.UNAVAILABLE, f"Capacity exceeded: {failed}", code="capacity_exceeded",
-                            retry_after=RETRY_AFTER_SECONDS)
+        return answer(ErrorKind.UNAVAILABLE, f"Capacity exceeded: {where}: it has no room for this request now{said}; retry shortly.",
+                      "capacity_exceeded", RETRY_AFTER_SECONDS)
     if exc.retryable:
-        return GatewayError(ErrorKind.UNAVAILABLE, failed, code=f"{code}_unavailable", retry_after=RETRY_AFTER_SECONDS)
-    return GatewayError(ErrorKind.UPSTREAM, failed, code=f"{code}_error", retry_after=RETRY_AFTER_SECONDS)
+        return answer(ErrorKind.UNAVAILABLE, f"{where}: it is unavailable for now{said}; retry shortly.", f"{code}_unavailable",
+                      RETRY_AFTER_SECONDS)
+    return answer(ErrorKind.UPSTREAM, f"{where}{said or ' (the details are in the edge log)'}; retry shortly.", f"{code}_error",
+                  RETRY_AFTER_SECONDS)
 
 
 def admin_routes_off(method: str, path: str) -> GatewayError:

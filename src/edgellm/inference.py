@@ -7,6 +7,8 @@ caller sees one clean answer (and `model` says which model gave it).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -59,7 +61,7 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
         try:
             seen = PromptSeen()
             if request.stream:
-                events = await deps.ai.stream(model, {**request.inputs, "stream": True}, **options)
+                events = await _opened(deps, deps.ai.stream(model, {**request.inputs, "stream": True}, **options))
                 source = _from_stream(events, request.max_tokens, seen)
             else:
                 result = await deps.ai.run(model, request.inputs, **options)
@@ -78,6 +80,26 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
         return Generation(model=model, events=Owning(events_of, events) if request.stream else events_of)
     assert last is not None
     raise binding_error(last, request.model)
+
+
+def start_timeout(deps: Deps) -> GatewayError:
+    """The 503 of a stream the binding did not open within the start deadline."""
+    return GatewayError(ErrorKind.UNAVAILABLE, f"The model could not start this answer within {deps.config.start_timeout_seconds:g} s; "
+                        "retry shortly.", code="start_timeout", retry_after=errors.RETRY_AFTER_SECONDS)
+
+
+async def _opened(deps: Deps, opening: Awaitable[AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+    """The binding's stream, opened within `start_timeout_seconds` (issue 25 item 15): a stream
+    that cannot start in time is a 503 with Retry-After, never a connection left silent. A whole
+    answer (`run`) has no moment it starts that the binding shows, so only streams are bounded."""
+    deadline = asyncio.timeout(deps.config.start_timeout_seconds)
+    try:
+        async with deadline:
+            return await opening
+    except TimeoutError:
+        if deadline.expired():
+            raise start_timeout(deps) from None
+        raise  # the binding's own TimeoutError: a failing dependency, as before
 
 
 def finish_reason(usage: Usage, max_tokens: int, said: Any = None) -> str:

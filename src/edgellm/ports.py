@@ -7,6 +7,8 @@ injecting ones included) through `Deps`, the way httpx takes a transport.
 
 from __future__ import annotations
 
+from typing import TypeVar as _TypeVar
+
 import asyncio
 import logging
 import time
@@ -22,9 +24,22 @@ from .state import IsolateState
 
 
 class BindingError(Exception):
-    """A binding failed. `retryable` failures become 503 + Retry-After, the rest 502."""
+    """A binding failed. `retryable` failures become 503 + Retry-After, the rest 502.
+
+    Its text is for the log (it may hold a runtime's or llama.cpp's own words, internal paths);
+    `public`, when an adapter sets it, is what the client may read instead (`errors.binding_error`)."""
 
     retryable = False
+    public: str | None = None
+
+
+E = _TypeVar("E", bound=BindingError)
+
+
+def with_public(error: E, public: str) -> E:
+    """`error`, saying `public` to the client while its own text stays in the log."""
+    error.public = public
+    return error
 
 
 class ModelNotFound(BindingError):

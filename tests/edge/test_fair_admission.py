@@ -136,3 +136,63 @@ def test_a_request_that_cannot_start_in_time_is_a_503_with_retry_after(start_edg
         ai.gate.set()
         holder.join(WAIT)
     assert httpx.post(server.url + "/v1/chat/completions", json=body("after"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200
+
+
+def test_without_a_slot_pool_a_request_that_cannot_start_in_time_is_a_503(start_edge, make_deps, tiny_model: Path) -> None:
+    """The runner without slots (llama.cpp's own queue, which has no deadline) keeps the start deadline:
+    with its one llama.cpp slot's place taken (a generation llama.cpp is busy with), a request waits
+    `start_timeout`, then gets a 503 with Retry-After, JSON or stream."""
+    config = Config(open_access=True)
+    runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, threads=1, cache_ram_mib=0, start_timeout=1.0).load()
+    try:
+        ai = LlamaCppAI.for_config(config, runner)
+        assert ai.slots is None
+        server = start_edge(make_deps(config=config, ai=ai))
+        asyncio.run(runner.starts.acquire(1))  # the busy slot
+        try:
+            for stream in (False, True):
+                waited = httpx.post(server.url + "/v1/chat/completions", json=body(f"wait {stream}", stream),
+                                    headers={"cf-aig-skip-cache": "true"}, timeout=20)
+                assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
+                assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+        finally:
+            runner.starts.release()
+        for stream in (False, True):
+            after = httpx.post(server.url + "/v1/chat/completions", json=body(f"after {stream}", stream),
+                               headers={"cf-aig-skip-cache": "true"}, timeout=WAIT)
+            assert after.status_code == 200, after.text
+        assert runner.starts.free == 1  # every place came back
+    finally:
+        runner.close()
+
+
+class UnopenedStreams:
+    """A binding (the Worker's Workers AI, faked at the seam) whose streams never open: the
+    overloaded backend of item 15, seen from the Worker's own admission path."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.opening = inner, threading.Event()
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        return self.inner.describe(model)
+
+    async def run(self, model: str, inputs: Any, **options: Any) -> dict[str, Any]:
+        return await self.inner.run(model, inputs, **options)
+
+    async def stream(self, model: str, inputs: Any, **options: Any) -> Any:
+        self.opening.set()
+        await asyncio.Event().wait()  # never opens; cancelled when the deadline passes
+
+
+def test_the_workers_admission_answers_a_stream_that_cannot_start_with_a_503(start_edge, make_deps) -> None:
+    config = Config(open_access=True, start_timeout_seconds=1.0)
+    base = make_deps(config=config)
+    ai = UnopenedStreams(base.ai)
+    server = start_edge(replace(base, ai=ai))
+    waited = httpx.post(server.url + "/v1/chat/completions", json=body("never opens", True), headers={"cf-aig-skip-cache": "true"}, timeout=20)
+    assert ai.opening.is_set()
+    assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
+    error = waited.json()["error"]
+    assert error["code"] == "start_timeout" and "1 s" in error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert server.app.deps.state.admission.active == 0  # its place came back
+    assert httpx.post(server.url + "/v1/chat/completions", json=body("whole"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200

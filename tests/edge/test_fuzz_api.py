@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import json
 import string
+import time
 from typing import Any, Callable, Iterator, Mapping
 
 import httpx
@@ -26,7 +27,7 @@ import jsonschema
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 from schemathesis import GenerationMode
@@ -47,9 +48,24 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     print_blob=False,
+    # no shrinking: every attempt is a request to a real edge (up to its client timeout), so a
+    # shrink could outlast the per-test timeout and hide the failure; the first failing example
+    # is reported as found
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                            HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
+
+# Wall-clock seconds one POST route's fuzzing may take, well inside the 300 s per-test timeout (one
+# 30 s client timeout and the edge's start fit beside it): under a CPU hog (load 14) 150 examples
+# of the chat route alone took over 300 s. Past it, the examples left are not sent; a hang is still
+# a failure, since every request has its 30 s client timeout.
+POST_BUDGET_SECONDS = 180.0
+
+
+class OutOfTime(Exception):
+    """The route's fuzzing budget is spent: stop sending examples (not a failure)."""
+
 
 POST_ROUTES = {  # template -> examples
     "/v1/chat/completions": 150,
@@ -204,20 +220,25 @@ def _sha256(data: bytes) -> str:
 # --- generated requests ------------------------------------------------------------------
 
 
-def keep_small(value: Any) -> Any:
-    """Valid `max_tokens` anywhere in a body (preload items too) made small, so generation is
-    fast; invalid ones (0, 8193, strings) are kept, since rejecting them is under test."""
+def keep_small(value: Any, top: bool = True) -> Any:
+    """Valid token budgets anywhere in a body (preload items too) made small, so generation is
+    fast; invalid ones (0, 8193, strings) are kept, since rejecting them is under test. A budget
+    left out or sent as `null` (valid for `max_tokens`: the default, 256) is made small too: under a CPU hog one
+    such request took the whole 30 s client timeout (CI failed on `"max_tokens": null` and on
+    Responses bodies, whose `max_output_tokens` this once left alone)."""
     if isinstance(value, list):
-        return [keep_small(v) for v in value]
+        return [keep_small(v, top=False) for v in value]
     if not isinstance(value, dict):
         return value
-    out = {k: keep_small(v) for k, v in value.items()}
-    for name in ("max_tokens", "max_completion_tokens"):
+    out = {k: keep_small(v, top=False) for k, v in value.items()}
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         v = out.get(name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and SMALL_MAX_TOKENS < v <= 8192:
+        if name in out and v is None and name != "max_output_tokens" or isinstance(v, (int, float)) and not isinstance(v, bool) and SMALL_MAX_TOKENS < v <= 8192:
             out[name] = SMALL_MAX_TOKENS
     if "messages" in out or "prompt" in out:
         out.setdefault("max_tokens", SMALL_MAX_TOKENS)  # the default, 256, is valid but slow to fuzz with
+    if top and "input" in out:  # a Responses body (only at the top: `input` may name a schema's property)
+        out.setdefault("max_output_tokens", SMALL_MAX_TOKENS)
     if isinstance(out.get("requests"), list):
         out["requests"] = out["requests"][:MAX_PRELOAD_ITEMS]
     return out
@@ -293,17 +314,23 @@ def test_post_routes_never_fail_and_answer_as_documented(
     template: str, schema: schemathesis.BaseSchema, openapi: OpenAPIDoc, fuzz_edge: EdgeServer, session: requests.Session
 ) -> None:
     statuses: set[int] = set()
+    stop_at = time.monotonic() + POST_BUDGET_SECONDS
 
     @settings(FUZZ, max_examples=POST_ROUTES[template])
     @given(post_cases(schema, template))
     def run(fuzzed: tuple[Any, dict[str, str]]) -> None:
+        if time.monotonic() > stop_at:
+            raise OutOfTime
         case, headers = fuzzed
         # sent by hand: schemathesis' own transport stops reading an event stream after a few events
         response = session.request(**case.as_transport_kwargs(base_url=fuzz_edge.url, headers=headers), timeout=30)
         openapi.check(template, "post", response.status_code, lower(response.headers), response.content)
         statuses.add(response.status_code)
 
-    run()
+    try:
+        run()
+    except OutOfTime:
+        pass
     # the fuzzing reached both sides: some requests answered, some rejected
     assert 200 in statuses and any(400 <= s < 500 for s in statuses), statuses
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from edgellm.errors import KV_WRITE_INTERVAL_SECONDS, RETRY_AFTER_SECONDS, binding_error
-from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
+from edgellm.ports import (BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, KVLimitError, KVRateLimited,
+                           ModelNotFound, with_public)
 
 BINDINGS = [("The AI binding", "upstream"), ("KV", "kv"), ("R2", "r2")]
 
@@ -41,4 +42,17 @@ def test_a_failure_is_answered_the_same_whichever_binding_failed(
     assert (error.status, error.code, error.retry_after) == (status, expected_code.format(code=code), retry_after)
     response = error.to_response()
     assert response.headers.get("retry-after") == (None if retry_after is None else str(retry_after))
-    assert str(failure) in error.message
+    assert str(failure) not in error.message and str(failure) in (error.detail or "")  # the binding's text: the log's, not the client's
+    assert error.message.endswith(".")
+
+
+def test_only_an_adapters_public_text_or_a_schema_refusal_reaches_the_client() -> None:
+    internal = "llama.cpp: std::bad_alloc at /root/models/x.gguf"
+    assert internal not in binding_error(BindingError(internal), "The AI binding", "upstream", "m").message
+    told = binding_error(with_public(BindingError(internal), "the local model server is stopping"), "The AI binding", "upstream", "m")
+    assert internal not in told.message and "the local model server is stopping" in told.message
+    schema = "5006: Input validation error: /max_tokens: must be <= 4096"
+    assert schema in binding_error(InvalidModelInput(schema), "The AI binding", "upstream", "m").message
+    window = binding_error(ContextWindowExceeded("llama.cpp: the request (4404 tokens) exceeds the available context size (2048 tokens)"),
+                           "The AI binding", "upstream", "m")
+    assert "llama.cpp" not in window.message and "4404" in window.message and "2048" in window.message

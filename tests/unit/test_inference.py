@@ -97,7 +97,7 @@ def test_binding_error_translation(error: BindingError, status: int, code: str, 
     gateway = binding_error(error, PRIMARY)
     assert (gateway.status, gateway.code) == (status, code)
     assert (gateway.retry_after is not None) is retry
-    assert str(error) in gateway.message
+    assert str(error) in (gateway.detail or "") and gateway.message  # the binding's text is the log's
     response = gateway.to_response()
     assert response.status == status
     assert ("retry-after" in response.headers) is retry

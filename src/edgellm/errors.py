@@ -26,6 +26,10 @@ _SCHEMA_REFUSAL = re.compile(r"^(?:AiError: )?5006: Input validation error: ")
 # gateway cannot know when an overload or outage ends, so one short, honest back-off serves all.
 RETRY_AFTER_SECONDS = 5
 KV_WRITE_INTERVAL_SECONDS = 1  # KV takes one write per second per key: the wait is exactly known
+# Error codes of requests whose generation may have run to its end before it failed (a whole
+# answer past its deadline): charged their reservation, as a request whose client left. A code,
+# not a flag, so it survives the flights object's JSON error line.
+SPENT_CODES = frozenset(("answer_timeout",))
 
 
 class ErrorKind(enum.Enum):
@@ -73,6 +77,11 @@ class GatewayError(Exception):
     @property
     def status(self) -> int:
         return self.kind.status
+
+    @property
+    def spent(self) -> bool:
+        """Whether the work this error ended may all have been done (and is charged as such)."""
+        return self.code in SPENT_CODES
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,7 @@ clients already understand (`openai.BadRequestError` for 400, `NotFoundError` fo
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,19 @@ class GatewayError(Exception):
         if extra:
             data.update(extra)
         return json_response(data, status=self.status, headers=headers)
+
+
+LOG = logging.getLogger("edgellm")  # the edge's log, as `Deps.log` is on every runtime
+
+
+def streamed_error(error: GatewayError, log: logging.Logger = LOG) -> dict[str, Any]:
+    """The `error` JSON of a failure after a stream's first byte, which can only be an event now;
+    its `detail` (a binding's or origin's own text, never the client's to read) goes to the log
+    here, as `app.handle` logs it for an answer that had not started. The one place every SSE
+    renderer (chat/completions, Workers AI, Responses) sends its error through."""
+    if error.detail:
+        log.warning("mid-stream %s: %s", error.code or error.kind.type, error.detail)
+    return error.to_json()
 
 
 def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> GatewayError:

@@ -5,6 +5,7 @@ OpenAI error shape, with Retry-After on a 5xx."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Callable
 
@@ -42,3 +43,30 @@ def test_a_llama_cpp_refusal_is_the_edges_words(start_edge: Callable[..., object
                                              {"role": "assistant", "content": "b"}], "max_tokens": 4})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_model_input", response.text
     assert "llama.cpp" not in response.text and "chat template" in response.json()["error"]["message"]
+
+
+STREAM_ROUTES = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}),
+    "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 8, "stream": True, "store": False}),
+    "workers-ai": ("/client/v4/accounts/local/ai/run/@cf/meta/llama-2-7b-chat-int8",
+                   {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}),
+}
+
+
+@pytest.mark.parametrize("route", sorted(STREAM_ROUTES))
+def test_a_bindings_text_after_the_first_byte_is_logged_and_kept_out_of_the_error_event(
+        start_edge: Callable[..., object], caplog: pytest.LogCaptureFixture, route: str) -> None:
+    """After the first byte a failure can only be an SSE error event: the event carries the edge's
+    words, the binding's own text (an internal path here) reaches the edge's log, on every stream."""
+    from tests.support.fake_ai import ScriptedAI
+
+    ai = ScriptedAI(fail_after=2, mid_stream=BindingError(f"connection reset reading {SECRET}"))
+    server = start_edge(ai=ai, kv=None)
+    path, payload = STREAM_ROUTES[route]
+    with caplog.at_level(logging.WARNING):
+        response = httpx.post(server.url + path, json=payload, timeout=30)  # type: ignore[attr-defined]
+    assert response.status_code == 200, response.text
+    last = [line for line in response.text.splitlines() if line.startswith("data:")][-1]
+    assert "error" in json.loads(last[5:]) or json.loads(last[5:]).get("type") == "error", response.text  # it ended with an error event
+    assert "data: [DONE]" not in response.text and SECRET not in response.text and "connection reset" not in response.text
+    assert any(SECRET in record.getMessage() for record in caplog.records), "the binding's text never reached the log"

@@ -129,12 +129,13 @@ def is_context_refusal(message: str) -> bool:
 _WINDOW_FIGURES = re.compile(r"\((\d+)(?: tokens)?\)")
 
 
-def _window_figures(text: str) -> str:
-    """"needs N tokens, the window holds M" from a context refusal's two figures (llama.cpp's
-    "request (N tokens) exceeds the available context size (M tokens)", Workers AI's 5021), if it
-    has exactly them: the numbers help a client trim, the backend's wording is not for it."""
+def window_figures(text: str) -> str:
+    """"the request needs N tokens, the window holds M" from a context refusal's two figures
+    (llama.cpp's "request (N tokens) exceeds the available context size (M tokens)", Workers AI's
+    5021), if it has exactly them, else "": the numbers help a client trim, the backend's wording
+    is not for it."""
     figures = _WINDOW_FIGURES.findall(text)
-    return f" (the request needs {figures[0]} tokens, the window holds {figures[1]})" if len(figures) == 2 else ""
+    return f"the request needs {figures[0]} tokens, the window holds {figures[1]}" if len(figures) == 2 else ""
 
 
 def binding_error(exc: BindingError, binding: str, code: str, subject: str | None = None) -> GatewayError:
@@ -165,9 +166,10 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
     if isinstance(exc, KVLimitError):
         return answer(ErrorKind.INVALID_REQUEST, f"KV refused the call: a key or value is past KV's limits{said}.", "kv_limit")
     if isinstance(exc, ContextWindowExceeded) or (isinstance(exc, InvalidModelInput) and is_context_refusal(str(exc))):
+        figures = window_figures(exc.public or str(exc))
         # OpenAI's code for it, which clients (LangChain, LiteLLM) trim or fall back on
         return answer(ErrorKind.INVALID_REQUEST, "The prompt and max_tokens do not fit the model's context window"
-                      f"{_window_figures(exc.public or str(exc))}{said}.", "context_length_exceeded", param="messages")
+                      f"{f' ({figures})' if figures else ''}{said}.", "context_length_exceeded", param="messages")
     if isinstance(exc, InvalidModelInput):
         told = said or (f": {exc}" if _SCHEMA_REFUSAL.search(str(exc)) else "")
         return answer(ErrorKind.INVALID_REQUEST, f"The model rejected the input{told}.", "invalid_model_input")

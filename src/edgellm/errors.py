@@ -186,6 +186,16 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
                   RETRY_AFTER_SECONDS)
 
 
+def dependency_error(exc: BaseException, kind: ErrorKind, message: str, code: str, retry_after: int = RETRY_AFTER_SECONDS,
+                     where: str = "") -> GatewayError:
+    """A failing dependency that is not a classified binding call (a Durable Object that threw, an
+    object the edge could not reach): `binding_error`'s rule without its classes. The message is
+    the gateway's own; the exception's text (a runtime's traceback, an object's internal words,
+    paths) is the error's `detail`, which `app.handle` (or `streamed_error`) logs."""
+    said = f"{where}: " if where else ""
+    return GatewayError(kind, message, code=code, retry_after=retry_after, detail=f"{said}{type(exc).__name__}: {exc}")
+
+
 def admin_routes_off(method: str, path: str) -> GatewayError:
     """The 404 of an admin route on an edge without an admin token, saying how to turn them on
     (on `make dev` they are off, and "No route" alone reads like a typo)."""

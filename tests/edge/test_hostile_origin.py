@@ -144,6 +144,17 @@ def test_an_origin_ignoring_max_tokens_is_cut_at_the_requests_own(origin: Hostil
     assert [e["choices"][0]["finish_reason"] for e in events if e.get("choices") and e["choices"][0].get("finish_reason")] == ["length"]
 
 
+def test_an_origin_trickling_tokens_is_cut_at_its_whole_answer_budget(origin: HostileOriginProcess, client: httpx.Client) -> None:
+    """Tokens every 0.5 s, each within the 1.5 s idle budget, with max_tokens far away: only
+    `total_ms` ends it (JSON: a 502; streamed: the tokens so far, then an error event)."""
+    origin.set_mode("slow_tokens")
+    assert_upstream_error(client.post("/v1/chat/completions", json=chat(max_tokens=4096)), "origin_timeout")
+    response, events, done = stream(client, chat(max_tokens=4096))
+    assert "slow" in text_of(events)
+    assert_error_event(response, events, "origin_timeout")
+    assert not done
+
+
 def test_garbage_from_an_origin_is_a_502_not_an_internal_error(origin: HostileOriginProcess, client: httpx.Client) -> None:
     origin.set_mode("garbage")
     assert_upstream_error(client.post("/v1/chat/completions", json=chat()), "origin_garbage")

@@ -18,7 +18,9 @@ HTTP library that would tidy its bytes up).
 - `context_refusal`: llama.cpp's 400 for a prompt past its context (`exceed_context_size_error`,
   its counts), its message carrying `MARKER`;
 - `refusal_500`: a 500 whose message carries `MARKER`;
-- `error_event`: two good tokens, then an OpenAI error event whose message carries `MARKER`.
+- `error_event`: two good tokens, then an OpenAI error event whose message carries `MARKER`;
+- `slow_tokens`: a token every 0.5 s for ever, each well within an idle budget: only a budget
+  for the whole answer ends it.
 
 `MARKER` stands for an origin's own text (an internal path): it must reach the edge's log, never a client.
 
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODES = ("ok", "gzip", "unknown_encoding", "gzip_bomb", "long_line", "no_headers", "pings", "endless",
-         "garbage", "garbage_late", "usage_huge", "usage_negative", "context_refusal", "refusal_500", "error_event")
+         "garbage", "garbage_late", "usage_huge", "usage_negative", "context_refusal", "refusal_500", "error_event", "slow_tokens")
 MARKER = "/srv/hostile-origin/internal-7f3a"
 BOMB_BYTES = 90 * 1024 * 1024
 
@@ -143,6 +145,12 @@ class HostileOrigin:
             payload = json.dumps(refusal).encode()
             status = "400 Bad Request" if mode == "context_refusal" else "500 Internal Server Error"
             writer.write(head(status, content_type="application/json", content_length=str(len(payload))) + payload)
+        elif mode == "slow_tokens":
+            writer.write(head())
+            while True:
+                writer.write(token("slow "))
+                await writer.drain()
+                await asyncio.sleep(0.5)  # the origin's own pace, never the test's clock
         elif mode == "error_event":
             error = {"error": {"message": f"slot died at {MARKER}", "type": "server_error"}}
             writer.write(head() + token("one ") + token("two ") + b"data: " + json.dumps(error).encode() + b"\n\n")

@@ -85,7 +85,7 @@ async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Res
         request, deps, gen_request,
         lambda g: render_json(g, created),
         lambda g: openai.render_stream(g, created, chat=chat, include_usage=gen_request.include_usage,
-                                       tools=bool(gen_request.inputs.get("tools"))),
+                                       tools=bool(gen_request.inputs.get("tools")), log=deps.log),
     )
 
 
@@ -104,7 +104,7 @@ async def run_model(request: Request, deps: Deps) -> Response:
         raise GatewayError(ErrorKind.NOT_FOUND, f"No such model {model}; GET /v1/models lists the models served.", param="model", code="model_not_found")
     inputs, stream = workers_ai.validate_inputs(read_json(request, deps.config.max_body_bytes), deps.config)
     gen_request = GenerationRequest(model, inputs, stream=stream)
-    return await serve_generation(request, deps, gen_request, workers_ai.render_json, workers_ai.render_stream)
+    return await serve_generation(request, deps, gen_request, workers_ai.render_json, lambda g: workers_ai.render_stream(g, deps.log))
 
 
 async def list_models(request: Request, deps: Deps) -> Response:

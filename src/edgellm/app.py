@@ -13,6 +13,7 @@ from .access.cors import cors_headers
 from .access.guard import key_ratelimit_headers
 from .access.revocation import revoke_key
 from .access.logs import log_request
+from .access.usage import Observation
 from .artifacts import hf
 from .cache import admin as cache_admin
 from .routing import admin as routing_admin
@@ -92,6 +93,10 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
     except GatewayError as error:
         if error.detail:  # a binding's own text: for the operator, never the client
             deps.log.warning("%s %s: %s", request.method, request.path, error.detail)
+        if error.spent and request.reservation is not None and request.observed is None:
+            # the generation may have run to its end (a whole answer past its deadline): its usage
+            # is settled as for a client that left before its JSON answer, at its reservation
+            request.observed = Observation(request.reservation.model, "")
         response = _error_response(request, error, router)
     except asyncio.CancelledError:  # the client left before its answer: still a usage row and a log line
         log_request(request, access.departed(request, deps, started), deps, started, route_name)

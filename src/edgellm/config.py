@@ -42,6 +42,18 @@ def _positive_int(name: str, value: Any) -> int:
     return number
 
 
+def _positive_number(name: str, value: Any) -> float:
+    """A duration or rate that must be above 0 (and finite): START_TIMEOUT_SECONDS=0 would refuse
+    every stream, a negative one means nothing, so a deploy with one fails at start-up naming it."""
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a number above 0, got {value!r}") from None
+    if not 0 < number < float("inf"):
+        raise ValueError(f"{name} must be a number above 0, got {value!r}")
+    return number
+
+
 def _flag(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
@@ -109,6 +121,12 @@ class Config:
     # seconds an admitted stream may wait for the binding to open it before a 503 + Retry-After
     # (START_TIMEOUT_SECONDS): admission bounds how many wait, this how long (issue 25 item 15)
     start_timeout_seconds: float = 30.0
+    # the fewest tokens a second a whole (non-streamed) answer must come at (RUN_MIN_TOKENS_PER_SECOND):
+    # a binding call that shows nothing until it ends gets `answer_timeout_seconds(max_tokens)`.
+    # 1 by default: a CPU model on the local edge (a 7B GGUF on a laptop, the tiny model on a loaded
+    # 2-core CI box) can make 2-3 tokens a second and is still healthy; wrangler.toml sets 4 for
+    # Workers AI, which generates many times faster, so a stalled call ends sooner there.
+    run_min_tokens_per_second: float = 1.0
     # Access (see access/): without OPEN_ACCESS every API call needs a key; open mode is only
     # ever configured, and said loudly (start banner, /healthz).
     open_access: bool = False
@@ -130,6 +148,13 @@ class Config:
         resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
         return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
+
+    def answer_timeout_seconds(self, max_tokens: int) -> float:
+        """How long a whole answer (`ai.run`, which shows no first token) may take: the start
+        deadline streams have, plus its `max_tokens` at the slowest rate allowed. A deadline that
+        grows with the answer's length never cuts a long answer a healthy binding is still making,
+        and still ends a stalled call (issue 25 item 15)."""
+        return self.start_timeout_seconds + max(0, max_tokens) / self.run_min_tokens_per_second
 
     @property
     def largest_context_window(self) -> int:
@@ -179,7 +204,10 @@ class Config:
             conversation_ttl=int(get("CONVERSATION_TTL") or base.conversation_ttl),
             conversation_max_bytes=int(get("CONVERSATION_MAX_BYTES") or base.conversation_max_bytes),
             max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
-            start_timeout_seconds=float(get("START_TIMEOUT_SECONDS") or base.start_timeout_seconds),
+            start_timeout_seconds=(_positive_number("START_TIMEOUT_SECONDS", get("START_TIMEOUT_SECONDS"))
+                                   if get("START_TIMEOUT_SECONDS") else base.start_timeout_seconds),
+            run_min_tokens_per_second=(_positive_number("RUN_MIN_TOKENS_PER_SECOND", get("RUN_MIN_TOKENS_PER_SECOND"))
+                                       if get("RUN_MIN_TOKENS_PER_SECOND") else base.run_min_tokens_per_second),
             open_access=_flag(get("OPEN_ACCESS") or "false"),
             cors_origins=_list(get("CORS_ORIGINS")),
             fixed_max_messages=_positive_int("MAX_MESSAGES", get("MAX_MESSAGES")) if get("MAX_MESSAGES") else None,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .durable import DurableObjectNamespace
-from .errors import ErrorKind, GatewayError
+from .errors import ErrorKind, GatewayError, dependency_error
 from .http import Request, Response, json_bytes, json_response
 from .ports import Clock
 
@@ -203,8 +203,12 @@ def _missing() -> Response:
 
 
 def _unavailable(exc: BaseException | str) -> GatewayError:
-    # the exception's text (paths, internal names) is not the caller's to read: it stays in the chained cause
-    return GatewayError(ErrorKind.UNAVAILABLE, "The conversation store is unavailable; retry shortly.", code="conversation_store_unavailable", retry_after=5)
+    """The store failing, in the gateway's words: the exception's text (paths, internal names, an
+    object's traceback) is not the caller's to read; it is the error's detail, for the log."""
+    message, code = "The conversation store is unavailable; retry shortly.", "conversation_store_unavailable"
+    if isinstance(exc, BaseException):
+        return dependency_error(exc, ErrorKind.UNAVAILABLE, message, code, 5, "the conversation store")
+    return GatewayError(ErrorKind.UNAVAILABLE, message, code=code, retry_after=5, detail=f"the conversation store: {exc}")
 
 
 def not_found(response_id: str) -> GatewayError:
@@ -230,9 +234,10 @@ class ConversationStore:
         except GatewayError:
             raise
         except Exception as exc:  # the object failed or could not be reached: a failing dependency
-            raise _unavailable(f"{type(exc).__name__}: {exc}") from exc
+            raise _unavailable(exc) from exc
         if response.status >= 500:
-            raise _unavailable(f"status {response.status}")
+            said = bytes(response.body[:300]).decode(errors="replace") if isinstance(response.body, (bytes, bytearray)) else ""
+            raise _unavailable(f"status {response.status} {said}".rstrip())
         return response
 
     async def append(self, record: StoredResponse) -> None:

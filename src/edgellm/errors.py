@@ -7,6 +7,7 @@ clients already understand (`openai.BadRequestError` for 400, `NotFoundError` fo
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,10 @@ _SCHEMA_REFUSAL = re.compile(r"^(?:AiError: )?5006: Input validation error: ")
 # gateway cannot know when an overload or outage ends, so one short, honest back-off serves all.
 RETRY_AFTER_SECONDS = 5
 KV_WRITE_INTERVAL_SECONDS = 1  # KV takes one write per second per key: the wait is exactly known
+# Error codes of requests whose generation may have run to its end before it failed (a whole
+# answer past its deadline): charged their reservation, as a request whose client left. A code,
+# not a flag, so it survives the flights object's JSON error line.
+SPENT_CODES = frozenset(("answer_timeout",))
 
 
 class ErrorKind(enum.Enum):
@@ -74,6 +79,11 @@ class GatewayError(Exception):
     def status(self) -> int:
         return self.kind.status
 
+    @property
+    def spent(self) -> bool:
+        """Whether the work this error ended may all have been done (and is charged as such)."""
+        return self.code in SPENT_CODES
+
     def to_json(self) -> dict[str, Any]:
         return {
             "error": {
@@ -94,6 +104,19 @@ class GatewayError(Exception):
         return json_response(data, status=self.status, headers=headers)
 
 
+LOG = logging.getLogger("edgellm")  # the edge's log, as `Deps.log` is on every runtime
+
+
+def streamed_error(error: GatewayError, log: logging.Logger = LOG) -> dict[str, Any]:
+    """The `error` JSON of a failure after a stream's first byte, which can only be an event now;
+    its `detail` (a binding's or origin's own text, never the client's to read) goes to the log
+    here, as `app.handle` logs it for an answer that had not started. The one place every SSE
+    renderer (chat/completions, Workers AI, Responses) sends its error through."""
+    if error.detail:
+        log.warning("mid-stream %s: %s", error.code or error.kind.type, error.detail)
+    return error.to_json()
+
+
 def invalid(message: str, param: str | None = None, code: str = "invalid_value") -> GatewayError:
     return GatewayError(ErrorKind.INVALID_REQUEST, message, param=param, code=code)
 
@@ -106,12 +129,13 @@ def is_context_refusal(message: str) -> bool:
 _WINDOW_FIGURES = re.compile(r"\((\d+)(?: tokens)?\)")
 
 
-def _window_figures(text: str) -> str:
-    """"needs N tokens, the window holds M" from a context refusal's two figures (llama.cpp's
-    "request (N tokens) exceeds the available context size (M tokens)", Workers AI's 5021), if it
-    has exactly them: the numbers help a client trim, the backend's wording is not for it."""
+def window_figures(text: str) -> str:
+    """"the request needs N tokens, the window holds M" from a context refusal's two figures
+    (llama.cpp's "request (N tokens) exceeds the available context size (M tokens)", Workers AI's
+    5021), if it has exactly them, else "": the numbers help a client trim, the backend's wording
+    is not for it."""
     figures = _WINDOW_FIGURES.findall(text)
-    return f" (the request needs {figures[0]} tokens, the window holds {figures[1]})" if len(figures) == 2 else ""
+    return f"the request needs {figures[0]} tokens, the window holds {figures[1]}" if len(figures) == 2 else ""
 
 
 def binding_error(exc: BindingError, binding: str, code: str, subject: str | None = None) -> GatewayError:
@@ -142,9 +166,10 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
     if isinstance(exc, KVLimitError):
         return answer(ErrorKind.INVALID_REQUEST, f"KV refused the call: a key or value is past KV's limits{said}.", "kv_limit")
     if isinstance(exc, ContextWindowExceeded) or (isinstance(exc, InvalidModelInput) and is_context_refusal(str(exc))):
+        figures = window_figures(exc.public or str(exc))
         # OpenAI's code for it, which clients (LangChain, LiteLLM) trim or fall back on
         return answer(ErrorKind.INVALID_REQUEST, "The prompt and max_tokens do not fit the model's context window"
-                      f"{_window_figures(exc.public or str(exc))}{said}.", "context_length_exceeded", param="messages")
+                      f"{f' ({figures})' if figures else ''}{said}.", "context_length_exceeded", param="messages")
     if isinstance(exc, InvalidModelInput):
         told = said or (f": {exc}" if _SCHEMA_REFUSAL.search(str(exc)) else "")
         return answer(ErrorKind.INVALID_REQUEST, f"The model rejected the input{told}.", "invalid_model_input")
@@ -159,6 +184,16 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
                       RETRY_AFTER_SECONDS)
     return answer(ErrorKind.UPSTREAM, f"{where}{said or ' (the details are in the edge log)'}; retry shortly.", f"{code}_error",
                   RETRY_AFTER_SECONDS)
+
+
+def dependency_error(exc: BaseException, kind: ErrorKind, message: str, code: str, retry_after: int = RETRY_AFTER_SECONDS,
+                     where: str = "") -> GatewayError:
+    """A failing dependency that is not a classified binding call (a Durable Object that threw, an
+    object the edge could not reach): `binding_error`'s rule without its classes. The message is
+    the gateway's own; the exception's text (a runtime's traceback, an object's internal words,
+    paths) is the error's `detail`, which `app.handle` (or `streamed_error`) logs."""
+    said = f"{where}: " if where else ""
+    return GatewayError(kind, message, code=code, retry_after=retry_after, detail=f"{said}{type(exc).__name__}: {exc}")
 
 
 def admin_routes_off(method: str, path: str) -> GatewayError:

@@ -64,7 +64,7 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
                 events = await _opened(deps, deps.ai.stream(model, {**request.inputs, "stream": True}, **options))
                 source = _from_stream(events, request.max_tokens, seen)
             else:
-                result = await deps.ai.run(model, request.inputs, **options)
+                result = await _answered(deps, deps.ai.run(model, request.inputs, **options), request.max_tokens)
                 source = _from_result(result, request.max_tokens)
         except ModelNotFound as exc:
             deps.log.warning("model %s unavailable (%s); trying the next fallback", model, exc)
@@ -91,7 +91,7 @@ def start_timeout(deps: Deps) -> GatewayError:
 async def _opened(deps: Deps, opening: Awaitable[AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
     """The binding's stream, opened within `start_timeout_seconds` (issue 25 item 15): a stream
     that cannot start in time is a 503 with Retry-After, never a connection left silent. A whole
-    answer (`run`) has no moment it starts that the binding shows, so only streams are bounded."""
+    answer (`run`) has no moment it starts that the binding shows: `_answered` bounds it whole."""
     deadline = asyncio.timeout(deps.config.start_timeout_seconds)
     try:
         async with deadline:
@@ -99,6 +99,32 @@ async def _opened(deps: Deps, opening: Awaitable[AsyncIterator[dict[str, Any]]])
     except TimeoutError:
         if deadline.expired():
             raise start_timeout(deps) from None
+        raise  # the binding's own TimeoutError: a failing dependency, as before
+
+
+def answer_timeout(limit: float) -> GatewayError:
+    """The 503 of a whole answer the binding did not give within `limit` seconds. Its code is one
+    of `errors.SPENT_CODES`: the binding may have generated all of it, so the request is charged
+    its reservation, as one whose client left before its JSON answer."""
+    return GatewayError(ErrorKind.UNAVAILABLE, f"The model did not finish this answer within {limit:g} s; retry shortly "
+                        "(or stream it, or ask for fewer max_tokens).", code="answer_timeout", retry_after=errors.RETRY_AFTER_SECONDS)
+
+
+async def _answered(deps: Deps, running: Awaitable[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """A whole answer (`run`) within `Config.answer_timeout_seconds(max_tokens)`: the start
+    deadline plus the answer's length at the slowest allowed rate. `run` stays a whole-answer call
+    (Workers AI's JSON mode and tool calls do not stream); past the deadline the awaited call is
+    cancelled (on the local edge that frees the llama.cpp slot; on workerd the binding's promise
+    is dropped) and the request is a 503 with Retry-After, nothing cached."""
+    limit = deps.config.answer_timeout_seconds(max_tokens)
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            return await running
+    except TimeoutError:
+        if deadline.expired():
+            deps.log.warning("the AI binding gave no whole answer within %g s (max_tokens %d); the call was cancelled", limit, max_tokens)
+            raise answer_timeout(limit) from None
         raise  # the binding's own TimeoutError: a failing dependency, as before
 
 

@@ -6,12 +6,13 @@ OpenAI lacks: `top_k`, `repetition_penalty`, `raw`, `lora`.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from typing import Any, AsyncIterator
 
 from . import sse
 from .config import Config
-from .errors import ErrorKind, GatewayError, invalid
+from .errors import LOG, ErrorKind, GatewayError, invalid, streamed_error
 from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
 from .parameters import check_chat_fields, parse_grammar
 from .structured import parse_extensions, refuse_chat_only
@@ -197,7 +198,7 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
 
 
 async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool,
-                        tools: bool = False) -> AsyncIterator[bytes]:
+                        tools: bool = False, log: logging.Logger = LOG) -> AsyncIterator[bytes]:
     """OpenAI SSE chunks, one per token as it arrives, then `[DONE]`.
 
     With `tools` the first chunk's `content` is null, not "": a streamed tool call then
@@ -242,6 +243,6 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
                 if include_usage:
                     yield chunk(None, event.usage.to_json())
     except GatewayError as exc:
-        yield sse.encode_event(exc.to_json())
+        yield sse.encode_event(streamed_error(exc, log))
         return
     yield sse.encode_done()

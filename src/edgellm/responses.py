@@ -10,13 +10,14 @@ a client asking for tools or files must know it did not get them. Defaults are t
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from . import sse
 from .config import Config
 from .conversations import StoredResponse
-from .errors import GatewayError, invalid
+from .errors import LOG, GatewayError, invalid, streamed_error
 from .generation import Finish, Generation, GenerationRequest, Token, Usage
 from .openai import new_id, resolve_model
 from .parameters import parse_grammar, refuse_unknown
@@ -318,7 +319,8 @@ async def render_json(generation: Generation, meta: ResponseMeta, on_complete: C
     return response_object(meta, generation.model, status=status_of(finish), text=text, usage=finish.usage)
 
 
-async def render_stream(generation: Generation, meta: ResponseMeta, on_complete: Completion) -> AsyncIterator[bytes]:
+async def render_stream(generation: Generation, meta: ResponseMeta, on_complete: Completion,
+                        log: logging.Logger = LOG) -> AsyncIterator[bytes]:
     """The Responses event stream: `response.created`, `response.in_progress`, the output item
     and content part opening, one `response.output_text.delta` per token, their `.done`
     events, then `response.completed` (or `response.incomplete` when the token budget ran
@@ -357,5 +359,5 @@ async def render_stream(generation: Generation, meta: ResponseMeta, on_complete:
         yield event("response.output_item.done", output_index=0, item=done)
         yield event(f"response.{status}", response=response_object(meta, generation.model, status=status, text=text, usage=finish.usage))
     except GatewayError as exc:
-        error = exc.to_json()["error"]
+        error = streamed_error(exc, log)["error"]
         yield event("error", code=error["code"], message=error["message"], param=error["param"])

@@ -87,7 +87,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
     headers = generation_headers(generation)
     if parsed.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, ClosingBody(responses.render_stream(generation, meta, on_complete), generation.events))
+        return Response(200, headers, ClosingBody(responses.render_stream(generation, meta, on_complete, deps.log), generation.events))
     return json_response(await responses.render_json(generation, meta, on_complete), headers=headers)
 
 

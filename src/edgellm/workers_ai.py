@@ -8,11 +8,12 @@ are the same request everywhere downstream (the binding, the cache key).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, AsyncIterator
 
 from . import sse
 from .config import Config
-from .errors import GatewayError, invalid
+from .errors import LOG, GatewayError, invalid, streamed_error
 from .generation import Finish, Generation, Token, ToolCallDelta
 from .http import Response
 from .structured import is_tool_message, parse_extensions, refuse_chat_only, validate_tool_message
@@ -134,7 +135,7 @@ def _arguments(text: str) -> Any:
         return text
 
 
-async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
+async def render_stream(generation: Generation, log: logging.Logger = LOG) -> AsyncIterator[bytes]:
     """Workers AI SSE: one `{"response": token}` per token, a usage event, then `[DONE]`.
 
     A failure mid-stream is sent as an `error` event and the stream ends without `[DONE]`,
@@ -154,6 +155,6 @@ async def render_stream(generation: Generation) -> AsyncIterator[bytes]:
                     final["edgellm_route"] = event.route
                 yield sse.encode_event(final)
     except GatewayError as exc:
-        yield sse.encode_event(exc.to_json())
+        yield sse.encode_event(streamed_error(exc, log))
         return
     yield sse.encode_done()

@@ -164,7 +164,9 @@ def test_an_origins_context_refusal_is_context_length_exceeded(routed: Callable[
     client, faulty, _ = routed(ORIGINS=[{"name": "central", "url": origin.url, "context_window": 8192}])
     response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": words(1000)}], "max_tokens": 8})
     assert_context_error(response)
-    assert "origin central" in response.json()["error"]["message"]
+    message = response.json()["error"]["message"]
+    assert "origin central" in message and "max_tokens 8" in message and "8192" in message  # the numbers the edge knows
+    assert "do not fit the model's context window" not in message  # the origin's own message (an EdgeLLM's) is logged, not repeated
 
 
 # --- the per-message cap follows the routes -------------------------------------------------------

@@ -196,3 +196,90 @@ def test_the_workers_admission_answers_a_stream_that_cannot_start_with_a_503(sta
     assert error["code"] == "start_timeout" and "1 s" in error["message"] and set(error) == {"message", "type", "param", "code"}
     assert server.app.deps.state.admission.active == 0  # its place came back
     assert httpx.post(server.url + "/v1/chat/completions", json=body("whole"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200
+
+
+class StalledRuns:
+    """A binding (the Worker's Workers AI, faked at the seam) whose whole-answer calls never
+    return: the stalled `ai.run` of item 15, which shows no moment it starts. `cancelled` is set
+    when the gateway gives up on a call."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+        self.calling, self.cancelled = threading.Event(), threading.Event()
+
+    def describe(self, model: str) -> dict[str, Any] | None:
+        return self.inner.describe(model)
+
+    async def run(self, model: str, inputs: Any, **options: Any) -> dict[str, Any]:
+        self.calls += 1
+        self.calling.set()
+        try:
+            await asyncio.Event().wait()  # never answers
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+    async def stream(self, model: str, inputs: Any, **options: Any) -> Any:
+        return await self.inner.stream(model, inputs, **options)
+
+
+ROUTES = {
+    "chat": ("/v1/chat/completions", lambda text: body(text)),
+    "responses": ("/v1/responses", lambda text: {"input": text, "max_output_tokens": 8, "temperature": 0, "store": False}),
+    "workers-ai": ("/client/v4/accounts/local/ai/run/@cf/meta/llama-2-7b-chat-int8",
+                   lambda text: {"messages": [{"role": "user", "content": text}], "max_tokens": 8}),
+}
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation_and_never_cached(
+        start_edge, make_deps, clock, tmp_path: Path, route: str) -> None:
+    """A non-streamed call has a deadline too (start deadline + max_tokens at the slowest allowed
+    rate): past it the binding's call is cancelled, the client gets a 503 with Retry-After, the key
+    is charged its reservation (the binding may have made the whole answer) and nothing is cached."""
+    from tests.edge.test_budgets import ADMIN, NotifyingUsage
+    from edgellm_local.usage import SqliteUsage
+
+    config = Config(admin_token=ADMIN, start_timeout_seconds=0.5, run_min_tokens_per_second=1000)
+    base = make_deps(config=config, clock=clock)
+    ai, usage = StalledRuns(base.ai), NotifyingUsage(SqliteUsage(tmp_path / "usage.sqlite3"))
+    deps = replace(base, ai=ai, usage=usage)
+    made = new_key("acme", clock.now(), requests_per_minute=0, token_budget=10_000)
+    asyncio.run(KeyRing(deps.kv).put(made.record))
+    server = start_edge(deps)
+    path, payload = ROUTES[route]
+    for attempt in (1, 2):
+        waited = httpx.post(server.url + path, json=payload("never answered"), headers={"authorization": f"Bearer {made.api_key}"},
+                            timeout=WAIT)
+        assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
+        assert ai.cancelled.wait(WAIT), "the stalled call was never cancelled"
+        ai.cancelled.clear()
+        assert ai.calls == attempt  # the second identical request reached the binding: nothing was cached
+        error = waited.json()["errors"][0] if route == "workers-ai" else waited.json()["error"]
+        if route == "workers-ai":
+            assert "did not finish this answer" in error["message"]
+        else:
+            assert error["code"] == "answer_timeout" and "0.508 s" in error["message"] and set(error) == {"message", "type", "param", "code"}
+    rows = usage.wait_rows(2)
+    assert [row.status for row in rows] == [503, 503]
+    assert all(row.prompt_tokens > 0 and row.completion_tokens == 8 for row in rows), rows  # the whole reservation
+    assert not deps.state.access.reserved and deps.state.admission.active == 0  # settled, and its place came back
+
+
+def test_the_local_binding_stalled_by_fault_injection_gets_the_whole_answer_deadline(start_edge, make_deps) -> None:
+    """The same deadline over the real llama.cpp binding, its whole answer held by the local edge's
+    own fault injection (`FaultyAI`, `edgellm dev --fault delay_first=1:delay_s=...`)."""
+    from edgellm_local.faults import FaultPlan, FaultyAI
+
+    config = Config(open_access=True, start_timeout_seconds=10, run_min_tokens_per_second=1000)  # room for the stream below
+    base = make_deps(config=config)
+    ai = FaultyAI(base.ai, FaultPlan(delay_first=1, delay_s=3600))
+    server = start_edge(replace(base, ai=ai))
+    waited = httpx.post(server.url + "/v1/chat/completions", json=body("held"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT)
+    assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
+    assert waited.json()["error"]["code"] == "answer_timeout" and ai.injected["delay_first"] == 1
+    ai.plan = FaultPlan()  # the fault gone, a stream over the same binding still answers
+    streamed = httpx.post(server.url + "/v1/chat/completions", json=body("free", stream=True), headers={"cf-aig-skip-cache": "true"},
+                          timeout=WAIT)
+    assert streamed.status_code == 200 and "data: [DONE]" in streamed.text

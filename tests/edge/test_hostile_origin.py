@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.support.hostile_origin import HostileOriginProcess
+from tests.support.hostile_origin import MARKER, HostileOriginProcess
 from tests.support.watched_edge import WatchedEdge
 
 TIMEOUT_MS = 1500  # the origin's connect / first-byte / idle budget
@@ -144,6 +144,17 @@ def test_an_origin_ignoring_max_tokens_is_cut_at_the_requests_own(origin: Hostil
     assert [e["choices"][0]["finish_reason"] for e in events if e.get("choices") and e["choices"][0].get("finish_reason")] == ["length"]
 
 
+def test_an_origin_trickling_tokens_is_cut_at_its_whole_answer_budget(origin: HostileOriginProcess, client: httpx.Client) -> None:
+    """Tokens every 0.5 s, each within the 1.5 s idle budget, with max_tokens far away: only
+    `total_ms` ends it (JSON: a 502; streamed: the tokens so far, then an error event)."""
+    origin.set_mode("slow_tokens")
+    assert_upstream_error(client.post("/v1/chat/completions", json=chat(max_tokens=4096)), "origin_timeout")
+    response, events, done = stream(client, chat(max_tokens=4096))
+    assert "slow" in text_of(events)
+    assert_error_event(response, events, "origin_timeout")
+    assert not done
+
+
 def test_garbage_from_an_origin_is_a_502_not_an_internal_error(origin: HostileOriginProcess, client: httpx.Client) -> None:
     origin.set_mode("garbage")
     assert_upstream_error(client.post("/v1/chat/completions", json=chat()), "origin_garbage")
@@ -162,3 +173,41 @@ def test_impossible_usage_numbers_never_reach_the_client(origin: HostileOriginPr
     response, events, done = stream(client, chat())
     assert_error_event(response, events, "origin_garbage")
     assert "1e+308" not in json.dumps(events) and "-5" not in json.dumps([e.get("usage") for e in events])
+
+
+# --- an origin's own text: the edge's log only (issue 25's rule) --------------------------------
+
+
+def assert_logged_not_shown(edge: WatchedEdge, *answers: Any) -> None:
+    for answer in answers:
+        assert MARKER not in json.dumps(answer), answer
+    assert edge.wait_log(MARKER), "the origin's own text never reached the edge's log"
+
+
+def test_an_origins_context_refusal_is_the_edges_own_message_with_the_numbers(origin: HostileOriginProcess, client: httpx.Client,
+                                                                              edge: WatchedEdge) -> None:
+    """llama.cpp's `exceed_context_size_error` is OpenAI's `context_length_exceeded` in the edge's
+    words: the origin's window, the request's max_tokens and the origin's own counts, never its text."""
+    origin.set_mode("context_refusal")
+    for body in (chat(), {**chat(), "stream": True}):
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["param"], error["type"]) == ("context_length_exceeded", "messages", "invalid_request_error")
+        assert "hostile" in error["message"] and "max_tokens 16" in error["message"] and "4242" in error["message"] and "512" in error["message"]
+        assert "exceeds the available context size" not in error["message"]
+        assert_logged_not_shown(edge, response.text)
+
+
+def test_an_origins_failure_text_stays_in_the_log(origin: HostileOriginProcess, client: httpx.Client, edge: WatchedEdge) -> None:
+    origin.set_mode("refusal_500")
+    answer = client.post("/v1/chat/completions", json=chat())
+    assert_upstream_error(answer, "origin_error")
+    assert_logged_not_shown(edge, answer.text)
+    origin.set_mode("error_event")
+    answer = client.post("/v1/chat/completions", json=chat())
+    assert_upstream_error(answer, "origin_error")
+    response, events, done = stream(client, chat())
+    assert_error_event(response, events, "origin_error")
+    assert not done
+    assert_logged_not_shown(edge, answer.text, events)

@@ -14,7 +14,15 @@ HTTP library that would tidy its bytes up).
 - `endless`: ignores `max_tokens`: tokens until the client leaves;
 - `garbage`: a `data:` line that is not JSON;
 - `garbage_late`: three good tokens, then an event that is JSON but not an object;
-- `usage_huge` / `usage_negative`: good tokens, then usage of 1e308 / -5 tokens.
+- `usage_huge` / `usage_negative`: good tokens, then usage of 1e308 / -5 tokens;
+- `context_refusal`: llama.cpp's 400 for a prompt past its context (`exceed_context_size_error`,
+  its counts), its message carrying `MARKER`;
+- `refusal_500`: a 500 whose message carries `MARKER`;
+- `error_event`: two good tokens, then an OpenAI error event whose message carries `MARKER`;
+- `slow_tokens`: a token every 0.5 s for ever, each well within an idle budget: only a budget
+  for the whole answer ends it.
+
+`MARKER` stands for an origin's own text (an internal path): it must reach the edge's log, never a client.
 
 `GET /count` answers how many generation requests arrived (to see that a request reached it).
 """
@@ -32,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODES = ("ok", "gzip", "unknown_encoding", "gzip_bomb", "long_line", "no_headers", "pings", "endless",
-         "garbage", "garbage_late", "usage_huge", "usage_negative")
+         "garbage", "garbage_late", "usage_huge", "usage_negative", "context_refusal", "refusal_500", "error_event", "slow_tokens")
+MARKER = "/srv/hostile-origin/internal-7f3a"
 BOMB_BYTES = 90 * 1024 * 1024
 
 
@@ -128,6 +137,23 @@ class HostileOrigin:
             writer.write(head() + token("one ") + finish() + usage(1e308, 1e308) + b"data: [DONE]\n\n")
         elif mode == "usage_negative":
             writer.write(head() + token("one ") + finish() + usage(-5, -5) + b"data: [DONE]\n\n")
+        elif mode in ("context_refusal", "refusal_500"):
+            refusal = {"error": {"code": 400, "message": f"the request exceeds the available context size ({MARKER})",
+                                 "type": "exceed_context_size_error", "n_prompt_tokens": 4242, "n_ctx": 512}}
+            if mode == "refusal_500":
+                refusal = {"error": {"code": 500, "message": f"std::runtime_error at {MARKER}", "type": "server_error"}}
+            payload = json.dumps(refusal).encode()
+            status = "400 Bad Request" if mode == "context_refusal" else "500 Internal Server Error"
+            writer.write(head(status, content_type="application/json", content_length=str(len(payload))) + payload)
+        elif mode == "slow_tokens":
+            writer.write(head())
+            while True:
+                writer.write(token("slow "))
+                await writer.drain()
+                await asyncio.sleep(0.5)  # the origin's own pace, never the test's clock
+        elif mode == "error_event":
+            error = {"error": {"message": f"slot died at {MARKER}", "type": "server_error"}}
+            writer.write(head() + token("one ") + token("two ") + b"data: " + json.dumps(error).encode() + b"\n\n")
         await writer.drain()
 
 

@@ -66,6 +66,7 @@ class WatchedEdge:
     url: str
     state: Path
     output: list[str] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)  # notified on every line of output
 
     @classmethod
     def start(cls, model: Path, workdir: Path, *, env: dict[str, Any] | None = None, limits: dict[str, Any] | None = None,
@@ -80,10 +81,13 @@ class WatchedEdge:
         output: list[str] = []
         found: list[str] = []
         ready = threading.Event()
+        changed = threading.Condition()
 
         def read() -> None:  # drains the output for the process's whole life: a full pipe would block it
             for line in process.stdout:  # type: ignore[union-attr]
-                output.append(line)
+                with changed:
+                    output.append(line)
+                    changed.notify_all()
                 match = _LISTENING.search(line)
                 if match and not found:
                     found.append(match.group(1))
@@ -95,13 +99,19 @@ class WatchedEdge:
             process.kill()
             process.wait(10)
             raise RuntimeError("the watched edge did not start: " + "".join(output))
-        return cls(process, found[0], state, output)
+        return cls(process, found[0], state, output, changed)
 
     def alive(self) -> bool:
         return self.process.poll() is None
 
     def log(self) -> str:
         return "".join(self.output)
+
+    def wait_log(self, text: str, timeout: float = 30) -> bool:
+        """Whether `text` appears in the edge's output within `timeout` (a log line is written
+        after the answer it belongs to may have been sent: waited for, never slept on)."""
+        with self.changed:
+            return self.changed.wait_for(lambda: text in "".join(self.output), timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:

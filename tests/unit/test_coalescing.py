@@ -271,3 +271,48 @@ def test_a_flight_order_carries_the_whole_generation_request_across_the_wire() -
                                 ("\n\n",), stream=True, include_usage=True, session="conv-1")
     order = FlightOrder(request, "kv-key", True, 600)
     assert FlightOrder.decode(order.encode()).request == request
+
+
+# --- the object's own text: carried to the Worker for its log, never to the client (issue 25) ----
+
+MARKER = "/srv/object/internal-91c2"
+
+
+def test_a_binding_failure_inside_the_object_keeps_its_text_for_the_workers_log_only() -> None:
+    async def main() -> None:
+        from edgellm.ports import BindingError
+
+        for ai in (ScriptedAI(fail=BindingError(f"3043: failed at {MARKER}")), ScriptedAI(fail_after=2, mid_stream=BindingError(MARKER))):
+            deps, background = make(ai)
+            with pytest.raises(GatewayError) as info:
+                await serve(answer(deps), "worker")
+            assert MARKER not in info.value.message and MARKER in (info.value.detail or "")  # app.handle / streamed_error log it
+            await asyncio.gather(*background, return_exceptions=True)
+
+    isolation.run(main())
+
+
+def test_an_exception_in_the_object_is_the_gateways_words_with_its_text_as_the_detail() -> None:
+    """Not a GatewayError (a bug, a runtime's error) in the object's stream: the line it sends says
+    what failed in the gateway's words; the exception's text crosses as the detail only."""
+    import json
+
+    from edgellm.cache.coalescing import encode_error, error_from
+
+    line = json.loads(encode_error(RuntimeError(f"KeyError at {MARKER}")))
+    error = error_from(line, int(line["status"]), line["retry_after"])
+    assert error.status == 502 and error.retry_after == 5 and MARKER not in error.message and "RuntimeError" not in error.message
+    assert MARKER in (error.detail or "") and MARKER not in json.dumps(error.to_json())
+
+
+def test_a_bad_order_is_refused_without_echoing_the_parsers_text() -> None:
+    async def main() -> None:
+        import json
+
+        from edgellm.http import Request
+
+        response = await FlightObject(Deps(Config(), ScriptedAI())).fetch(Request("POST", "https://f/", body=b"{\"model\": 1}"))
+        data = json.loads(response.body)
+        assert response.status == 400 and data["error"]["message"] == "Bad flight order." and data["detail"]
+
+    isolation.run(main())

@@ -35,3 +35,22 @@ def test_a_message_cap_below_one_is_refused_at_start_up_naming_the_variable(valu
 def test_a_message_cap_of_one_is_kept() -> None:
     assert Config.from_env({"MAX_MESSAGES": "1"}).max_messages == 1
     assert Config.from_env({"MAX_MESSAGES": " 7 "}).max_messages == 7
+
+
+@pytest.mark.parametrize("name", ["START_TIMEOUT_SECONDS", "RUN_MIN_TOKENS_PER_SECOND"])
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf", "nan"])
+def test_a_deadline_or_rate_that_is_not_above_zero_is_refused_at_start_up_naming_the_variable(name: str, value: str) -> None:
+    """START_TIMEOUT_SECONDS=0 would refuse every stream and a negative rate means nothing (a
+    negative deadline would end every whole answer at once): the deploy fails, naming the variable."""
+    with pytest.raises(ValueError, match=name):
+        Config.from_env({name: value})
+
+
+def test_a_whole_answers_deadline_is_the_start_deadline_plus_its_length_at_the_slowest_rate() -> None:
+    """The whole-answer deadline grows with max_tokens: a long answer a healthy binding is still
+    making is never cut, a stalled one still ends."""
+    assert Config().answer_timeout_seconds(256) == 30 + 256 / 1  # the defaults: 30 s, 1 token a second (wrangler.toml sets 4)
+    config = Config.from_env({"START_TIMEOUT_SECONDS": "2.5", "RUN_MIN_TOKENS_PER_SECOND": " 10 "})
+    assert (config.start_timeout_seconds, config.run_min_tokens_per_second) == (2.5, 10.0)
+    assert config.answer_timeout_seconds(100) == 12.5
+    assert config.answer_timeout_seconds(1000) > config.answer_timeout_seconds(100)

@@ -228,6 +228,27 @@ async def test_a_misconfigured_worker_answers_json_not_a_bare_500(adapter) -> No
     assert error["code"] == "worker_setup_failed" and "JSONDecodeError" in error["message"]
 
 
+async def test_a_binding_failing_while_the_worker_sets_up_keeps_its_text_in_the_log(adapter, monkeypatch, caplog) -> None:
+    """A failure that is not a [vars] value the config refused (a binding's, the runtime's) is named
+    by its type; its text (an internal path here) is in the log only (issue 25's rule)."""
+    class NativeRequest:
+        method, url = "GET", "https://edge.example/healthz"
+        headers = email.message.Message()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("JsException: binding AI at /srv/worker/internal-5d1e is gone")
+
+    monkeypatch.setattr(adapter.pyodide, "build_deps", broken)
+    from edgellm.state import IsolateState
+
+    native = await adapter.pyodide.fetch(NativeRequest(), SimpleNamespace(), SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
+    error = __import__("json").loads(await native.bytes())["error"]
+    assert native.status == 500 and error["code"] == "worker_setup_failed" and "RuntimeError" in error["message"]
+    assert "/srv/worker/internal-5d1e" not in error["message"]
+    assert any("/srv/worker/internal-5d1e" in record.getMessage() or "/srv/worker/internal-5d1e" in (record.exc_text or "")
+               or (record.exc_info and "/srv/worker/internal-5d1e" in str(record.exc_info[1])) for record in caplog.records)
+
+
 def test_vars_are_parsed_once_per_isolate_and_a_jsnull_kv_is_no_kv(adapter) -> None:
     from edgellm.state import IsolateState
 

@@ -83,8 +83,9 @@ def _hub_error(status: ErrorKind, code: str, message: str) -> GatewayError:
     return GatewayError(status, message, code=code.lower(), headers={"x-error-code": code, "x-error-message": message})
 
 
-def _bad_manifest(name: str, why: str) -> GatewayError:
-    return GatewayError(ErrorKind.UPSTREAM, f"The manifest of {name!r} is invalid: {why}.", code="invalid_manifest", retry_after=60)
+def _bad_manifest(name: str, why: str, detail: str | None = None) -> GatewayError:
+    return GatewayError(ErrorKind.UPSTREAM, f"The manifest of {name!r} is invalid: {why}.", code="invalid_manifest", retry_after=60,
+                        detail=detail)
 
 
 def parse_snapshot(name: str, raw: bytes) -> Snapshot:
@@ -114,8 +115,12 @@ def parse_snapshot(name: str, raw: bytes) -> Snapshot:
                 raise ValueError(f"files entry {path!r}")
             repo[path] = RepoFile(path, fsize, fsha, (Piece(ArtifactPath(name, path).key, fsize),), FILES[path])
         repo[GGUF] = RepoFile(GGUF, size, sha, tuple(pieces), OCTETS, large=True)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except ValueError as exc:  # the checks above, in the edge's own words (or the JSON parser's position)
         raise _bad_manifest(name, str(exc) or type(exc).__name__) from None
+    except KeyError as exc:  # the field's name, in the edge's words
+        raise _bad_manifest(name, f"the field {str(exc.args[0])[:80]!r} is missing") from None
+    except (TypeError, AttributeError) as exc:  # Python's own words about a value: the log's
+        raise _bad_manifest(name, "a field has the wrong type", f"manifest of {name!r}: {type(exc).__name__}: {exc}") from None
     return Snapshot(name, hashlib.sha256(raw).hexdigest()[:40], repo)
 
 
@@ -209,7 +214,7 @@ async def _concatenated(deps: Deps, first_body: AsyncIterator[bytes], rest: list
             try:
                 body = await _open(deps, piece, offset, length)
             except GatewayError as exc:
-                deps.log.error("model.gguf stream cut short: %s", exc.message)
+                deps.log.error("model.gguf stream cut short: %s", exc.detail or exc.message)
                 body = None
                 return
     finally:

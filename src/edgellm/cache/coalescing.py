@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, dependency_error
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request, Response, json_bytes
 from ..ports import Deps
@@ -223,11 +223,18 @@ def decode_event(data: dict[str, Any]) -> Event | None:
     return None
 
 
+def object_error(exc: BaseException, message: str) -> GatewayError:
+    """An exception in the object as the error it sends back: a `GatewayError` as it is, any other
+    in the gateway's words with the exception's text as the detail (logged by the Worker, never
+    shown: the object-to-Worker line is internal, the Worker's answer to its client is not)."""
+    return exc if isinstance(exc, GatewayError) else dependency_error(exc, ErrorKind.UPSTREAM, message, "upstream_error", 5,
+                                                                       "in the flights object")
+
+
 def encode_error(exc: BaseException, routing: dict[str, Any] | None = None) -> bytes:
-    error = exc if isinstance(exc, GatewayError) else GatewayError(
-        ErrorKind.UPSTREAM, f"The shared generation failed: {type(exc).__name__}.", code="upstream_error", retry_after=5)
+    error = object_error(exc, "The shared generation failed (the details are in the edge log); retry shortly.")
     return json_bytes({"error": error.to_json()["error"], "status": error.status, "retry_after": error.retry_after,
-                       "routing": routing}) + b"\n"
+                       "routing": routing, "detail": error.detail}) + b"\n"
 
 
 def error_from(data: dict[str, Any], status: int, retry_after: int | None) -> GatewayError:
@@ -235,8 +242,10 @@ def error_from(data: dict[str, Any], status: int, retry_after: int | None) -> Ga
     error = data.get("error") if isinstance(data.get("error"), dict) else {}
     kind = next((k for k in ErrorKind if k.status == status and k.type == error.get("type")), None)
     kind = kind or next((k for k in ErrorKind if k.status == status), ErrorKind.UPSTREAM)
+    detail = data.get("detail")
     return GatewayError(kind, str(error.get("message") or "The shared generation failed."),
-                        param=error.get("param"), code=error.get("code"), retry_after=retry_after)
+                        param=error.get("param"), code=error.get("code"), retry_after=retry_after,
+                        detail=str(detail) if detail else None)
 
 
 @dataclass
@@ -287,7 +296,9 @@ class FlightObject:
         try:
             order = FlightOrder.decode(request.body)
         except (ValueError, KeyError, TypeError) as exc:
-            return GatewayError(ErrorKind.INVALID_REQUEST, f"Bad flight order: {exc}", code="bad_flight_order").to_response()
+            refused = GatewayError(ErrorKind.INVALID_REQUEST, "Bad flight order.", code="bad_flight_order",
+                                   detail=f"bad flight order: {type(exc).__name__}: {exc}")
+            return refused.to_response({"detail": refused.detail})
         flight, role = self.current, "joined"
         if flight is None or flight.done:
             flight, role = self._start(order), "started"
@@ -301,9 +312,8 @@ class FlightObject:
             raise
         except Exception as exc:
             await subscription.aclose()
-            error = exc if isinstance(exc, GatewayError) else GatewayError(
-                ErrorKind.UPSTREAM, f"The generation failed to start: {type(exc).__name__}.", code="upstream_error", retry_after=5)
-            response = error.to_response()
+            error = object_error(exc, "The generation failed to start (the details are in the edge log); retry shortly.")
+            response = error.to_response({"detail": error.detail} if error.detail else None)
             response.headers["x-edgellm-flight"] = role
             response.headers[VERDICT_HEADER] = json_bytes(flight_verdict(flight.routing)).decode()
             return response
@@ -403,9 +413,9 @@ async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation,
         response = await stub.fetch(request)
     except GatewayError:
         raise
-    except Exception as exc:  # the object failed (on workerd an AbortError carrying its traceback)
-        raise GatewayError(ErrorKind.UPSTREAM, f"The coalescing object failed: {type(exc).__name__}: {exc}",
-                           code="flight_failed", retry_after=1) from exc
+    except Exception as exc:  # the object failed (on workerd an AbortError carrying its traceback): its text is the log's
+        raise dependency_error(exc, ErrorKind.UPSTREAM, "The coalescing object failed (the details are in the edge log); retry shortly.",
+                               "flight_failed", 1, "the flights object") from exc
     started = response.headers.get("x-edgellm-flight") == "started"
     # only the request that started the flight applies its verdict; a joiner frees a probe it took
     report = (lambda verdict: apply_verdict(deps, order.plan, verdict)) if started else (lambda verdict: apply_verdict(deps, order.plan, None))

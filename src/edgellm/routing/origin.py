@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from ..errors import ErrorKind, GatewayError, is_context_refusal
+from ..errors import ErrorKind, GatewayError, is_context_refusal, window_figures
 from ..generation import Event, Finish, GenerationRequest, Token, Usage
 from ..http import json_bytes
 from ..ports import FetchError, HTTPFetch
@@ -78,17 +78,47 @@ def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: st
     return "/chat/completions", body
 
 
-def _status_error(origin: OriginConfig, status: int, detail: str) -> GatewayError:
-    if status in (400, 422) and is_context_refusal(detail):
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} cannot hold the prompt: {detail}",
-                            param="messages", code="context_length_exceeded")
+def _status_error(origin: OriginConfig, status: int, data: bytes, max_tokens: int) -> GatewayError:
+    """A refusing origin's answer, in the edge's words: the origin's own text (which may hold its
+    server's internals) is the error's `detail`, logged, never the client's message (issue 25)."""
+    detail = _detail(data)
+    said = f"the origin {origin.name} answered {status}: {detail}"
+    if status in (400, 422) and (is_context_refusal(detail) or _error_type(data) == "exceed_context_size_error"):
+        # OpenAI's code (clients trim or fall back on it) and the numbers the edge knows: the
+        # origin's configured window, this request's max_tokens, and the refusal's own figures
+        figures = _counted(data) or window_figures(detail)
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} cannot hold this prompt with max_tokens {max_tokens} "
+                            f"(its window is {origin.context_window} tokens{'; ' + figures if figures else ''}). "
+                            "Shorten the messages or lower max_tokens.", param="messages", code="context_length_exceeded", detail=said)
     if status in (400, 422):
-        return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} rejected the request: {detail}", code="origin_rejected")
+        return GatewayError(ErrorKind.INVALID_REQUEST, f"The origin {origin.name} rejected the request ({status}; the details are in "
+                            "the edge log).", code="origin_rejected", detail=said)
     if status in (429, 503):
-        return GatewayError(ErrorKind.UNAVAILABLE, f"The origin {origin.name} is over capacity ({status}): {detail}",
-                            code="origin_unavailable", retry_after=RETRY_AFTER_SECONDS)
-    return GatewayError(ErrorKind.UPSTREAM, f"The origin {origin.name} failed ({status}): {detail}", code="origin_error",
-                        retry_after=RETRY_AFTER_SECONDS)
+        return GatewayError(ErrorKind.UNAVAILABLE, f"The origin {origin.name} is over capacity ({status}); retry shortly.",
+                            code="origin_unavailable", retry_after=RETRY_AFTER_SECONDS, detail=said)
+    return GatewayError(ErrorKind.UPSTREAM, f"The origin {origin.name} failed ({status}); retry shortly.", code="origin_error",
+                        retry_after=RETRY_AFTER_SECONDS, detail=said)
+
+
+def _error_object(data: bytes) -> dict[str, Any]:
+    try:
+        error = json.loads(data).get("error")
+    except Exception:
+        return {}
+    return error if isinstance(error, dict) else {}
+
+
+def _error_type(data: bytes) -> Any:
+    return _error_object(data).get("type")
+
+
+def _counted(data: bytes) -> str:
+    """llama.cpp's context refusal counts for itself (`n_prompt_tokens`, `n_ctx`): figures, never words."""
+    error = _error_object(data)
+    prompt, window = error.get("n_prompt_tokens"), error.get("n_ctx")
+    if all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_USAGE_TOKENS for n in (prompt, window)):
+        return f"the origin counted {prompt} prompt tokens, its context holds {window}"
+    return ""
 
 
 def _detail(data: bytes) -> str:
@@ -121,8 +151,8 @@ class OriginClient:
         try:
             response = await self.fetch.post(self.origin.base_url + path, json_bytes(body), headers, self.timeout)
         except FetchError as exc:
-            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} is unreachable: {exc}", code="origin_unreachable",
-                               retry_after=RETRY_AFTER_SECONDS) from exc
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} is unreachable; retry shortly.", code="origin_unreachable",
+                               retry_after=RETRY_AFTER_SECONDS, detail=f"origin {self.origin.name}: {exc}") from exc
         if response.status != 200:
             try:
                 data = b""
@@ -134,7 +164,7 @@ class OriginClient:
                 data = b""
             finally:
                 await _aclose(response.body)
-            raise _status_error(self.origin, response.status, _detail(data))
+            raise _status_error(self.origin, response.status, data, body["max_tokens"])
         encoding = {k.lower(): v for k, v in response.headers.items()}.get("content-encoding", "identity").strip().lower()
         if encoding not in DECODED_ENCODINGS:
             await _aclose(response.body)
@@ -171,8 +201,8 @@ class OriginClient:
                     raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stalled mid-answer.", code="origin_stalled",
                                        retry_after=RETRY_AFTER_SECONDS) from None
                 except FetchError as exc:
-                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} broke off: {exc}", code="origin_error",
-                                       retry_after=RETRY_AFTER_SECONDS) from exc
+                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} broke off mid-answer.", code="origin_error",
+                                       retry_after=RETRY_AFTER_SECONDS, detail=f"origin {self.origin.name}: {exc}") from exc
                 try:
                     payloads = list(decoder.feed(chunk))
                 except SSEFrameTooLarge as exc:
@@ -218,8 +248,8 @@ class OriginClient:
         if not isinstance(event, dict):
             raise self._garbage("an event that is not a JSON object")
         if event.get("error"):
-            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} failed mid-answer: {_detail(data.encode())}",
-                               code="origin_error", retry_after=RETRY_AFTER_SECONDS)
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} failed mid-answer.", code="origin_error",
+                               retry_after=RETRY_AFTER_SECONDS, detail=f"origin {self.origin.name} sent an error event: {_detail(data.encode())}")
         choices = event.get("choices")
         if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
             raise self._garbage("'choices' that is not a list of objects")

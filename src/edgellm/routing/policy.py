@@ -231,7 +231,7 @@ async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tup
             if exc.kind not in FAILOVER_KINDS:
                 raise
             state.counters.origin_errors += 1
-            deps.log.warning("origin %s failed: %s", origin.name, exc.message)
+            deps.log.warning("origin %s failed: %s", origin.name, exc.detail or exc.message)  # its own text: the log's only
             last = exc
             continue
         state.counters.origin += 1
@@ -351,6 +351,7 @@ async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[O
             return await OriginClient(origin, deps.fetch).start(gen_request, prefill=text, max_tokens=remaining)
         except GatewayError as exc:
             routing_state(deps).counters.origin_errors += 1
+            deps.log.warning("origin %s could not continue: %s", origin.name, exc.detail or exc.message)
             last = exc
     assert last is not None
     raise last

@@ -455,8 +455,11 @@ async def fetch(request: Any, env: Any, ctx: Any, state: IsolateState | None = N
         core_request = await to_core_request(request, deps.config.max_body_bytes)
     except Exception as exc:  # before `handle` can answer: still JSON, never the platform's bare 500
         logging.getLogger("edgellm").exception("could not set up the request")
+        # a [vars] value the config refused (a ValueError in the config's own words, naming the
+        # variable) is said; any other failure (a binding's, the runtime's) by its type, its text logged above
+        said = f"{type(exc).__name__}: {exc}" if isinstance(exc, ValueError) else type(exc).__name__
         error = GatewayError(
-            ErrorKind.SERVER, f"The Worker could not set up this request ({type(exc).__name__}: {exc}); check its [vars] and bindings.",
+            ErrorKind.SERVER, f"The Worker could not set up this request ({said}); check its [vars] and bindings.",
             code="worker_setup_failed",
         )
         return to_native_response(error.to_response())

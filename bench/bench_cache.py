@@ -152,6 +152,7 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
             fixed_rates: dict[str, list[float]] = {k: [] for k in kinds}
             cpu: dict[tuple[str, str], float] = {(k, what): 0.0 for k in kinds for what in ("hit", "fixed")}
             n = args.hits // rounds
+            loads = [load()]
             for i in range(rounds):
                 for kind in kinds if i % 2 == 0 else kinds[::-1]:
                     c = clients[kind]
@@ -163,7 +164,9 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
                     fixed[kind] += await sequential(c, n, "GET", "/healthz", None)
                     fixed_rates[kind].append(await throughput(c, n * 2, args.concurrency, "GET", "/healthz"))
                     cpu[kind, "fixed"] += cpu_seconds(pid[kind]) - spent
-            print(f"\nHIT beside /healthz, before ({args.before}) and after (this checkout), same run, {rounds} alternating rounds:")
+                loads.append(load())
+            print(f"\nHIT beside /healthz, before ({args.before}) and after (this checkout), same run, {rounds} alternating rounds, "
+                  f"load {min(loads):.2f}-{max(loads):.2f}:")
             print(f"{'':<22}{'n':>6}{'p50 ms':>12}{'p99 ms':>12}{'req/s':>10}")
             for kind in kinds:
                 print(row(f"{kind}: HIT", hit[kind], statistics.median(rates[kind])))
@@ -180,14 +183,18 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
                 print(f"\nlong run: {args.long} HITs per edge at concurrency {args.concurrency}, windows of {window}, alternating; p50 ms per window:")
                 p50s: dict[str, list[float]] = {k: [] for k in kinds}
                 cpus: dict[str, list[float]] = {k: [] for k in kinds}
+                loads = [load()]
                 for i in range(args.long // window):
                     for kind in kinds if i % 2 == 0 else kinds[::-1]:
                         spent = cpu_seconds(pid[kind])
                         p50s[kind].append(percentile(await concurrent_latencies(clients[kind], window, args.concurrency), 50) * 1000)
                         cpus[kind].append((cpu_seconds(pid[kind]) - spent) * 1000 / window)
+                    loads.append(load())
+                print("load    per window " + " ".join(f"{v:6.2f}" for v in loads[1:]))
                 for kind in kinds:
                     print(f"{kind:<8} p50 ms " + " ".join(f"{v:6.2f}" for v in p50s[kind])
-                          + f"   last/first window: {p50s[kind][-1] / p50s[kind][0]:.2f}x")
+                          + f"   last/first window: {p50s[kind][-1] / p50s[kind][0]:.2f}x"
+                          + f", median of the last 3 / first 3: {statistics.median(p50s[kind][-3:]) / statistics.median(p50s[kind][:3]):.2f}x")
                     print(f"{kind:<8} CPU ms " + " ".join(f"{v:6.3f}" for v in cpus[kind])
                           + f"   last/first window: {cpus[kind][-1] / cpus[kind][0]:.2f}x")
         finally:

@@ -12,7 +12,14 @@ measures from this one, in a single run:
 Targets (issue 3): MISS/HIT latency ratio >= 100x; HIT throughput >= 0.5x the fixed body's.
 Figures from a shared, busy 2-core machine vary from run to run: compare ratios within one run.
 
+- with `--litellm PATH` (or $EDGELLM_LITELLM): the edge's HIT and `/healthz` beside LiteLLM's proxy
+  with its response cache on (its own process, in front of the same edge), the same request from
+  the same raw keep-alive client, 1 and 16 clients, alternating rounds; wrk's figures too when
+  `wrk` is on PATH. Targets (issue 26): HIT >= 10x LiteLLM's (p50 and req/s), HIT p50 <= 1.3x
+  `/healthz`.
+
     .venv/bin/python -m bench.bench_cache [--misses 8] [--hits 400] [--concurrency 16]
+    .venv/bin/python -m bench.bench_cache --litellm litellm-venv/bin/litellm [--rounds 5]
 """
 
 from __future__ import annotations
@@ -20,12 +27,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import httpx
 
-from bench.edge_process import cpu_seconds, running_edge
+from bench import raw_http
+from bench.edge_process import cpu_seconds, free_port, running_edge
+from bench.peer_litellm import HIT_HEADER, find_litellm, running_litellm, version
 
 BODY = {
     "messages": [{"role": "user", "content": "Write a long, detailed story about a lighthouse keeper and a storm."}],
@@ -137,6 +152,7 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
             fixed_rates: dict[str, list[float]] = {k: [] for k in kinds}
             cpu: dict[tuple[str, str], float] = {(k, what): 0.0 for k in kinds for what in ("hit", "fixed")}
             n = args.hits // rounds
+            loads = [load()]
             for i in range(rounds):
                 for kind in kinds if i % 2 == 0 else kinds[::-1]:
                     c = clients[kind]
@@ -148,7 +164,9 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
                     fixed[kind] += await sequential(c, n, "GET", "/healthz", None)
                     fixed_rates[kind].append(await throughput(c, n * 2, args.concurrency, "GET", "/healthz"))
                     cpu[kind, "fixed"] += cpu_seconds(pid[kind]) - spent
-            print(f"\nHIT beside /healthz, before ({args.before}) and after (this checkout), same run, {rounds} alternating rounds:")
+                loads.append(load())
+            print(f"\nHIT beside /healthz, before ({args.before}) and after (this checkout), same run, {rounds} alternating rounds, "
+                  f"load {min(loads):.2f}-{max(loads):.2f}:")
             print(f"{'':<22}{'n':>6}{'p50 ms':>12}{'p99 ms':>12}{'req/s':>10}")
             for kind in kinds:
                 print(row(f"{kind}: HIT", hit[kind], statistics.median(rates[kind])))
@@ -165,14 +183,18 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
                 print(f"\nlong run: {args.long} HITs per edge at concurrency {args.concurrency}, windows of {window}, alternating; p50 ms per window:")
                 p50s: dict[str, list[float]] = {k: [] for k in kinds}
                 cpus: dict[str, list[float]] = {k: [] for k in kinds}
+                loads = [load()]
                 for i in range(args.long // window):
                     for kind in kinds if i % 2 == 0 else kinds[::-1]:
                         spent = cpu_seconds(pid[kind])
                         p50s[kind].append(percentile(await concurrent_latencies(clients[kind], window, args.concurrency), 50) * 1000)
                         cpus[kind].append((cpu_seconds(pid[kind]) - spent) * 1000 / window)
+                    loads.append(load())
+                print("load    per window " + " ".join(f"{v:6.2f}" for v in loads[1:]))
                 for kind in kinds:
                     print(f"{kind:<8} p50 ms " + " ".join(f"{v:6.2f}" for v in p50s[kind])
-                          + f"   last/first window: {p50s[kind][-1] / p50s[kind][0]:.2f}x")
+                          + f"   last/first window: {p50s[kind][-1] / p50s[kind][0]:.2f}x"
+                          + f", median of the last 3 / first 3: {statistics.median(p50s[kind][-3:]) / statistics.median(p50s[kind][:3]):.2f}x")
                     print(f"{kind:<8} CPU ms " + " ".join(f"{v:6.3f}" for v in cpus[kind])
                           + f"   last/first window: {cpus[kind][-1] / cpus[kind][0]:.2f}x")
         finally:
@@ -195,7 +217,156 @@ async def concurrent_latencies(client: httpx.AsyncClient, total: int, concurrenc
     return samples
 
 
+def load() -> float:
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+WRK_SCRIPT = """wrk.method = "{method}"
+wrk.body = [[{body}]]
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def run_wrk(url: str, request: raw_http.Prepared, connections: int, seconds: float, scratch: str) -> tuple[float, float, float]:
+    """(p50 ms, p99 ms, req/s) from wrk (one thread: the machine has two cores and a server to run)."""
+    head, _, body = request.data.partition(b"\r\n\r\n")
+    method, path = head.split(b" ", 2)[:2]
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    if body:
+        script = os.path.join(scratch, "post.lua")
+        with open(script, "w") as f:
+            f.write(WRK_SCRIPT.format(method=method.decode(), body=body.decode()))
+        command += ["-s", script]
+    out = subprocess.run(command + [url + path.decode()], capture_output=True, text=True, timeout=seconds + 30).stdout
+    if "Non-2xx" in out:
+        raise RuntimeError(f"wrk saw errors: {out}")
+
+    def ms(label: str) -> float:
+        value, unit = re.search(rf"{label}\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
+        return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+    return ms("50%"), ms("99%"), float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+
+
+async def warm_hit(url: str, body: dict, is_hit) -> None:
+    """Send the request until its answer comes from the cache (the first generates; the write-behind lands after)."""
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        for _ in range(100):
+            response = await client.post("/v1/chat/completions", json=body)
+            response.raise_for_status()
+            if is_hit(response.headers):
+                return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} never answered from its cache")
+
+
+async def compare_litellm(args: argparse.Namespace) -> None:
+    """Issue 26: the edge's HIT against LiteLLM's cache HIT and the edge's own `/healthz`, same run.
+
+    LiteLLM's proxy runs in its own process in front of this same edge: its HITs never reach the
+    upstream, so the upstream only answers its one warm-up request, and a second edge (a second
+    model in memory on a 2-core machine) would only take CPU from what is measured. The client is
+    `raw_http` (a request rendered once, read by Content-Length): httpx costs more per request than
+    the edge's HIT does. Its own cost is measured too, against a socket server that answers from
+    memory in a process of its own (the "client floor")."""
+    binary = find_litellm(args.litellm)
+    if binary is None:
+        return
+    kinds = ("EdgeLLM HIT", "EdgeLLM /healthz", "LiteLLM HIT", "client floor")
+    clients = (1, args.concurrency)
+    floor_port = free_port()
+    floor = subprocess.Popen([sys.executable, "-m", "bench.raw_http", str(floor_port)])
+    pids: dict[str, int] = {}
+    try:
+        with running_edge(pids=pids) as edge_url:
+            model = httpx.get(edge_url + "/healthz", timeout=10).json()["model"]
+            body = {**SERVER_BODY, "model": model}  # the same bytes to both: LiteLLM serves the edge's model id under its own name
+            with running_litellm(binary, edge_url, model, pids=pids) as litellm_url:
+                await warm_hit(edge_url, body, lambda h: h.get("cf-aig-cache-status") == "HIT")
+                await warm_hit(litellm_url, body, lambda h: HIT_HEADER in h)
+                floor_url = f"http://127.0.0.1:{floor_port}"
+                targets = {
+                    "EdgeLLM HIT": (edge_url, raw_http.Prepared.build(edge_url, "POST", "/v1/chat/completions", body), ("cf-aig-cache-status", "HIT")),
+                    "EdgeLLM /healthz": (edge_url, raw_http.Prepared.build(edge_url, "GET", "/healthz"), None),
+                    "LiteLLM HIT": (litellm_url, raw_http.Prepared.build(litellm_url, "POST", "/v1/chat/completions", body), (HIT_HEADER, None)),
+                    "client floor": (floor_url, raw_http.Prepared.build(floor_url, "GET", "/healthz"), None),
+                }
+                pid = {"EdgeLLM HIT": pids[edge_url], "EdgeLLM /healthz": pids[edge_url], "LiteLLM HIT": pids[litellm_url], "client floor": floor.pid}
+                print(f"\nLiteLLM {version(binary)} (proxy, in-memory response cache) in front of the edge; "
+                      f"{args.rounds} alternating rounds, raw keep-alive client, same request:")
+                lat = {(k, c): [] for k in kinds for c in clients}
+                rps = {(k, c): [] for k in kinds for c in clients}
+                cpu = {(k, c): 0.0 for k in kinds for c in clients}
+                loads = [load()]
+                for i in range(args.rounds):
+                    order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
+                    for kind in order:
+                        url, request, expect = targets[kind]
+                        for c in clients:
+                            n = args.hits // args.rounds * (1 if c == 1 else 4)
+                            async with raw_http.connections(request.host, request.port, c) as conns:
+                                await raw_http.latencies(conns, request, c * 3, expect)  # warm each connection
+                                spent = cpu_seconds(pid[kind])
+                                samples, rate = await raw_http.latencies(conns, request, n, expect)
+                                cpu[kind, c] += (cpu_seconds(pid[kind]) - spent) * 1000 / n / args.rounds
+                            lat[kind, c] += samples
+                            rps[kind, c].append(rate)
+                    loads.append(load())
+                p50 = {key: percentile(v, 50) * 1000 for key, v in lat.items()}
+                rate = {key: statistics.median(v) for key, v in rps.items()}
+                print(f"{'':<20}{'clients':>8}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'CPU ms/req':>12}")
+                for kind in kinds:
+                    for c in clients:
+                        print(f"{kind:<20}{c:>8}{len(lat[kind, c]):>7}{p50[kind, c]:>10.3f}{percentile(lat[kind, c], 99) * 1000:>10.3f}"
+                              f"{rate[kind, c]:>10.0f}{cpu[kind, c]:>12.3f}")
+                print(f"load average (1 min) over the rounds: {min(loads):.2f}-{max(loads):.2f}")
+                edge, health, peer, base = kinds
+                for c in clients:
+                    print(f"{c:>2} client(s): LiteLLM/EdgeLLM HIT p50 {p50[peer, c] / p50[edge, c]:.1f}x, "
+                          f"EdgeLLM/LiteLLM req/s {rate[edge, c] / rate[peer, c]:.1f}x (target >= 10x); "
+                          f"HIT/healthz p50 {p50[edge, c] / p50[health, c]:.2f}x (target <= 1.3x), "
+                          f"less the client floor's {p50[base, c]:.3f} ms: {(p50[edge, c] - p50[base, c]) / (p50[health, c] - p50[base, c]):.2f}x; "
+                          f"server CPU per HIT, EdgeLLM/healthz {cpu[edge, c] / cpu[health, c]:.2f}x")
+                if shutil.which("wrk") is None:
+                    print("wrk: not on PATH (apt-get install wrk): its cross-check is skipped")
+                    return
+                await asyncio.to_thread(wrk_rounds, targets, kinds, clients, args)
+    finally:
+        floor.terminate()
+        floor.wait(10)
+
+
+def wrk_rounds(targets: dict, kinds: tuple[str, ...], clients: tuple[int, ...], args: argparse.Namespace) -> None:
+    """The same targets through wrk (C, one thread), alternating rounds of 2 s: a client that costs
+    less than any Python one, so its ratios are the servers' own."""
+    figures: dict[tuple[str, int], list[tuple[float, float, float]]] = {(k, c): [] for k in kinds for c in clients}
+    loads = [load()]
+    with tempfile.TemporaryDirectory(prefix="edgellm-wrk-") as scratch:
+        for i in range(3):
+            order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
+            for kind in order:
+                url, request, _ = targets[kind]
+                for c in clients:
+                    figures[kind, c].append(run_wrk(url, request, c, 2, scratch))
+            loads.append(load())
+    print(f"\nwrk -t1 (3 alternating rounds of 2 s; medians of the rounds), load {min(loads):.2f}-{max(loads):.2f}:")
+    print(f"{'':<20}{'clients':>8}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}")
+    med = {key: tuple(statistics.median(f[j] for f in v) for j in range(3)) for key, v in figures.items()}
+    for kind in kinds:
+        for c in clients:
+            print(f"{kind:<20}{c:>8}{med[kind, c][0]:>10.3f}{med[kind, c][1]:>10.3f}{med[kind, c][2]:>10.0f}")
+    edge, health, peer, _ = kinds
+    for c in clients:
+        print(f"{c:>2} client(s), wrk: LiteLLM/EdgeLLM HIT p50 {med[peer, c][0] / med[edge, c][0]:.1f}x, "
+              f"EdgeLLM/LiteLLM req/s {med[edge, c][2] / med[peer, c][2]:.1f}x (target >= 10x); "
+              f"HIT/healthz p50 {med[edge, c][0] / med[health, c][0]:.2f}x (target <= 1.3x)")
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.litellm is not None or os.environ.get("EDGELLM_LITELLM"):
+        await compare_litellm(args)
+        return
     if args.before:
         await compare_code(args)
         return
@@ -236,4 +407,7 @@ if __name__ == "__main__":
     parser.add_argument("--servers-only", action="store_true", help="only the baseline/fast server comparison")
     parser.add_argument("--before", metavar="DIR", help="compare with another version's code (a dir with its src/ and local/), side by side")
     parser.add_argument("--long", type=int, default=0, metavar="N", help="with --before: N HITs per edge in a long run, p50 per window")
+    parser.add_argument("--litellm", metavar="PATH", help="LiteLLM's `litellm` script (its own venv; default $EDGELLM_LITELLM): "
+                        "the edge's HIT beside LiteLLM's cache HIT and /healthz, same run")
+    parser.add_argument("--rounds", type=int, default=5, help="with --litellm: alternating rounds")
     asyncio.run(main(parser.parse_args()))

@@ -201,7 +201,8 @@ async def receive_body(receive: Any, limit: int, timeout: float, min_rate: float
         try:
             if remaining <= 0:
                 raise asyncio.TimeoutError
-            message = await asyncio.wait_for(receive(), remaining)
+            async with asyncio.timeout(remaining):  # not wait_for: that wraps receive() in a task of its own
+                message = await receive()
         except asyncio.TimeoutError:
             return body_timed_out()
         if message["type"] == "http.disconnect":

@@ -22,7 +22,8 @@ import asyncio
 import logging
 import sqlite3
 import threading
-from dataclasses import astuple, dataclass, field, fields
+import operator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ GROUPS = {"tenant": "tenant", "model": "model", "route": "route", "cache_status"
           "day": "strftime('%Y-%m-%d', time, 'unixepoch')", "hour": "strftime('%Y-%m-%dT%H', time, 'unixepoch')"}
 _COLUMNS = [f.name for f in fields(UsageEvent)]
 _INSERT = f"INSERT INTO usage VALUES ({', '.join('?' * len(_COLUMNS))})"
+# a row is the event's fields in column order: attrgetter reads them at C speed, where
+# dataclasses.astuple deep-copies every field (~25 us a row, on the request's path)
+_ROW = operator.attrgetter(*_COLUMNS)
 _KEY, _STATUS, _PROMPT, _COMPLETION = (_COLUMNS.index(c) for c in ("key_id", "cache_status", "prompt_tokens", "completion_tokens"))
 log = logging.getLogger("edgellm.usage")
 
@@ -70,7 +74,7 @@ class SqliteUsage:
 
     def record_now(self, event: UsageEvent) -> None:
         """Queue the row for the writer; never waits for the database."""
-        row = astuple(event)
+        row = _ROW(event)
         with self._cond:
             if len(self._pending) >= self.max_pending:
                 del self._pending[0]

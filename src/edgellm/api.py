@@ -7,6 +7,7 @@ Every generation route is the same three steps: parse the wire format into a
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import hashlib
@@ -39,33 +40,42 @@ def generation_headers(generation: Generation) -> dict[str, str]:
     return headers
 
 
-def enforce_capabilities(deps: Deps, gen_request: GenerationRequest) -> None:
-    """A 400 naming the parameter the model cannot honour, before any inference (or cache)."""
+def enforce_capabilities(deps: Deps, gen_request: GenerationRequest, described: dict[str, Any] | None = None) -> None:
+    """A 400 naming the parameter the model cannot honour, before any inference (or cache).
+    `described`: the backend's `describe` of the model, when the caller has it already."""
     model = gen_request.model
-    enforce(model, capabilities_of(model, deps.config.model_capabilities, deps.ai.describe(model)), gen_request.inputs)
+    if described is None:
+        described = deps.ai.describe(model)
+    enforce(model, capabilities_of(model, deps.config.model_capabilities, described), gen_request.inputs)
 
 
-def system_fingerprint(deps: Deps, model: str) -> str | None:
+def system_fingerprint(deps: Deps, model: str, described: dict[str, Any] | None = None) -> str | None:
     """OpenAI's `system_fingerprint`: names the model id and the backend build that answered
     (a client compares it to notice a backend change). Null when the backend names no build
     (the Workers AI binding does not say which build serves a model)."""
-    described = deps.ai.describe(model) or {}
+    described = (described if described is not None else deps.ai.describe(model)) or {}
     build = described.get("build")
     if not build:
         return None
-    return "fp_" + hashlib.sha256(f"{model}|{described.get('backend', '')}|{build}".encode()).hexdigest()[:12]
+    return _fingerprint(model, str(described.get("backend", "")), str(build))
+
+
+@lru_cache(maxsize=64)  # a pure function of three strings; a hash per answer otherwise
+def _fingerprint(model: str, backend: str, build: str) -> str:
+    return "fp_" + hashlib.sha256(f"{model}|{backend}|{build}".encode()).hexdigest()[:12]
 
 
 async def serve_generation(
     request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
 ) -> Response:
     await access.admit_generation(request, deps, gen_request)
-    enforce_capabilities(deps, gen_request)
+    described = deps.ai.describe(gen_request.model)  # once: the capabilities and the fingerprint both read it
+    enforce_capabilities(deps, gen_request, described)
     if gen_request.session is None and request.principal is not None:
         gen_request = replace(gen_request, prefix_scope=request.principal.tenant)
     generation = await cached_generation(deps, request, gen_request)
     access.observe(request, generation)
-    generation.system_fingerprint = system_fingerprint(deps, generation.model)
+    generation.system_fingerprint = system_fingerprint(deps, generation.model, described if generation.model == gen_request.model else None)
     if gen_request.stream:
         headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
@@ -79,7 +89,9 @@ async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Res
     render_json = openai.render_chat_json if chat else openai.render_completion_json
     body = read_json(request, deps.config.max_body_bytes)
     gen_request = parse(body, deps.config)
-    gen_request = replace(gen_request, session=request_session(request, body))
+    session = request_session(request, body)
+    if session is not None or gen_request.session is not None:
+        gen_request = replace(gen_request, session=session)
     created = int(deps.clock.now())
     return await serve_generation(
         request, deps, gen_request,

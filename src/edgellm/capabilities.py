@@ -15,6 +15,7 @@ Where a model's capabilities come from, first match wins:
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 from .errors import invalid
@@ -47,11 +48,16 @@ class Capabilities:
         if isinstance(value, Mapping):
             return cls.of(name for name, on in value.items() if on)
         if isinstance(value, (list, tuple)):
-            return cls.of(str(v) for v in value)
+            return _of_names(cls, tuple(str(v) for v in value))
         raise ValueError(f"capabilities must be a list of names or an object, got {value!r}")
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
+
+
+@lru_cache(maxsize=128)  # frozen, so one instance serves every request naming the same list
+def _of_names(cls: type[Capabilities], names: tuple[str, ...]) -> Capabilities:
+    return cls.of(names)
 
 
 ALL = Capabilities(True, True, True, True, True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
 from .routing.config import RoutingConfig
@@ -156,12 +157,12 @@ class Config:
         and still ends a stalled call (issue 25 item 15)."""
         return self.start_timeout_seconds + max(0, max_tokens) / self.run_min_tokens_per_second
 
-    @property
+    @cached_property  # the config is frozen: computed once, read on every request
     def largest_context_window(self) -> int:
         """The largest context window of any route: the edge's, or a configured origin's."""
         return max([self.context_window, *(origin.context_window for origin in self.routing.origins)])
 
-    @property
+    @cached_property
     def max_message_chars(self) -> int:
         """The characters one message (or a prompt) may hold: as many as the largest route's
         window could take, never more than a body can carry. A fixed 64 KiB once refused, as
@@ -170,7 +171,7 @@ class Config:
         bound only has to be one no prompt a route takes can pass: `MAX_CHARS_PER_TOKEN` per token."""
         return min(self.max_body_bytes, self.largest_context_window * MAX_CHARS_PER_TOKEN)
 
-    @property
+    @cached_property
     def max_messages(self) -> int:
         """How many messages one request may carry: as many as the largest route's window could
         hold. A fixed 256 once refused a 300-message conversation a 32k-token origin would take;
@@ -179,7 +180,7 @@ class Config:
         derived = max(1, self.largest_context_window // MIN_TOKENS_PER_MESSAGE)
         return derived if self.fixed_max_messages is None else min(derived, self.fixed_max_messages)
 
-    @property
+    @cached_property
     def models(self) -> tuple[str, ...]:
         """Every model id the gateway serves, primary first, without duplicates."""
         return tuple(dict.fromkeys((self.model, *self.fallback_models)))

@@ -219,7 +219,9 @@ class UsageSink(Protocol):
     """Where usage goes: Workers Analytics Engine on Cloudflare (`writeDataPoint`), SQLite locally.
 
     `query` answers `GET /admin/usage`: rows of totals grouped by any of tenant, model, day,
-    route, cache_status. A sink that cannot be queried from the Worker raises `UsageNotQueryable`."""
+    route, cache_status. A sink that cannot be queried from the Worker raises `UsageNotQueryable`.
+    A sink may also offer `record_now(event)`: synchronous, and it only queues the row (never waits
+    on a write); the request then records through it, with no task of its own."""
 
     async def record(self, event: UsageEvent) -> None: ...
 

@@ -10,6 +10,7 @@ binding's whole-answer call reports nothing until it ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, AsyncIterator, Callable
 
 from ..generation import Event, Finish, Generation, Token, ToolCallDelta
@@ -80,12 +81,18 @@ def observe(request: Request, generation: Generation) -> None:
 def route_name(request: Request) -> str:
     """The route's template (`/v1/responses/{response_id}`), never the raw path: a path that
     carries an id would make every request its own value, and usage could not be grouped."""
-    path = request.path
+    if len(request.path) > 256:  # not remembered: the memo stays small whatever paths arrive
+        return _route_template.__wrapped__(request.method, request.path)
+    return _route_template(request.method, request.path)
+
+
+@lru_cache(maxsize=1024)  # the routes are fixed: matching them all is a regex per route, per request
+def _route_template(method: str, path: str) -> str:
     if path.startswith("/client/v4/"):
         return "workers-ai"
     from ..app import ROUTES  # at call time: the app imports this module
 
-    template = next((r.template for r in ROUTES.routes if request.method in r.methods and r.pattern.match(path)), None)
+    template = next((r.template for r in ROUTES.routes if method in r.methods and r.pattern.match(path)), None)
     return template if template is not None else "unmatched"
 
 
@@ -132,6 +139,14 @@ def _record(request: Request, response: Response, deps: Deps, started: float) ->
         completion_tokens=seen.completion_tokens if seen else 0,
         latency_ms=round(max(0.0, now - started) * 1000, 3), status=response.status,
     )
+
+    record_now = getattr(deps.usage, "record_now", None)
+    if record_now is not None:  # a sink that only queues the row (never waits): no task per request
+        try:
+            record_now(event)
+        except Exception as exc:  # usage never fails a request
+            deps.log.warning("usage record failed: %s", exc)
+        return
 
     async def write() -> None:
         try:

@@ -229,7 +229,9 @@ class SlotPool:
     # Thread futures, not asyncio ones: a digest started while serving one request is read while
     # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
     _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # slots readied and saved behind a release
-    _identity: "tuple[LlamaCppRunner, str] | None" = field(default=None, init=False, repr=False)  # cached per runner
+    # per runner, computed in a hashing thread from the pool's start: reading the GGUF's chat template
+    # takes ~2.5 s for SmolLM2-135M, which the first save (a new conversation's first turn) paid on the loop
+    _identity: "tuple[LlamaCppRunner, concurrent.futures.Future[str]] | None" = field(default=None, init=False, repr=False)
     _hashing: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-digest"), init=False, repr=False)
 
@@ -242,14 +244,22 @@ class SlotPool:
         self._owners = [None] * self.runner.n_parallel
         self._scopes = [None] * self.runner.n_parallel
         self._prompts = [""] * self.runner.n_parallel
+        self._identity_of(self.runner)
+
+    def _identity_of(self, runner: "LlamaCppRunner") -> "concurrent.futures.Future[str]":
+        if self._identity is None or self._identity[0] is not runner:
+            self._identity = (runner, self._hashing.submit(model_identity, runner))
+        return self._identity[1]
 
     @property
     def model_id(self) -> str:
         """What a saved state belongs to (`model_identity`), for the runner serving now."""
-        runner = self.runner
-        if self._identity is None or self._identity[0] is not runner:
-            self._identity = (runner, model_identity(runner))
-        return self._identity[1]
+        return self._identity_of(self.runner).result()
+
+    async def _model_id(self) -> str:
+        """`model_id`, waited for in a thread, never on the loop (it is ready unless the pool has just started)."""
+        identity = self._identity_of(self.runner)
+        return identity.result() if identity.done() else await asyncio.to_thread(identity.result)
 
     def saved(self, session: str) -> SavedState | None:
         return self._saved.get(session)
@@ -508,7 +518,7 @@ class SlotPool:
         if not path.is_file():
             return
         size = path.stat().st_size
-        state = SavedState(session, path, self._hashing.submit(_digest, path), size, self.model_id,
+        state = SavedState(session, path, self._hashing.submit(_digest, path), size, await self._model_id(),
                            int(result.get("n_saved") or 0), scope, prompt)
         self._saved.pop(session, None)
         self._saved[session] = state
@@ -554,7 +564,8 @@ class SlotPool:
         up (its conversation's own state, which the slot now holds); else (a copy for another
         conversation of its tenant) it stays saved for its owner, unless it was refused."""
         path = self.file_for(saved.session)
-        ok = saved.path == path and path.is_file() and saved.model == self.model_id and path.stat().st_size == saved.size
+        model = await self._model_id()
+        ok = saved.path == path and path.is_file() and saved.model == model and path.stat().st_size == saved.size
         if ok:
             # The bytes are checked while llama.cpp loads them; the caller erases the slot unless both agree.
             intact, loaded = await asyncio.gather(asyncio.to_thread(self._intact, path, saved),

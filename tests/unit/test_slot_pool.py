@@ -533,3 +533,25 @@ def test_a_sessions_tenant_is_the_admitted_one_only_where_its_name_agrees() -> N
     assert session_scope("acme:chat-1", "default") is None  # a keyless caller naming another tenant's form
     assert session_scope("beta:chat-1", "acme") is None  # started in another tenant's context (a coalesced flight)
     assert session_scope("chat-1", None) is None
+
+
+async def test_the_model_identity_is_read_off_the_event_loop(
+    pooled_runner: LlamaCppRunner, reference: LlamaCppAI, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the GGUF's chat template for `model_identity` takes ~2.5 s for SmolLM2-135M; the
+    first save computed it on the loop, so a new session's first turn (and every request on the
+    loop) waited for it. It is read in a thread from the pool's start."""
+    import threading
+
+    from edgellm_local import slots
+
+    loop_thread, readers = threading.current_thread(), []
+    real = slots.model_identity
+    monkeypatch.setattr(slots, "model_identity", lambda runner: readers.append(threading.current_thread()) or real(runner))
+    pool = SlotPool(pooled_runner)
+    ai = LlamaCppAI({model: pooled_runner for model in CONFIG.models}, CONFIG, slots=pool)
+    await evict(ai, reference, "i1", "i2", "i3")  # the third saves the first's state
+    await Conversation("i1").turn(ai, reference, 0)  # and restores it
+    await asyncio.wait_for(pool.idle(), 60)
+    assert pool.stats.saves >= 1 and pool.stats.restores == 1
+    assert readers and loop_thread not in readers

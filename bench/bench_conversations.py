@@ -236,18 +236,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench_conversations: {os.path.basename(model)}, context {CTX}, {SLOTS} slots, {args.threads} threads, "
           f"{os.cpu_count()} CPUs (shared machine, load {load()})")
     ok = True
-    with running_edge(model, extra=["--ctx-size", str(CTX), "--slots", str(SLOTS), "--threads", str(args.threads)]) as edge, \
-            httpx.Client(timeout=600) as client:
+    edge_args = ["--ctx-size", str(CTX), "--slots", str(SLOTS), "--threads", str(args.threads)]
+    with httpx.Client(timeout=600) as client:
         if not args.skip_single:
-            ok = single_conversation(client, edge, args.turns, args.system_tokens, args.max_tokens)
+            with running_edge(model, extra=edge_args) as edge:
+                ok = single_conversation(client, edge, args.turns, args.system_tokens, args.max_tokens)
         binary = find_llama_server(args.llama_server)
         if binary is None:
             print("2. interleaved conversations against llama-server: SKIPPED (no llama-server binary)")
             return 0 if ok else 1
         summary = []
         for conversations, turns in shapes:
-            # a fresh llama-server per shape: nothing cached from the previous run, like the edge's new sessions
-            with running_llama_server(binary, model, CTX, SLOTS, args.threads) as llama:
+            # A fresh edge and a fresh llama-server per shape: neither starts with anything cached from the
+            # previous run (the shapes' conversations have the same names and system prompt, so an edge kept
+            # across shapes restored the previous shape's states into the next one's first turns).
+            with running_edge(model, extra=edge_args) as edge, \
+                    running_llama_server(binary, model, CTX, SLOTS, args.threads) as llama:
                 ahead = interleaved(client, edge, llama, conversations, turns, args.interleaved_system_tokens,
                                     args.max_tokens, shared=not args.own_system_prompts)
             summary.append((conversations, turns, ahead))

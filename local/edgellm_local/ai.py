@@ -29,7 +29,7 @@ from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded,
 from . import structured
 from .isolation import OwnedStream
 from .llama_server import start_server
-from .slots import SlotLease, SlotPool, prompt_text
+from .slots import SlotLease, SlotPool, prompt_text, session_scope
 from .start_places import StartPlaces
 from .structured import ToolPlan
 
@@ -416,7 +416,9 @@ class LlamaCppAI:
     async def _lease(self, session: str | None, body: dict[str, Any], scope: str | None = None) -> SlotLease | None:
         if self.slots is None:
             return None
-        lease = await self.slots.acquire(session, scope, prompt_text(body) if session is None and scope is not None else "")
+        if session is not None:  # its tenant, where its name agrees (the core tells a session's binding no scope)
+            scope = session_scope(session, admitted_tenant())
+        lease = await self.slots.acquire(session, scope, prompt_text(body) if scope is not None else "")
         body.update(id_slot=lease.slot, cache_prompt=True)
         return lease
 

@@ -38,6 +38,17 @@ prompt about to be overwritten is saved first ("kept") and restored for that ten
 prompt that continues or repeats it, so an OpenAI client's conversation (its whole history sent
 again, no session) and a repeated question reuse their tokens as they would on llama-server.
 
+A conversation with no state of its own (a new session, or one whose state was dropped) starts
+from its tenant's state that shares the longest start with its prompt, where llama-server
+would prefill it cold or find only what one slot holds: the slot it is given, if its tenant's
+state is there (kept in place, not erased), else a copy of a saved state (a conversation's, a
+kept prompt) or of an idle slot's (saved first, as a kept prompt), restored without using it up
+(SHARED_START characters more than the slot holds, at least). llama.cpp then reuses the common
+prefix (the app's system prompt) and computes only the new conversation's own tokens. Only the
+same tenant's states count (`session_scope`: a session's tenant is known only where its name
+says it): another tenant's are never restored, kept or matched, so nobody's prompt warms (or
+times) another tenant's.
+
 Saved states live under `--state`/slots, within a disk budget (least recently used dropped
 first). The index is this process's memory: files a previous process left are deleted at start.
 """
@@ -68,7 +79,9 @@ log = logging.getLogger("edgellm.slots")
 
 @dataclass(frozen=True)
 class SavedState:
-    """One conversation's slot state on disk, as recorded when llama.cpp wrote it."""
+    """One conversation's slot state on disk, as recorded when llama.cpp wrote it, with the
+    tenant whose it is and the prompt (`prompt_text`) it was computed for, when known: what a
+    new conversation of that tenant is matched against (SHARED_START)."""
 
     session: str
     path: Path
@@ -76,6 +89,8 @@ class SavedState:
     size: int
     model: str
     tokens: int
+    scope: str | None = None
+    prompt: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +103,7 @@ class SlotLease:
     warm: bool = False
     restored: bool = False
     refused: bool = False
+    shared: bool = False  # no state of its own: started from its tenant's sharing its prompt's start
 
 
 @dataclass
@@ -99,6 +115,8 @@ class SlotStats:
     prepared: int = 0  # slots made ready for their conversation's next turn as a generation ended
     scoped: int = 0  # requests without a session that found their tenant's earlier prompt in the slot
     dropped: int = 0  # saved states deleted to stay within the disk budget
+    shared: int = 0  # requests with no state of their own started from their tenant's state sharing their prompt's start
+    copied: int = 0  # of those, from a copy restored (a saved state, or an idle slot saved for it), not kept in place
 
     def to_json(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -133,6 +151,27 @@ def model_identity(runner: "LlamaCppRunner") -> str:
 # cache (it would cross tenants), so it evicts a tenant's prompt for a mere similar one only when
 # that saves half of the new prompt; less than that, an empty slot keeps both.
 SIMILAR_START = 0.5
+
+# A request with no state of its own takes a copy of its tenant's state (a restore: a file read and
+# hashed, ~5 ms for 10 MiB here) when that shares at least this many more characters of its prompt
+# than the slot it got holds: ~40 tokens, more than a chat template's opening (which the slot
+# reuses in place anyway), less than any system prompt worth keeping (~1 s of prefill per 100
+# tokens for SmolLM2-135M on one loaded core, far more for larger models).
+SHARED_START = 160
+
+
+def session_scope(session: str, tenant: str | None) -> str | None:
+    """The tenant a session's states may be shared within, or None (shared with nothing): the
+    admitted `tenant` if the session's name agrees with it. A keyed tenant's sessions are named
+    `<tenant>:<name>` (`edgellm.sessions.tenant_session`; tenant names hold no ':'); a keyless
+    caller's (open mode, the admin token) keep their bare name, under the one default tenant. A
+    name that is neither (a keyless caller naming `acme:x`, or a generation started in another
+    request's context, such as a coalesced flight's) shares nothing."""
+    if tenant is None:
+        return None
+    if session.startswith(tenant + ":") or ":" not in session:
+        return tenant
+    return None
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -190,7 +229,9 @@ class SlotPool:
     # Thread futures, not asyncio ones: a digest started while serving one request is read while
     # serving another, which an awaitable may never be (the local edge refuses it, as Workers do).
     _behind: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # slots readied and saved behind a release
-    _identity: "tuple[LlamaCppRunner, str] | None" = field(default=None, init=False, repr=False)  # cached per runner
+    # per runner, computed in a hashing thread from the pool's start: reading the GGUF's chat template
+    # takes ~2.5 s for SmolLM2-135M, which the first save (a new conversation's first turn) paid on the loop
+    _identity: "tuple[LlamaCppRunner, concurrent.futures.Future[str]] | None" = field(default=None, init=False, repr=False)
     _hashing: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slot-digest"), init=False, repr=False)
 
@@ -203,14 +244,22 @@ class SlotPool:
         self._owners = [None] * self.runner.n_parallel
         self._scopes = [None] * self.runner.n_parallel
         self._prompts = [""] * self.runner.n_parallel
+        self._identity_of(self.runner)
+
+    def _identity_of(self, runner: "LlamaCppRunner") -> "concurrent.futures.Future[str]":
+        if self._identity is None or self._identity[0] is not runner:
+            self._identity = (runner, self._hashing.submit(model_identity, runner))
+        return self._identity[1]
 
     @property
     def model_id(self) -> str:
         """What a saved state belongs to (`model_identity`), for the runner serving now."""
-        runner = self.runner
-        if self._identity is None or self._identity[0] is not runner:
-            self._identity = (runner, model_identity(runner))
-        return self._identity[1]
+        return self._identity_of(self.runner).result()
+
+    async def _model_id(self) -> str:
+        """`model_id`, waited for in a thread, never on the loop (it is ready unless the pool has just started)."""
+        identity = self._identity_of(self.runner)
+        return identity.result() if identity.done() else await asyncio.to_thread(identity.result)
 
     def saved(self, session: str) -> SavedState | None:
         return self._saved.get(session)
@@ -229,7 +278,8 @@ class SlotPool:
     async def acquire(self, session: str | None, scope: str | None = None, prompt: str = "") -> SlotLease:
         """A slot for this session (or for an anonymous request of tenant `scope`, whose `prompt`
         (`prompt_text`) picks among its tenant's slots the one holding the longest common start),
-        restored if it was saved.
+        restored if it was saved; with no saved state of its own, started from its tenant's
+        (`scope`) that shares the longest start with `prompt`.
 
         Choosing is synchronous on the event loop (no lock needed); a request that finds no slot
         waits on a future of its own, which `release` resolves from outside any request, as a
@@ -248,7 +298,7 @@ class SlotPool:
             self._claiming.add(session)  # owner of `slot` only once it is prepared (a save may come first)
         try:
             lease = await self._prepare(slot, previous, session, scope, prompt)
-            self._prompts[slot] = prompt if session is None and scope is not None else ""
+            self._prompts[slot] = prompt if scope is not None else ""
             return lease
         except BaseException:
             self._owners[slot] = None
@@ -273,6 +323,11 @@ class SlotPool:
             chosen = self._choose_sessionless(free, scope, prompt)
             if chosen is not None:
                 return chosen
+        if session is not None and scope is not None and session not in self._saved:
+            # a new conversation: a free slot holding its tenant's prompt most like its own, kept in place
+            own = {s: _common_start(self._prompts[s], prompt) for s in free if self._scopes[s] == scope and self._prompts[s]}
+            if own and max(own.values()) > 0:
+                return max(own, key=lambda s: (own[s], -self._used.get(s, -1)))
         return min(free or idle, key=lambda s: self._used.get(s, -1))
 
     def _choose_sessionless(self, free: list[int], scope: str, prompt: str) -> int | None:
@@ -301,7 +356,7 @@ class SlotPool:
 
     async def _prepare(self, slot: int, previous: str | None, session: str | None, scope: str | None = None,
                        prompt: str = "") -> SlotLease:
-        held, self._scopes[slot] = self._scopes[slot], (scope if session is None else None)
+        held, self._scopes[slot] = self._scopes[slot], scope  # the tenant whose state the slot holds (None: unknown)
         old = self._prompts[slot]
         kept = self._kept_prompt(scope, prompt) if session is None and scope is not None else None
         if previous is None and session is None and scope is not None and held == scope:
@@ -317,7 +372,7 @@ class SlotPool:
             self._drop(session)  # a copy written behind is outgrown by this turn
             return SlotLease(slot, session, warm=True)
         if previous is not None and previous not in self._saved:  # else written behind already
-            await self._save(slot, previous)
+            await self._save(slot, previous, held, old)
         self._owners[slot] = session
         saved = self._saved.pop(kept, None) if kept is not None else None  # a save above may have dropped it
         if kept is not None:
@@ -334,9 +389,68 @@ class SlotPool:
                 return SlotLease(slot, session, restored=True)
             await self._action(slot, "erase")
             return SlotLease(slot, session, refused=True)
-        # Nothing of another conversation, or of another tenant's sessionless prompt, stays in the slot.
+        if scope is not None and prompt:
+            lease = await self._start_shared(slot, session, scope, prompt, held, old)
+            if lease is not None:
+                return lease
+        # Nothing of another tenant's (nor of a state of unknown tenant) stays in the slot.
         await self._action(slot, "erase")
         return SlotLease(slot, session)
+
+    async def _start_shared(self, slot: int, session: str | None, scope: str, prompt: str, held: str | None,
+                            old: str) -> SlotLease | None:
+        """A request with no state of its own, started from its tenant's state sharing the most
+        of its prompt's start: a copy restored (`_shared_source`) if that shares SHARED_START
+        more than the slot holds, else what the slot holds if it is the tenant's (not erased:
+        llama.cpp reuses the common prefix, at least the chat template's opening). None: nothing
+        of the tenant's to start from (the caller erases the slot)."""
+        here = _common_start(old, prompt) if held == scope and old else -1
+        source = self._shared_source(slot, scope, prompt, max(here, 0) + SHARED_START)
+        state = await self._copy_of(source) if source is not None else None
+        if state is not None:
+            if await self._restore(slot, state, consume=False):
+                self.stats.shared += 1
+                self.stats.copied += 1
+                return SlotLease(slot, session, shared=True)
+            await self._action(slot, "erase")
+            return SlotLease(slot, session, refused=True)
+        if here >= 0:
+            self.stats.shared += 1
+            return SlotLease(slot, session, shared=True)
+        return None
+
+    def _shared_source(self, slot: int, scope: str, prompt: str, least: int) -> SavedState | int | None:
+        """The tenant's state whose prompt shares the longest start with `prompt`, at least
+        `least` characters: a saved one (a conversation's, a kept prompt) or an idle slot other
+        than `slot` (an int); a saved one on a tie, being ready to restore. Another tenant's, or
+        one of unknown tenant, is never a candidate."""
+        best: SavedState | int | None = None
+        best_key = (least - 1, 0)
+        for state in self._saved.values():
+            if state.scope == scope and state.prompt:
+                key = (_common_start(state.prompt, prompt), 1)
+                if key > best_key:
+                    best, best_key = state, key
+        for s in range(len(self._owners)):
+            if s != slot and s not in self._busy and self._scopes[s] == scope and self._prompts[s]:
+                key = (_common_start(self._prompts[s], prompt), 0)
+                if key > best_key:
+                    best, best_key = s, key
+        return best
+
+    async def _copy_of(self, source: SavedState | int) -> SavedState | None:
+        """A saved state as is; an idle slot's state saved first as its tenant's kept prompt (the
+        slot held meanwhile, so nobody writes into it), so that later ones find it saved."""
+        if isinstance(source, SavedState):
+            return source
+        scope, prompt = self._scopes[source], self._prompts[source]
+        assert scope is not None
+        self._busy.add(source)
+        try:
+            key = await self._keep_prompt(source, scope, prompt)
+        finally:
+            self._free(source)
+        return self._saved.get(key)
 
     async def release(self, slot: int, then: Callable[[int], Awaitable[Any]] | None = None) -> None:
         """The generation on `slot` ended. The slot is made ready for its conversation's next
@@ -377,7 +491,7 @@ class SlotPool:
                 except Exception as exc:  # the next turn computes those tokens itself
                     log.warning("could not prepare a slot for its conversation's next turn: %s", exc)
             if save and owner is not None:
-                await self._save(slot, owner)
+                await self._save(slot, owner, self._scopes[slot], self._prompts[slot])
         finally:
             self._free(slot)
 
@@ -390,9 +504,10 @@ class SlotPool:
     async def _action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
         return await asyncio.to_thread(self.runner.slot_action, slot, action, filename)
 
-    async def _save(self, slot: int, session: str) -> None:
-        """Save the leaving conversation's state. A failed save costs that conversation a full
-        recompute on its next turn; it never fails the request that needs the slot."""
+    async def _save(self, slot: int, session: str, scope: str | None = None, prompt: str = "") -> None:
+        """Save the leaving conversation's state (of tenant `scope`, computed for `prompt`). A
+        failed save costs that conversation a full recompute on its next turn; it never fails
+        the request that needs the slot."""
         path = self.file_for(session)
         try:
             result = await self._action(slot, "save", path.name)
@@ -403,8 +518,8 @@ class SlotPool:
         if not path.is_file():
             return
         size = path.stat().st_size
-        state = SavedState(session, path, self._hashing.submit(_digest, path), size, self.model_id,
-                           int(result.get("n_saved") or 0))
+        state = SavedState(session, path, self._hashing.submit(_digest, path), size, await self._model_id(),
+                           int(result.get("n_saved") or 0), scope, prompt)
         self._saved.pop(session, None)
         self._saved[session] = state
         self.stats.saves += 1
@@ -416,18 +531,20 @@ class SlotPool:
         fits = [(len(p), key) for key, (s, p) in self._kept.items() if s == scope and p and prompt.startswith(p) and key in self._saved]
         return max(fits)[1] if fits else None
 
-    async def _keep_prompt(self, slot: int, scope: str, prompt: str) -> None:
+    async def _keep_prompt(self, slot: int, scope: str, prompt: str) -> str:
         """Save the sessionless prompt a slot holds before another overwrites it, under its
         tenant's name: as llama.cpp's server keeps an evicted prompt in its RAM cache, but per
         tenant (its own cache is shared by everyone, so a pool turns it off), within the same
-        disk budget as the conversations' states. A failed save only costs a recompute later."""
+        disk budget as the conversations' states. A failed save only costs a recompute later.
+        Returns its key (in `_saved` unless the save failed)."""
         key = "\x00prompt\x00" + scope + "\x00" + hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
         if key in self._saved:
-            return
+            return key
         self._kept[key] = (scope, prompt)
-        await self._save(slot, key)
+        await self._save(slot, key, scope, prompt)
         if key not in self._saved:
             self._kept.pop(key, None)
+        return key
 
     def _drop(self, session: str) -> None:
         self._kept.pop(session, None)
@@ -442,18 +559,26 @@ class SlotPool:
             oldest.path.unlink(missing_ok=True)
             self.stats.dropped += 1
 
-    async def _restore(self, slot: int, saved: SavedState) -> bool:
+    async def _restore(self, slot: int, saved: SavedState, consume: bool = True) -> bool:
+        """Load `saved` into `slot`, if it is intact and this model's. `consume`: the file is used
+        up (its conversation's own state, which the slot now holds); else (a copy for another
+        conversation of its tenant) it stays saved for its owner, unless it was refused."""
         path = self.file_for(saved.session)
-        ok = saved.path == path and path.is_file() and saved.model == self.model_id and path.stat().st_size == saved.size
+        model = await self._model_id()
+        ok = saved.path == path and path.is_file() and saved.model == model and path.stat().st_size == saved.size
         if ok:
             # The bytes are checked while llama.cpp loads them; the caller erases the slot unless both agree.
             intact, loaded = await asyncio.gather(asyncio.to_thread(self._intact, path, saved),
                                                   self._action(slot, "restore", path.name), return_exceptions=True)
             ok = (intact is True and isinstance(loaded, dict)
                   and int(loaded.get("n_restored") or 0) == saved.tokens)
-        _remove(path)  # used once: the slot holds it now, and saves again on eviction
+        if consume or not ok:
+            _remove(path)  # used once: the slot holds it now, and saves again on eviction
+        if not consume and not ok and self._saved.get(saved.session) is saved:
+            self._drop(saved.session)
         if ok:
-            self.stats.restores += 1
+            if consume:
+                self.stats.restores += 1
         else:
             self.stats.refused += 1
         return ok

@@ -226,6 +226,18 @@ async def test_requests_without_a_session_reuse_their_own_tenants_prefix_never_a
     assert await cached("a") == 0  # c's slot now: erased again
     assert pool.stats.scoped == 2
 
+    async def new_conversation(tenant: str) -> int:
+        as_tenant(tenant)
+        result = await pooled.run(MODEL, body, session=f"{tenant}:new")
+        return result["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    # a new conversation (no state of its own) starts from its tenant's state, never another's:
+    # a's goes to a's slot, not to b's (the least recently used), and keeps it in place; d's then
+    # lands on b's, erased
+    assert await new_conversation("a") > 0
+    assert await new_conversation("d") == 0
+    assert pool.stats.shared == 1
+
 
 def test_requests_waiting_for_a_slot_share_no_io_under_request_isolation(pooled_runner: LlamaCppRunner) -> None:
     """Five requests from five sessions on 2 slots, each in its own request context on the local
@@ -416,3 +428,130 @@ async def test_a_tenants_evicted_prompt_is_kept_and_restored_for_it_only(pooled:
                               {"role": "user", "content": "And then?"}], **SAMPLING}
     continued = await pooled.run(MODEL, follow_up, prefix_scope="a")
     assert continued["usage"]["prompt_tokens_details"]["cached_tokens"] >= again[1]["usage"]["prompt_tokens"] - 1
+
+
+# Issue 26: a new conversation starts from its tenant's state sharing its prompt's start.
+SHARED_SYSTEM = {"role": "system", "content": "You are the harbour's guide. " + "Answer briefly, kindly and only about the harbour. " * 5}
+
+
+def as_tenant(tenant: str | None) -> None:
+    """This task's requests admitted for `tenant`, as the gateway admits them (`admitted_tenant`)."""
+    from edgellm.admission import Admission
+
+    Admission().admit(1000, tenant)
+
+
+class TenantConversation(Conversation):
+    """A conversation of a keyed tenant (its session named `<tenant>:<name>`, as the gateway names
+    it) under the app's shared system prompt."""
+
+    def __init__(self, tenant: str | None, name: str, system: dict[str, str] = SHARED_SYSTEM) -> None:
+        super().__init__(f"{tenant}:{name}" if tenant else name)
+        self.tenant = tenant
+        self.messages = [system]
+
+    async def turn(self, ai: LlamaCppAI, reference: LlamaCppAI, i: int) -> dict[str, Any]:
+        as_tenant(self.tenant)
+        seen = await super().turn(ai, reference, i)
+        return {**seen, "prompt": self.last_prompt_tokens}
+
+
+async def system_tokens(reference: LlamaCppAI) -> int:
+    """Nine tenths of the prompt tokens of the shared system prompt with an empty user message:
+    less than any two conversations under it share (the user message's own start and the
+    template's end differ), far more than the chat template's opening."""
+    result = await reference.run(MODEL, {"messages": [SHARED_SYSTEM, {"role": "user", "content": ""}], **SAMPLING})
+    return int(result["usage"]["prompt_tokens"]) * 9 // 10
+
+
+async def test_new_conversations_start_from_their_tenants_shared_system_prompt(
+    pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool,
+) -> None:
+    """llama-server reuses a shared system prompt for a new conversation (slot similarity, its RAM
+    cache); the pool prefilled every new session cold. Now the second conversation takes a copy
+    of the first's idle slot (saved, then restored into the empty slot), and the third and fourth,
+    evicting a conversation of their tenant, keep its slot in place: each reuses the system
+    prompt. Their own states still come back on their next turns, and every text is the one the
+    whole history computes."""
+    shared = await system_tokens(reference)
+    conversations = [TenantConversation("acme", f"c{i}") for i in range(4)]
+    first = await conversations[0].turn(pooled, reference, 0)
+    assert first["cached"] == 0  # nothing of the tenant's yet
+    for conversation in conversations[1:]:
+        await pool.idle()  # c0's slot readied for its next turn (busy till then, it could not be copied)
+        seen = await conversation.turn(pooled, reference, 0)
+        assert shared <= seen["cached"] < seen["prompt"], (conversation.name, shared, seen)
+    assert (pool.stats.shared, pool.stats.copied) == (3, 1)  # c1 from a copy of c0's slot; c2 and c3 in place
+    for conversation in conversations:
+        seen = await conversation.turn(pooled, reference, 1)
+        assert seen["cached"] > seen["held"], (conversation.name, seen)  # its own state, not a shared one
+    assert pool.stats.restores == 4
+
+
+async def test_a_new_conversation_starts_from_its_own_tenants_saved_or_kept_state_never_anothers(
+    pooled: LlamaCppAI, reference: LlamaCppAI, pool: SlotPool,
+) -> None:
+    """Three tenants with the same system prompt: a new conversation starts from a state of its
+    own tenant's, whether live in a slot, saved for another conversation or kept for a request
+    without a session, and never from another tenant's, wherever that is (another's live slot,
+    another's saved state, the slot it lands on)."""
+    shared = await system_tokens(reference)
+    acme, beta = TenantConversation("acme", "a0"), TenantConversation("beta", "b0")
+    assert (await acme.turn(pooled, reference, 0))["cached"] == 0
+    assert (await beta.turn(pooled, reference, 0))["cached"] == 0  # acme's idle slot holds the same prompt: not beta's
+    await pool.idle()
+    # beta's second conversation: acme's slot (the least recently used) is saved, then beta's own live one copied
+    assert (await TenantConversation("beta", "b1").turn(pooled, reference, 0))["cached"] >= shared
+    assert pool.stats.copied == 1
+    # acme's second, on the slot beta's first held: from acme's saved state, not beta's (saved and live)
+    assert (await TenantConversation("acme", "a1").turn(pooled, reference, 0))["cached"] >= shared
+    assert pool.stats.copied == 2
+    for tenant in ("gamma", None):  # every state is acme's or beta's; a session of no known tenant shares nothing
+        assert (await TenantConversation(tenant, "g0").turn(pooled, reference, 0))["cached"] == 0, tenant
+    assert (pool.stats.shared, pool.stats.copied) == (2, 2)
+    seen = await acme.turn(pooled, reference, 1)
+    assert seen["cached"] > seen["held"]  # its own state, still saved after the copy taken from it
+    # a request without a session leaves its tenant's prompt kept; a new conversation of the tenant starts from it
+    as_tenant("delta")
+    alone = await pooled.run(MODEL, {"messages": [SHARED_SYSTEM, {"role": "user", "content": "Is the pier open?"}], **SAMPLING},
+                             prefix_scope="delta")
+    assert alone["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    for tenant in ("epsilon", "zeta"):  # evict delta's prompt from the slots (kept, under delta's name)
+        as_tenant(tenant)
+        await pooled.run(MODEL, {"messages": [{"role": "user", "content": f"hello from {tenant}"}], **SAMPLING}, prefix_scope=tenant)
+    copied = pool.stats.copied
+    assert (await TenantConversation("delta", "d0").turn(pooled, reference, 0))["cached"] >= shared
+    assert pool.stats.copied == copied + 1
+    assert (await TenantConversation("eta", "h0").turn(pooled, reference, 0))["cached"] == 0
+
+
+def test_a_sessions_tenant_is_the_admitted_one_only_where_its_name_agrees() -> None:
+    from edgellm_local.slots import session_scope
+
+    assert session_scope("acme:chat-1", "acme") == "acme"  # a keyed tenant's session
+    assert session_scope("chat-1", "default") == "default"  # a keyless caller's bare name, under the default tenant
+    assert session_scope("acme:chat-1", "default") is None  # a keyless caller naming another tenant's form
+    assert session_scope("beta:chat-1", "acme") is None  # started in another tenant's context (a coalesced flight)
+    assert session_scope("chat-1", None) is None
+
+
+async def test_the_model_identity_is_read_off_the_event_loop(
+    pooled_runner: LlamaCppRunner, reference: LlamaCppAI, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the GGUF's chat template for `model_identity` takes ~2.5 s for SmolLM2-135M; the
+    first save computed it on the loop, so a new session's first turn (and every request on the
+    loop) waited for it. It is read in a thread from the pool's start."""
+    import threading
+
+    from edgellm_local import slots
+
+    loop_thread, readers = threading.current_thread(), []
+    real = slots.model_identity
+    monkeypatch.setattr(slots, "model_identity", lambda runner: readers.append(threading.current_thread()) or real(runner))
+    pool = SlotPool(pooled_runner)
+    ai = LlamaCppAI({model: pooled_runner for model in CONFIG.models}, CONFIG, slots=pool)
+    await evict(ai, reference, "i1", "i2", "i3")  # the third saves the first's state
+    await Conversation("i1").turn(ai, reference, 0)  # and restores it
+    await asyncio.wait_for(pool.idle(), 60)
+    assert pool.stats.saves >= 1 and pool.stats.restores == 1
+    assert readers and loop_thread not in readers

@@ -47,6 +47,21 @@ async def test_the_session_reaches_the_binding(headers: dict[str, str], body: di
     assert ai.sessions == [session, session]
 
 
+def test_a_keyless_caller_cannot_name_a_keyed_tenants_session() -> None:
+    """A keyed tenant's session `x` is `acme:x`; a keyless caller (open mode, the admin token)
+    naming `acme:x` must land elsewhere, or it would reach (and time) acme's cached prompt."""
+    from edgellm.access.guard import Principal
+    from edgellm.sessions import tenant_session
+
+    keyed, keyless = post(CHAT), post(CHAT)
+    keyed.principal = Principal(tenant="acme", key_id="k1", record=object())  # any record: a key's caller
+    keyless.principal = Principal(tenant="default", key_id="open")
+    assert tenant_session(keyed, "x") == "acme:x"
+    assert tenant_session(keyless, "acme:x") != tenant_session(keyed, "x")
+    assert tenant_session(keyless, "conv-1") == "conv-1"  # a plain name stays as it was
+    assert tenant_session(post(CHAT), "acme:x") != "acme:x"  # no principal at all: the same rule
+
+
 @pytest.mark.parametrize("headers,body,param", [
     ({"x-session-affinity": ""}, {}, "x-session-affinity"),
     ({}, {"prompt_cache_key": 7}, "prompt_cache_key"),

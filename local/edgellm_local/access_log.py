@@ -14,7 +14,6 @@ import atexit
 import logging
 import sys
 import threading
-import time
 from typing import TextIO
 
 
@@ -54,10 +53,10 @@ class BatchedLines(logging.Handler):
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending or self._stopped)
+                # let the batch gather, but a stop ends the wait: a sleep here outlasted stop()'s
+                # join when the writer had woken just before it, and the batch was never written
+                self._cond.wait_for(lambda: self._stopped, timeout=self.interval)
                 stopping = self._stopped
-            if not stopping:
-                time.sleep(self.interval)  # let the batch gather
-            with self._cond:
                 batch, self._pending = self._pending, []
             if batch:
                 self._write(batch)

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from edgellm.config import Config
-from edgellm.ports import Clock, Deps, SystemClock
+from edgellm.ports import Clock
+from edgellm.deps import Deps, SystemClock
 from edgellm.state import IsolateState
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.assets import StaticAssets

@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Callable
 from edgellm.cache.coalescing import FlightObject
 from edgellm.durable import DurableObject
 from edgellm.http import Request, Response
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm.state import IsolateState
 
 from .isolation import RequestContext, call_in, context_of

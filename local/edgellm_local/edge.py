@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.config import Config
-from edgellm.ports import Clock, Deps, SystemClock
+from edgellm.ports import Clock
+from edgellm.deps import Deps, SystemClock
 from edgellm.state import IsolateState
 
 from .ai import LlamaCppAI, LlamaCppRunner, check_gguf

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgellm.ports import BindingError, Clock, KVEntry, KVLimitError, KVRateLimited, SystemClock
+from edgellm.ports import BindingError, Clock, KVEntry, KVLimitError, KVRateLimited
+
+from edgellm.deps import SystemClock
 
 MAX_KEY_BYTES = 512
 MAX_VALUE_BYTES = 25 * 1024 * 1024

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator, BinaryIO
 
 from edgellm.artifacts.conditional import etag_listed
-from edgellm.ports import BindingError, Clock, R2Conditional, R2Object, R2Range, SystemClock
+from edgellm.ports import BindingError, Clock, R2Conditional, R2Object, R2Range
+from edgellm.deps import SystemClock
 
 MAX_KEY_BYTES = 1024
 MAX_LIST_LIMIT = 1000

@@ -21,7 +21,7 @@ import uvicorn
 from edgellm.access.logs import log_request
 from edgellm.app import ROUTES, handle
 from edgellm.http import Request, Response
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 
 from .assets import StaticAssets
 from .durable import local_flights

@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Mapping
 
+from .errors import ErrorKind, GatewayError
 from .generation import Event
 
 RETRY_AFTER_SECONDS = 2
@@ -66,9 +67,6 @@ class Admission:
         return Share(place)
 
     def admit(self, limit: int, tenant: str | None = None) -> "Ticket":
-        # imported here: errors -> ports -> state -> admission would be a cycle at import time
-        from .errors import ErrorKind, GatewayError
-
         _ADMITTED_TENANT.set(tenant)
         held = self.by_tenant.get(tenant, 0)
         if self.active >= limit or held >= fair_share(limit, self.by_tenant, tenant):

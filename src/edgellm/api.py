@@ -18,7 +18,7 @@ from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
 from .http import ClosingBody, Request, Response, json_response
 from .cache.service import cached_generation
-from .ports import Deps
+from .deps import Deps
 from .sessions import request_session
 from .validation import read_json
 

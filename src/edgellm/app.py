@@ -6,6 +6,7 @@ Runtime adapters call `handle(request, deps)` and nothing else.
 from __future__ import annotations
 
 import asyncio
+from functools import lru_cache
 
 from . import access, api, artifacts, model_catalog, responses_api
 from .access import report as usage_report
@@ -19,7 +20,7 @@ from .cache import admin as cache_admin
 from .routing import admin as routing_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
-from .ports import Deps
+from .deps import Deps
 from .router import Router, route
 from . import workers_ai
 
@@ -62,6 +63,23 @@ ROUTES = Router((
 ))
 
 
+def route_name(request: Request) -> str:
+    """The route's template (`/v1/responses/{response_id}`), never the raw path: a path that
+    carries an id would make every request its own value, and usage could not be grouped. Here,
+    beside the table, so usage is told it (`access.account`) and never imports the app back."""
+    if len(request.path) > 256:  # not remembered: the memo stays small whatever paths arrive
+        return _route_template.__wrapped__(request.method, request.path)
+    return _route_template(request.method, request.path)
+
+
+@lru_cache(maxsize=1024)  # the routes are fixed: matching them all is a regex per route, per request
+def _route_template(method: str, path: str) -> str:
+    if path.startswith("/client/v4/"):
+        return "workers-ai"
+    template = next((r.template for r in ROUTES.routes if method in r.methods and r.pattern.match(path)), None)
+    return template if template is not None else "unmatched"
+
+
 def _preflight(request: Request, router: Router, deps: Deps) -> Response:
     router.match("GET" if request.header("access-control-request-method") in (None, "HEAD") else request.header("access-control-request-method", "GET"), request.path)
     return Response(204, {
@@ -79,14 +97,14 @@ def _error_response(request: Request, error: GatewayError, router: Router) -> Re
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
-    started, route_name = deps.clock.now(), "none"
+    started, handler_name = deps.clock.now(), "none"
     try:
         if request.method == "OPTIONS":
-            route_name = "preflight"
+            handler_name = "preflight"
             response = _preflight(request, router, deps)
         else:
             handler, params = router.match(request.method, request.path)
-            route_name = getattr(handler, "__name__", "handler")
+            handler_name = getattr(handler, "__name__", "handler")
             request.path_params = params
             request.principal = await access.authenticate(request, deps)
             response = await handler(request, deps)
@@ -99,16 +117,16 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
             request.observed = Observation(request.reservation.model, "")
         response = _error_response(request, error, router)
     except asyncio.CancelledError:  # the client left before its answer: still a usage row and a log line
-        log_request(request, access.departed(request, deps, started), deps, started, route_name)
+        log_request(request, access.departed(request, deps, started, route_name(request)), deps, started, handler_name)
         raise
     except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"), router)
-    response = access.account(request, response, deps, started)
+    response = access.account(request, response, deps, started, route_name(request))
     if request.principal is not None and request.principal.record is not None:  # every keyed answer says its limits
         for name, value in key_ratelimit_headers(deps, request.principal.record).items():
             response.headers.setdefault(name, value)
-    log_request(request, response, deps, started, route_name)
+    log_request(request, response, deps, started, handler_name)
     for name, value in cors_headers(request, deps.config).items():
         response.headers.setdefault(name, value)
     if request.method == "HEAD" and not response.is_streaming:

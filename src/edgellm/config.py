@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
+from .capabilities import Capabilities
 from .routing.config import RoutingConfig
 
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
@@ -98,8 +99,6 @@ def _json_object(value: Any) -> dict[str, Any]:
 def _capabilities(value: Any) -> dict[str, Any]:
     """Checked once, when the vars are read: a misspelt capability is a setup error, not a
     failure of every request that names the model."""
-    from .capabilities import Capabilities
-
     return {str(model): Capabilities.parse(names) for model, names in _json_object(value).items()}
 
 

@@ -16,7 +16,8 @@ from . import errors
 from .errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
 from .capabilities import capabilities_of, missing
 from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
-from .ports import BindingError, Deps, ModelNotFound
+from .ports import BindingError, ModelNotFound
+from .deps import Deps
 from .structured import response_text, tool_call_deltas
 from .access.reservation import prompt_estimate
 

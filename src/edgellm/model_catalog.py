@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import invalid
 from .http import Request, Response, json_response
-from .ports import Deps
+from .deps import Deps
 from .workers_ai import result_envelope
 
 _NAMESPACE = uuid.UUID("6f1d2c86-3c1e-4b7a-9d55-6e0f3f1f3a10")

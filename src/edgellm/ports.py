@@ -1,23 +1,17 @@
-"""The bindings the core needs, as small interfaces, and the `Deps` bundle that carries them.
+"""The bindings the core needs, as small interfaces, and the exceptions a binding may raise.
 
 Each port is named for a capability; the Pyodide adapter implements them over Cloudflare's
 bindings, the local edge over llama.cpp, SQLite and files, and tests inject their own (fault
-injecting ones included) through `Deps`, the way httpx takes a transport.
+injecting ones included) through `edgellm.deps.Deps`, the way httpx takes a transport.
+
+A leaf, like httpx's `_transports/base.py`: it imports nothing of the core, so every module
+(errors, config, state, the adapters) may import it without a circle.
 """
 
 from __future__ import annotations
 
-from typing import TypeVar as _TypeVar
-
-import asyncio
-import logging
-import time
-from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol
-
-from .config import Config
-from .durable import DurableObjectNamespace
-from .state import IsolateState
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping, Protocol, TypeVar as _TypeVar
 
 
 # --- errors a binding may raise (adapters translate their runtime's exceptions to these) ----
@@ -279,36 +273,3 @@ class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
         ...
-
-
-@dataclass(frozen=True)
-class SystemClock:
-    def now(self) -> float:
-        return time.time()
-
-
-def _run_in_background(awaitable: Awaitable[Any]) -> None:
-    asyncio.ensure_future(awaitable)
-
-
-@dataclass(frozen=True)
-class Deps:
-    """Everything a handler may touch. Built once per runtime (a composition root) and
-    specialised per request with `for_request` (the Worker's `ctx.waitUntil`)."""
-
-    config: Config
-    ai: AIBinding
-    kv: KVStore | None = None
-    r2: BlobStore | None = None
-    clock: Clock = SystemClock()
-    wait_until: Callable[[Awaitable[Any]], None] = _run_in_background
-    log: logging.Logger = logging.getLogger("edgellm")
-    state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission, routing), never module-global
-    flights: DurableObjectNamespace | None = None  # the coalescing Durable Object (cache.coalescing); None: no coalescing
-    conversations: DurableObjectNamespace | None = None  # one object per conversation (Responses API state)
-    rate_limiter: RateLimiter | None = None  # the Workers Rate Limiting binding; None: in-isolate windows only
-    usage: UsageSink | None = None  # None: usage is not recorded
-    fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
-
-    def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
-        return replace(self, wait_until=wait_until)

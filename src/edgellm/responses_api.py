@@ -18,7 +18,7 @@ from .conversations import ConversationStore, StoredResponse, conversation_of, n
 from .errors import GatewayError, invalid
 from .generation import Finish
 from .http import ClosingBody, Request, Response, json_response
-from .ports import Deps
+from .deps import Deps
 from .sessions import request_session, tenant_session
 from .validation import read_json
 

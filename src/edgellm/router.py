@@ -16,7 +16,7 @@ from .errors import ErrorKind, GatewayError
 
 if TYPE_CHECKING:
     from .http import Request, Response
-    from .ports import Deps
+    from .deps import Deps
 
 Handler = Callable[["Request", "Deps"], Awaitable["Response"]]
 ErrorRenderer = Callable[[GatewayError], "Response"]

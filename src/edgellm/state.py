@@ -12,7 +12,7 @@ from .admission import Admission
 from .config import Config
 from .routing.state import RoutingState
 
-if TYPE_CHECKING:  # a type only: access imports ports, which imports this module
+if TYPE_CHECKING:  # a type only: importing it runs access/__init__, whose guard needs Deps, which holds this state
     from .access.keys import KeyCache
 
 

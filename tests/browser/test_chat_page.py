@@ -13,7 +13,7 @@ from typing import Awaitable, Callable
 import httpx
 from playwright.async_api import Page, expect
 
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.server import EdgeServer
 
 from .bindings import BreakingAI, PacedAI

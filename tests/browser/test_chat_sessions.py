@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 from playwright.async_api import Page, expect
 
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.server import EdgeServer
 from edgellm_local.slots import SlotPool

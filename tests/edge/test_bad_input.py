@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from edgellm.config import MAX_BODY_BYTES, Config
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm.validation import MAX_JSON_DEPTH
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.server import EdgeApp, EdgeServer

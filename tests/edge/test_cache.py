@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm.ports import BindingError, Deps
+from edgellm.ports import BindingError
+from edgellm.deps import Deps
 from edgellm_local.server import EdgeServer
 
 TOKEN = "test-admin-token"

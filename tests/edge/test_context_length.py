@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from edgellm.config import MAX_CHARS_PER_TOKEN, MIN_TOKENS_PER_MESSAGE, Config
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.origin_fetch import HttpxFetch
 from edgellm_local.server import EdgeServer

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.conversations import conversation_factory
 from edgellm_local.durable import LocalDurableObjectNamespace
 from tests.conftest import ManualClock

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from edgellm.config import Config
-from edgellm.ports import Deps, SystemClock
+from edgellm.deps import Deps, SystemClock
 from edgellm_local.conversations import conversation_factory
 from edgellm_local.durable import LocalDurableObjectNamespace
 from edgellm_local.server import EdgeServer

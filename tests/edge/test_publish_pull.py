@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from edgellm.errors import RETRY_AFTER_SECONDS
-from edgellm.ports import BindingError, BlobStore, Deps, R2Object
+from edgellm.ports import BindingError, BlobStore, R2Object
+from edgellm.deps import Deps
 from edgellm_local.cli import main
 from edgellm_local.pull import Downloader
 from edgellm_local.server import EdgeServer

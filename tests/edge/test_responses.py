@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
 from edgellm.conversations import conversation_of
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
 from edgellm_local.conversations import conversation_factory
 from edgellm_local.durable import DEFAULT_MAX_LIVE, LocalDurableObjectNamespace

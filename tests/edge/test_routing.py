@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.faults import FaultPlan, FaultyAI
 from edgellm_local.origin_fetch import HttpxFetch
 from edgellm_local.publish import publish

@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm.ports import AIBinding, BindingError, Deps, ModelNotFound
+from edgellm.ports import AIBinding, BindingError, ModelNotFound
+from edgellm.deps import Deps
 from edgellm_local.faults import FaultPlan, FaultyAI
 from edgellm_local.origin_fetch import HttpxFetch
 from edgellm_local.server import EdgeServer

@@ -11,7 +11,7 @@ import httpx
 
 from edgellm.app import ROUTES
 from edgellm.http import Request, Response
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.assets import StaticAssets
 from edgellm_local.edge import DEFAULT_PUBLIC
 from edgellm_local.server import EdgeApp, EdgeServer

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.server import EdgeServer
 
 from .test_responses import MODEL, conversational, pooled_runner  # noqa: F401 (fixtures)

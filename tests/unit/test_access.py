@@ -18,7 +18,8 @@ from edgellm.cache.key import CacheScope, build_custom_key
 from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.http import Request
-from edgellm.ports import BindingError, Deps
+from edgellm.ports import BindingError
+from edgellm.deps import Deps
 from edgellm.state import AccessState
 from edgellm_local.kv import SqliteKV
 from tests.support.fake_ai import OpenStreamAI, ScriptedAI
@@ -191,6 +192,6 @@ async def test_a_tenants_cache_stats_when_kv_list_fails_is_a_502_or_503_with_ret
 ])
 def test_the_usage_route_is_the_routes_template_not_the_raw_path(method: str, path: str, expected: str) -> None:
     """Issue 20 (6): every response id was its own route value, so usage could not be grouped."""
-    from edgellm.access.usage import route_name
+    from edgellm.app import route_name
 
     assert route_name(Request(method, "https://edge.example" + path)) == expected

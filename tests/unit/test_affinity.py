@@ -10,7 +10,8 @@ from typing import Any, AsyncIterator, Mapping
 from edgellm.config import Config
 from edgellm.generation import GenerationRequest
 from edgellm.http import Request
-from edgellm.ports import Deps, FetchResponse
+from edgellm.ports import FetchResponse
+from edgellm.deps import Deps
 from edgellm.routing.affinity import by_affinity, slot_for
 from edgellm.routing.config import OriginConfig, RoutingConfig
 from edgellm.routing.origin import OriginClient, origin_body

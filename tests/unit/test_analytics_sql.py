@@ -14,7 +14,8 @@ from edgellm.access.analytics_sql import AnalyticsEngineSQL, UsageQueryError, us
 from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.http import Request
-from edgellm.ports import Deps, FetchResponse, UsageNotQueryable
+from edgellm.ports import FetchResponse, UsageNotQueryable
+from edgellm.deps import Deps
 from tests.support.fake_ai import ScriptedAI
 
 ADMIN = "admin-secret"

@@ -11,7 +11,8 @@ import pytest
 from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.http import Request, Response
-from edgellm.ports import BindingError, CapacityExceeded, Deps
+from edgellm.ports import BindingError, CapacityExceeded
+from edgellm.deps import Deps
 from edgellm.router import Router, route
 from edgellm.sse import SSEDecoder
 from tests.support.fake_ai import ScriptedAI

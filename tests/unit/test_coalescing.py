@@ -16,7 +16,8 @@ from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.generation import Finish, GenerationRequest, Token
 from edgellm.inference import start_generation
-from edgellm.ports import CapacityExceeded, Deps
+from edgellm.ports import CapacityExceeded
+from edgellm.deps import Deps
 from edgellm_local import isolation
 from edgellm_local.durable import local_flights
 from edgellm_local.isolation import CrossRequestIOError, request_context

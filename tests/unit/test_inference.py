@@ -13,7 +13,8 @@ from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.generation import Finish, Generation, GenerationRequest, Token, Usage
 from edgellm.inference import apply_stop, binding_error, candidate_models, finish_reason, start_generation
-from edgellm.ports import BindingError, CapacityExceeded, Deps, InvalidModelInput, ModelNotFound
+from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound
+from edgellm.deps import Deps
 from tests.support.fake_ai import OpenStreamAI, ScriptedAI
 
 PRIMARY = "@cf/meta/llama-2-7b-chat-int8"

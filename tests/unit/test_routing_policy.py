@@ -87,7 +87,7 @@ async def test_a_probe_whose_client_leaves_before_the_first_token_frees_the_prob
     import logging
     from dataclasses import replace as dc_replace
 
-    from edgellm.ports import Deps
+    from edgellm.deps import Deps
     from edgellm.routing.policy import routing_state, start_routed
     from edgellm.state import IsolateState
 

@@ -12,7 +12,7 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.http import Request
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local import isolation
 from edgellm_local.server import EdgeApp
 from tests.support.bounded import within

@@ -14,7 +14,7 @@ import pytest
 from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.http import Request
-from edgellm.ports import Deps
+from edgellm.deps import Deps
 from edgellm_local.kv import SqliteKV
 from tests.support import fake_pyodide as fp
 from tests.support.fake_ai import ScriptedAI

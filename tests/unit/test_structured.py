@@ -18,7 +18,8 @@ from edgellm.capabilities import Capabilities, capabilities_of
 from edgellm.config import Config
 from edgellm.generation import Finish, Token, ToolCall, ToolCallDelta, Usage
 from edgellm.openai import parse_chat_request
-from edgellm.ports import Deps, ModelNotFound
+from edgellm.ports import ModelNotFound
+from edgellm.deps import Deps
 from tests.support.fake_ai import ScriptedAI
 from tests.unit.test_app import assert_error, body_json, post, sse_events
 

@@ -15,7 +15,8 @@ from ..config import Config
 from ..errors import ErrorKind, GatewayError, invalid
 from ..generation import GenerationRequest
 from ..http import Request
-from ..ports import BindingError, Deps
+from ..ports import BindingError
+from ..deps import Deps
 from .keys import KeyCache, KeyRecord, KeyRing, is_reserved_tenant, parse_api_key
 from .ratelimit import check_tokens, rate_limited, ratelimit_headers, take_request
 from .reservation import reserve

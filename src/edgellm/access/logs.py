@@ -10,7 +10,7 @@ import secrets
 from typing import Any
 
 from ..http import Request, Response
-from ..ports import Deps
+from ..deps import Deps
 
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 

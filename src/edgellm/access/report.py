@@ -14,7 +14,8 @@ from typing import Any
 
 from ..errors import ErrorKind, GatewayError, admin_routes_off, binding_error, invalid
 from ..http import Request, Response, json_response
-from ..ports import BindingError, Deps, UsageNotQueryable
+from ..ports import BindingError, UsageNotQueryable
+from ..deps import Deps
 from .guard import unauthenticated
 
 GROUPS = ("tenant", "model", "day", "hour", "route", "cache_status", "key_id")

@@ -14,7 +14,8 @@ from dataclasses import replace
 from ..cache.admin import require_admin
 from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response, json_response
-from ..ports import BindingError, Deps
+from ..ports import BindingError
+from ..deps import Deps
 from .keys import KeyCache, KeyRing
 
 _KEY_ID_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789")

@@ -10,12 +10,12 @@ binding's whole-answer call reports nothing until it ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, AsyncIterator, Callable
 
 from ..generation import Event, Finish, Generation, Token, ToolCallDelta
 from ..http import Request, Response
-from ..ports import Deps, UsageEvent
+from ..ports import UsageEvent
+from ..deps import Deps
 from .guard import Principal
 from .ratelimit import charge_tokens
 from .reservation import Reservation, settle
@@ -78,24 +78,6 @@ def observe(request: Request, generation: Generation) -> None:
     generation.events = Tapped(generation.events, seen)
 
 
-def route_name(request: Request) -> str:
-    """The route's template (`/v1/responses/{response_id}`), never the raw path: a path that
-    carries an id would make every request its own value, and usage could not be grouped."""
-    if len(request.path) > 256:  # not remembered: the memo stays small whatever paths arrive
-        return _route_template.__wrapped__(request.method, request.path)
-    return _route_template(request.method, request.path)
-
-
-@lru_cache(maxsize=1024)  # the routes are fixed: matching them all is a regex per route, per request
-def _route_template(method: str, path: str) -> str:
-    if path.startswith("/client/v4/"):
-        return "workers-ai"
-    from ..app import ROUTES  # at call time: the app imports this module
-
-    template = next((r.template for r in ROUTES.routes if method in r.methods and r.pattern.match(path)), None)
-    return template if template is not None else "unmatched"
-
-
 def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bool) -> None:
     """Fill the counts of an answer that ended before its Finish: the tokens delivered (a whole
     answer delivers nothing before its end: then its reservation's `max_tokens`), and the
@@ -108,7 +90,7 @@ def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bo
         seen.completion_tokens = max(seen.completion_tokens, seen.delivered, reservation.max_tokens)
 
 
-def _record(request: Request, response: Response, deps: Deps, started: float) -> None:
+def _record(request: Request, response: Response, deps: Deps, started: float, route: str) -> None:
     principal: Principal | None = request.principal
     if principal is None:
         return
@@ -134,7 +116,7 @@ def _record(request: Request, response: Response, deps: Deps, started: float) ->
         return
     event = UsageEvent(
         time=now, tenant=principal.tenant, key_id=principal.key_id,
-        model=seen.model if seen else "", route=route_name(request),
+        model=seen.model if seen else "", route=route,
         cache_status=seen.cache_status if seen else "", prompt_tokens=seen.prompt_tokens if seen else 0,
         completion_tokens=seen.completion_tokens if seen else 0,
         latency_ms=round(max(0.0, now - started) * 1000, 3), status=response.status,
@@ -157,24 +139,26 @@ def _record(request: Request, response: Response, deps: Deps, started: float) ->
     deps.wait_until(write())
 
 
-def departed(request: Request, deps: Deps, started: float) -> Response:
+def departed(request: Request, deps: Deps, started: float, route: str = "unmatched") -> Response:
     """A request whose client left before its answer (the handler was cancelled): recorded
-    now, with what it generated, as a 499 (a streamed body is recorded when it is closed)."""
+    now, with what it generated, as a 499 (a streamed body is recorded when it is closed).
+    `route` is the route's template (`app.route_name`), the usage row's route."""
     response = Response(CLIENT_LEFT)
     if request.principal is not None:
-        _record(request, response, deps, started)
+        _record(request, response, deps, started, route)
     return response
 
 
-def account(request: Request, response: Response, deps: Deps, started: float) -> Response:
+def account(request: Request, response: Response, deps: Deps, started: float, route: str = "unmatched") -> Response:
     """Record the request's usage now, or when its streamed body ends (however it ends).
-    Public routes (artifacts, health) are not recorded: their bodies are handed over as they are."""
+    Public routes (artifacts, health) are not recorded: their bodies are handed over as they are.
+    `route` is the route's template (`app.route_name`, told by the app that holds the routes)."""
     if request.principal is None:
         return response
     if not response.is_streaming:
-        _record(request, response, deps, started)
+        _record(request, response, deps, started, route)
         return response
-    response.body = Recorded(response.body, lambda: _record(request, response, deps, started))
+    response.body = Recorded(response.body, lambda: _record(request, response, deps, started, route))
     return response
 
 

@@ -30,7 +30,8 @@ from typing import Any, AsyncIterator
 
 from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response, json_response
-from ..ports import Deps, R2Range
+from ..ports import R2Range
+from ..deps import Deps
 from .conditional import ByteRange, none_match, parse_range, range_applies
 from .names import BLOB, FILES, IMMUTABLE, JSON, OCTETS, REVALIDATE, ArtifactPath, validate_name
 from .routes import _call, _store

@@ -14,7 +14,8 @@ from typing import Any, Awaitable, TypeVar
 
 from ..errors import ErrorKind, GatewayError, binding_error
 from ..http import Request, Response, json_response
-from ..ports import BindingError, BlobStore, Deps, R2Conditional, R2Object, R2Range
+from ..ports import BindingError, BlobStore, R2Conditional, R2Object, R2Range
+from ..deps import Deps
 from .conditional import ByteRange, none_match, parse_range, range_applies
 from .names import REVALIDATE, ArtifactPath, name_from_prefix, parse_artifact_path
 

@@ -17,7 +17,8 @@ from ..errors import ErrorKind, GatewayError, admin_routes_off, binding_error, i
 from ..generation import GenerationRequest
 from ..http import Request, Response, json_response
 from ..inference import start_generation
-from ..ports import BindingError, Deps
+from ..ports import BindingError
+from ..deps import Deps
 from ..validation import read_json
 from .entry import record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key

@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Callable
 from ..errors import ErrorKind, GatewayError, dependency_error
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request, Response, json_bytes
-from ..ports import Deps
+from ..deps import Deps
 from ..inference import start_generation
 from ..routing.breaker import CircuitBreaker
 from ..routing.policy import Plan, first_token_budget, plan_route, routing_state, start_routed

@@ -15,7 +15,7 @@ from ..generation import Event, Finish, Generation, GenerationRequest
 from ..http import Request
 from ..routing.policy import start_routed
 from ..routing.regions import regional_cache
-from ..ports import Deps
+from ..deps import Deps
 from .coalescing import FlightOrder, FlightPlan, flight_name, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key

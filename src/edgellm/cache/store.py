@@ -5,7 +5,7 @@ A failed write never fails a request (fail open): it is logged and counted.
 
 from __future__ import annotations
 
-from ..ports import Deps
+from ..deps import Deps
 from ..state import CacheCounters
 from .entry import CachedAnswer
 

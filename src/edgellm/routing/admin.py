@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..cache.admin import require_admin
 from ..http import Request, Response, json_response
-from ..ports import Deps
+from ..deps import Deps
 from .policy import routing_state
 
 

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from ..generation import GenerationRequest
-from ..ports import Deps
+from ..deps import Deps
 from .tokenizer import Tokenizer, UnsupportedTokenizer
 
 

@@ -25,7 +25,7 @@ from ..errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request
 from ..inference import apply_stop, start_generation
-from ..ports import Deps
+from ..deps import Deps
 from .affinity import by_affinity
 from .breaker import CircuitBreaker
 from .config import OriginConfig, RegionConfig, RoutingConfig

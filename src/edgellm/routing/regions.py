@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..cache.key import CacheScope
 from ..cache.policy import CachePolicy
 from ..http import Request
-from ..ports import Deps
+from ..deps import Deps
 from .policy import resolve_region
 
 

@@ -22,8 +22,9 @@ from ..app import handle
 from ..config import Config
 from ..errors import ErrorKind, GatewayError
 from ..http import Request, Response
+from ..deps import Deps
 from ..ports import (
-    BindingError, CapacityExceeded, Deps, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
+    BindingError, CapacityExceeded, InvalidModelInput, KVEntry, KVLimitError, KVRateLimited, ModelNotFound,
     StreamCutError,
     UsageEvent, UsageNotQueryable,
 )

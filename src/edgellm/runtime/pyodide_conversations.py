@@ -17,7 +17,7 @@ from pyodide.ffi import jsnull  # type: ignore[import-not-found]
 
 from ..config import Config
 from ..conversations import ConversationObject
-from ..ports import SystemClock
+from ..deps import SystemClock
 from .pyodide import EnvMapping, is_missing
 from .pyodide_durable import WorkersDurableObjectNamespace, serve_object
 

@@ -5,7 +5,8 @@ exports the Durable Objects: `Flight` (coalescing of identical misses, `edgellm.
 from workers import DurableObject, WorkerEntrypoint
 
 from edgellm.runtime.pyodide import fetch, isolate_state
-from edgellm.runtime.pyodide_durable import flight_object, serve_object
+from edgellm.runtime.pyodide_durable import serve_object
+from edgellm.runtime.pyodide_flight import flight_object
 from edgellm.runtime.pyodide_conversations import ConversationHost
 
 

@@ -27,7 +27,7 @@ def kv(request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock) -> It
     store = SqliteKV(":memory:" if request.param != "file" else tmp_path / "state" / "kv.sqlite3", clock=clock)
     if request.param == "workers":
         with fp.installed():
-            from edgellm.runtime.pyodide import WorkersKV
+            from edgellm.runtime.pyodide_kv import WorkersKV
 
             yield WorkersKV(fp.JsKVNamespace(store))  # type: ignore[misc]
     else:

@@ -23,9 +23,11 @@ from tests.support import fake_pyodide as fp
 @pytest.fixture
 def adapter():
     with fp.installed():
-        from edgellm.runtime import pyodide, pyodide_r2
+        from edgellm.runtime import (pyodide, pyodide_ai, pyodide_bindings, pyodide_env, pyodide_kv, pyodide_native, pyodide_r2,
+                                     pyodide_ratelimit, pyodide_usage)
 
-        yield SimpleNamespace(pyodide=pyodide, r2=pyodide_r2)
+        yield SimpleNamespace(pyodide=pyodide, ai=pyodide_ai, bindings=pyodide_bindings, env=pyodide_env, kv=pyodide_kv,
+                              native=pyodide_native, r2=pyodide_r2, ratelimit=pyodide_ratelimit, usage=pyodide_usage)
 
 
 class FakeAIBinding:
@@ -41,7 +43,7 @@ class FakeAIBinding:
 
 async def test_ai_inputs_are_js_objects_and_results_dicts(adapter) -> None:
     binding = FakeAIBinding(fp.JsDict({"response": "Paris", "usage": {"prompt_tokens": 3}}))
-    ai = adapter.pyodide.WorkersAI(binding)
+    ai = adapter.ai.WorkersAI(binding)
     result = await ai.run("@cf/m", {"messages": [{"role": "user", "content": "hi"}], "temperature": 0})
     assert result["response"] == "Paris"
     model, inputs = binding.calls[0]
@@ -56,7 +58,7 @@ async def test_ai_inputs_are_js_objects_and_results_dicts(adapter) -> None:
     ("InferenceUpstreamError: 3043: Internal server error", BindingError),
 ])
 async def test_ai_errors_map_to_binding_errors(adapter, message: str, error: type) -> None:
-    ai = adapter.pyodide.WorkersAI(FakeAIBinding(error=message))
+    ai = adapter.ai.WorkersAI(FakeAIBinding(error=message))
     with pytest.raises(error) as info:
         await ai.run("@cf/m", {"prompt": "x"})
     assert type(info.value) is error and message in str(info.value)
@@ -65,7 +67,7 @@ async def test_ai_errors_map_to_binding_errors(adapter, message: str, error: typ
 async def test_ai_stream_is_read_from_the_js_stream_as_sse(adapter) -> None:
     stream = fp.FakeReadableStream(chunks=[b'data: {"response":"Pa"}\n\ndata: {"resp', b'onse":"ris"}\n\n', b"data: [DONE]\n\n"])
     binding = FakeAIBinding(stream)
-    events = await adapter.pyodide.WorkersAI(binding).stream("@cf/m", {"prompt": "x"})
+    events = await adapter.ai.WorkersAI(binding).stream("@cf/m", {"prompt": "x"})
     assert [e["response"] async for e in events] == ["Pa", "ris"]
     assert binding.calls[0][1]["stream"] is True
     assert stream.reader.released  # closed at [DONE] by the code still awaiting, not by the GC
@@ -73,7 +75,7 @@ async def test_ai_stream_is_read_from_the_js_stream_as_sse(adapter) -> None:
 
 async def test_closing_an_ai_stream_early_cancels_and_releases_the_reader(adapter) -> None:
     stream = fp.FakeReadableStream(chunks=[b'data: {"response":"a"}\n\n'] * 50 + [b"data: [DONE]\n\n"])
-    events = await adapter.pyodide.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
+    events = await adapter.ai.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
     assert (await anext(events))["response"] == "a"
     await events.aclose()
     assert stream.reader.cancelled and stream.reader.released
@@ -83,7 +85,7 @@ async def test_an_ai_stream_cut_before_done_is_a_stream_cut_error(adapter) -> No
     from edgellm.ports import StreamCutError
 
     stream = fp.FakeReadableStream(chunks=[b'data: {"response":"a"}\n\n'])
-    events = await adapter.pyodide.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
+    events = await adapter.ai.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
     with pytest.raises(StreamCutError):
         [e async for e in events]
     assert stream.reader.released
@@ -97,7 +99,7 @@ def test_a_stream_opened_by_one_request_fails_when_another_reads_it(adapter) -> 
     async def main() -> None:
         with request_context("A"):
             stream = fp.FakeReadableStream(chunks=[b'data: {"response":"a"}\n\n', b"data: [DONE]\n\n"])
-        events = await adapter.pyodide.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
+        events = await adapter.ai.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
         with request_context("B"):
             with pytest.raises(CrossRequestIOError):
                 await asyncio.ensure_future(anext(events))
@@ -117,7 +119,7 @@ async def test_a_client_leaving_closes_the_cores_body(adapter) -> None:
         finally:
             closed.append(True)
 
-    native = adapter.pyodide.to_native_response(Response(200, {"content-type": "text/event-stream"}, body()))
+    native = adapter.native.to_native_response(Response(200, {"content-type": "text/event-stream"}, body()))
     chunks = native.body.source
     await anext(chunks)
     await chunks.aclose()  # what GeneratorExit from ReadableStream.from_ amounts to
@@ -144,7 +146,7 @@ class FakeKVBinding:
 
 
 async def test_kv_miss_is_jsnull_and_values_round_trip(adapter) -> None:
-    kv = adapter.pyodide.WorkersKV(FakeKVBinding())
+    kv = adapter.kv.WorkersKV(FakeKVBinding())
     assert await kv.get("absent") is None
     await kv.put("k", b"\x00value", expiration_ttl=60, metadata={"model": "m"})
     entry = await kv.get("k")
@@ -152,7 +154,7 @@ async def test_kv_miss_is_jsnull_and_values_round_trip(adapter) -> None:
 
 
 async def test_kv_limit_errors_are_translated(adapter) -> None:
-    kv = adapter.pyodide.WorkersKV(FakeKVBinding())
+    kv = adapter.kv.WorkersKV(FakeKVBinding())
     with pytest.raises(KVLimitError, match="at least 60"):
         await kv.put("k", b"v", expiration_ttl=30)
 
@@ -187,7 +189,7 @@ async def test_request_conversion_skips_oversized_bodies(adapter) -> None:
         async def bytes(self) -> bytes:
             raise AssertionError("an oversized body must not be read")
 
-    request = await adapter.pyodide.to_core_request(NativeRequest(), 1024 * 1024)
+    request = await adapter.native.to_core_request(NativeRequest(), 1024 * 1024)
     assert request.header("content-type") == "application/json" and request.body == b""
 
 
@@ -198,17 +200,17 @@ async def test_streamed_responses_become_readable_streams_of_uint8arrays(adapter
         yield b"data: 1\n\n"
         yield b"data: [DONE]\n\n"
 
-    native = adapter.pyodide.to_native_response(Response(200, {"content-type": "text/event-stream"}, body()))
+    native = adapter.native.to_native_response(Response(200, {"content-type": "text/event-stream"}, body()))
     assert isinstance(native.body, fp.FakeReadableStream)
     chunks = [chunk async for chunk in native.body.source]
     assert all(isinstance(c, fp.Uint8Array) for c in chunks) and b"".join(c.data for c in chunks).endswith(b"[DONE]\n\n")
-    plain = adapter.pyodide.to_native_response(Response(404, {"content-type": "application/json"}, b"{}"))
+    plain = adapter.native.to_native_response(Response(404, {"content-type": "application/json"}, b"{}"))
     assert plain.status == 404 and await plain.bytes() == b"{}"
 
 
 def test_config_reads_vars_from_env_attributes(adapter) -> None:
     env = SimpleNamespace(MODEL="@cf/meta/other", FALLBACK_MODELS="a,b", CACHE_CLASSES='{"news": 120}', ADMIN_TOKEN=fp.jsnull)
-    config = adapter.pyodide.Config.from_env(adapter.pyodide.EnvMapping(env))
+    config = adapter.bindings.Config.from_env(adapter.env.EnvMapping(env))
     assert config.model == "@cf/meta/other" and config.fallback_models == ("a", "b")
     assert config.cache_classes == {"news": 120} and config.admin_token is None
 
@@ -255,9 +257,9 @@ def test_vars_are_parsed_once_per_isolate_and_a_jsnull_kv_is_no_kv(adapter) -> N
     state = IsolateState()
     env = SimpleNamespace(AI=object(), CACHE=fp.jsnull, ARTIFACTS=None, MODEL="@cf/a")
     ctx = SimpleNamespace(waitUntil=lambda aw: None)
-    first = adapter.pyodide.build_deps(env, ctx, state)
+    first = adapter.bindings.build_deps(env, ctx, state)
     env.MODEL = "@cf/b"
-    second = adapter.pyodide.build_deps(env, ctx, state)
+    second = adapter.bindings.build_deps(env, ctx, state)
     assert first.config is second.config and second.config.model == "@cf/a"
     assert first.kv is None and first.r2 is None and first.state is state
 
@@ -269,7 +271,7 @@ def test_vars_are_parsed_once_per_isolate_and_a_jsnull_kv_is_no_kv(adapter) -> N
     ("network connection lost after 400 ms", "BindingError"),
 ])
 def test_kv_errors_are_classified_by_their_status(adapter, message: str, error: str) -> None:
-    assert type(adapter.pyodide.kv_error(fp.JsException(message))).__name__ == error
+    assert type(adapter.kv.kv_error(fp.JsException(message))).__name__ == error
 
 
 async def test_a_durable_object_stub_fetch_streams_the_answer(adapter) -> None:
@@ -354,24 +356,24 @@ async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
     from edgellm.ports import UsageEvent, UsageNotQueryable
     from edgellm.state import IsolateState
 
-    limiter = adapter.pyodide.WorkersRateLimit(FakeRateLimit(allow=1))
+    limiter = adapter.ratelimit.WorkersRateLimit(FakeRateLimit(allow=1))
     assert [await limiter.limit("k1"), await limiter.limit("k1")] == [True, False]
     assert limiter.binding.keys == ["k1", "k1"]
-    usage = adapter.pyodide.AnalyticsEngineUsage(FakeDataset())
+    usage = adapter.usage.AnalyticsEngineUsage(FakeDataset())
     await usage.record(UsageEvent(1.0, "acme", "k1", "@cf/m", "/v1/chat/completions", "HIT", 3, 5, 1.5, 200))
     point = usage.binding.points[0]
     assert point["blobs"] == ["acme", "k1", "@cf/m", "/v1/chat/completions", "HIT"]
     assert point["doubles"] == [3, 5, 1.5, 200] and point["indexes"] == ["acme"]
     env = SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=FakeRateLimit(5), USAGE=FakeDataset())
-    deps = adapter.pyodide.build_deps(env, SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
+    deps = adapter.bindings.build_deps(env, SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
     assert deps.rate_limiter is not None and deps.usage is not None
-    bare = adapter.pyodide.build_deps(SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=fp.jsnull),
+    bare = adapter.bindings.build_deps(SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=fp.jsnull),
                                       SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
     assert bare.rate_limiter is None and bare.usage is None
     assert deps.usage.reader is None  # type: ignore[union-attr]  # no account or token: /admin/usage says it cannot query
     with pytest.raises(UsageNotQueryable):
         await deps.usage.query(0, 1, ())  # type: ignore[union-attr]
-    reading = adapter.pyodide.build_deps(
+    reading = adapter.bindings.build_deps(
         SimpleNamespace(**vars(env), ANALYTICS_ACCOUNT_ID="acc123", ANALYTICS_API_TOKEN="tok", USAGE_DATASET="my_usage"),
         SimpleNamespace(waitUntil=lambda aw: None), IsolateState())
     reader = reading.usage.reader  # type: ignore[union-attr]
@@ -381,7 +383,7 @@ async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
         async def query(self, *args: Any) -> list[dict[str, Any]]:
             return [{"asked": args}]
 
-    assert await adapter.pyodide.AnalyticsEngineUsage(FakeDataset(), Reader()).query(0, 1, ("model",), "acme") == [{"asked": (0, 1, ("model",), "acme")}]
+    assert await adapter.usage.AnalyticsEngineUsage(FakeDataset(), Reader()).query(0, 1, ("model",), "acme") == [{"asked": (0, 1, ("model",), "acme")}]
 class FakeFetchResponse:
     def __init__(self, status: int, chunks: list[bytes]) -> None:
         self.status, self.headers = status, {"content-type": "text/event-stream"}
@@ -472,10 +474,10 @@ async def test_request_cf_country_and_continent_reach_the_core(adapter) -> None:
     # as workers.Request has it: `cf` only on the JS object underneath, not on the Python wrapper
     request = SimpleNamespace(method="GET", url="https://x/healthz", headers={},
                               js_object=SimpleNamespace(cf=SimpleNamespace(country="DE", continent="EU")))
-    core = await adapter.pyodide.to_core_request(request, 1024)
+    core = await adapter.native.to_core_request(request, 1024)
     assert core.cf == {"country": "DE", "continent": "EU"}
     bare = SimpleNamespace(method="GET", url="https://x/healthz", headers={}, js_object=SimpleNamespace())
-    assert (await adapter.pyodide.to_core_request(bare, 1024)).cf == {}
+    assert (await adapter.native.to_core_request(bare, 1024)).cf == {}
 
 
 class CountingBucket(fp.JsR2Bucket):

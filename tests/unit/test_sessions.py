@@ -102,10 +102,10 @@ class OptionsAIBinding:
 
 async def test_the_pyodide_adapter_sends_the_session_as_x_session_affinity() -> None:
     with fp.installed():
-        from edgellm.runtime import pyodide
+        from edgellm.runtime import pyodide_ai
 
         binding = OptionsAIBinding()
-        ai = pyodide.WorkersAI(binding)
+        ai = pyodide_ai.WorkersAI(binding)
         await ai.run("@cf/m", {"prompt": "x"}, session="conv-9")
         await ai.run("@cf/m", {"prompt": "x"})
     (_, _, options), without = binding.calls

@@ -189,10 +189,10 @@ async def test_the_workers_ai_adapter_meets_its_function_calling_and_json_mode_q
     from tests.unit.test_pyodide_adapter import FakeAIBinding
 
     with fp.installed():
-        from edgellm.runtime import pyodide
+        from edgellm.runtime import pyodide_ai
 
         binding = FakeAIBinding(fp.JsDict({"response": {"city": "Paris"}, "usage": {"prompt_tokens": 3}}))
-        ai = pyodide.WorkersAI(binding)
+        ai = pyodide_ai.WorkersAI(binding)
         call = {"id": "call_abc123def456", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
         messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
                     {"role": "tool", "tool_call_id": "call_abc123def456", "content": "sunny"}]

@@ -18,7 +18,8 @@ from pyodide.ffi import jsnull  # type: ignore[import-not-found]
 from ..config import Config
 from ..conversations import ConversationObject
 from ..deps import SystemClock
-from .pyodide import EnvMapping, is_missing
+from .pyodide_env import EnvMapping
+from .pyodide_toolbox import is_missing
 from .pyodide_durable import WorkersDurableObjectNamespace, serve_object
 
 

@@ -10,22 +10,20 @@ errors thrown in the object arrive as an exception (`pyodide.http.AbortError`) c
 traceback, translated here in one place.
 
 Inside an object, `ctx.waitUntil` is not adapted for Python awaitables (a bare coroutine handed
-to it never runs): `ObjectBackground` schedules the work first and hands over the task.
+to it never runs): `pyodide_flight.ObjectBackground` schedules the work first and hands over the task.
 """
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable
+from dataclasses import dataclass
+from typing import Any
 
-from ..cache.coalescing import FlightObject
 from ..config import MAX_BODY_BYTES
 from ..durable import DurableObject
 from ..http import Request, Response
 from ..ports import BindingError
-from ..state import IsolateState
-from .pyodide import build_deps, is_missing, to_core_request, to_native_response
+from .pyodide_native import to_core_request, to_native_response
+from .pyodide_toolbox import is_missing
 from .pyodide_r2 import R2Body as JsBody
 
 STREAMED_TYPES = ("application/x-ndjson", "text/event-stream")
@@ -73,26 +71,3 @@ OBJECT_MAX_BODY = 2 * MAX_BODY_BYTES
 async def serve_object(obj: DurableObject, request: Any, max_body: int = OBJECT_MAX_BODY) -> Any:
     """One request to a Durable Object hosted in workerd: native -> core -> native, body streamed."""
     return to_native_response(await obj.fetch(await to_core_request(request, max_body)))
-
-
-@dataclass
-class ObjectBackground:
-    """`wait_until` inside a Durable Object. Its `ctx.waitUntil` drops a bare coroutine (the runtime
-    logs "coroutine ... was never awaited"), so the work is scheduled here first, a reference kept
-    until it ends (a task nobody holds can vanish), and the task handed to `waitUntil`, which keeps
-    the object alive until it is done."""
-
-    ctx: Any
-    tasks: set[asyncio.Future[Any]] = field(default_factory=set)
-
-    def __call__(self, work: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        self.ctx.waitUntil(task)
-
-
-def flight_object(env: Any, ctx: Any) -> FlightObject:
-    """The flights object's logic over the object's own bindings (it never calls FLIGHTS itself)."""
-    deps = build_deps(env, ctx, IsolateState(), wait_until=ObjectBackground(ctx))
-    return FlightObject(replace(deps, flights=None))

@@ -15,7 +15,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException  # type: ignore[import-not-found]
 
 from ..ports import FetchError, FetchResponse
-from .pyodide import _message, is_missing, js_options, read_stream
+from .pyodide_toolbox import is_missing, js_message, js_options, read_stream
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class WorkersFetch:
             controller.abort()
             raise FetchError(f"no response from {url} within {timeout:g} s") from None
         except JsException as exc:
-            raise FetchError(_message(exc)) from exc
+            raise FetchError(js_message(exc)) from exc
         content_type = response.headers.get("content-type")
         stream = response.body
         return FetchResponse(int(response.status), {"content-type": "" if is_missing(content_type) else str(content_type)},
@@ -44,4 +44,4 @@ async def _chunks(stream: Any) -> AsyncIterator[bytes]:
         async for chunk in read_stream(stream):
             yield chunk
     except JsException as exc:
-        raise FetchError(_message(exc)) from exc
+        raise FetchError(js_message(exc)) from exc

@@ -18,7 +18,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, to_js  # type: ignore[import-not-found]
 
 from ..ports import BindingError, CachedResponse, R2Conditional, R2Object, R2Range
-from .pyodide import is_missing, js_options, read_stream, to_native_body
+from .pyodide_toolbox import is_missing, js_options, read_stream, to_native_body
 
 CACHE_NAME = "edgellm-artifacts"
 _RETRYABLE = ("(10001)", "(10043)", "(10058)")  # internal error, unavailable, too many requests

@@ -1,0 +1,79 @@
+"""The Worker's composition root: the core's ports built over `env`'s bindings, one adapter module
+per binding (`pyodide_ai`, `pyodide_kv`, `pyodide_r2`, ...). Every import is at the top: the
+adapters import the toolbox, never this module, so building the bindings needs no import inside
+a function to dodge a circle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..access.analytics_sql import AnalyticsEngineSQL
+from ..artifacts.cached_store import CachedBlobStore
+from ..config import Config
+from ..deps import Deps
+from ..state import IsolateState
+from .pyodide_ai import WorkersAI
+from .pyodide_conversations import conversation_namespace
+from .pyodide_durable import WorkersDurableObjectNamespace
+from .pyodide_env import EnvMapping, optional_binding
+from .pyodide_fetch import WorkersFetch
+from .pyodide_kv import WorkersKV
+from .pyodide_r2 import WorkersEdgeCache, WorkersR2
+from .pyodide_ratelimit import WorkersRateLimit
+from .pyodide_toolbox import is_missing
+from .pyodide_usage import AnalyticsEngineUsage
+
+
+def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) -> Deps:
+    """The core's ports over the bindings. `wait_until` replaces `ctx.waitUntil` where that one
+    is not adapted for Python awaitables (a Durable Object's: `pyodide_flight.ObjectBackground`)."""
+    wait_until = wait_until or ctx.waitUntil
+    if state.config is None:  # `[vars]` do not change within an isolate: parse them once
+        state.config = Config.from_env(EnvMapping(env))
+    kv, r2 = getattr(env, "CACHE", None), getattr(env, "ARTIFACTS", None)
+    return Deps(
+        config=state.config,
+        ai=WorkersAI(env.AI),
+        kv=None if is_missing(kv) else WorkersKV(kv),
+        r2=_r2(r2, wait_until),
+        wait_until=wait_until,
+        state=state,
+        conversations=conversation_namespace(env),
+        flights=_flights(getattr(env, "FLIGHTS", None)),
+        rate_limiter=_rate_limiter(env),
+        usage=_usage(env),
+        fetch=WorkersFetch() if state.config.routing.origins else None,
+    )
+
+
+def _rate_limiter(env: Any) -> WorkersRateLimit | None:
+    binding = optional_binding(env, "RATE_LIMITER")
+    if binding is None:
+        return None
+    period = str(optional_binding(env, "RATE_LIMIT_PERIOD") or "60").strip()
+    return WorkersRateLimit(binding, int(period) if period.isdigit() and int(period) > 0 else 60)
+
+
+def _usage(env: Any) -> AnalyticsEngineUsage | None:
+    """The usage dataset, read back through the SQL API when the account and a token are set."""
+    binding = optional_binding(env, "USAGE")
+    if binding is None:
+        return None
+    account, token = optional_binding(env, "ANALYTICS_ACCOUNT_ID"), optional_binding(env, "ANALYTICS_API_TOKEN")
+    if not account or not token:
+        return AnalyticsEngineUsage(binding)
+    dataset = optional_binding(env, "USAGE_DATASET") or "edgellm_usage"
+    return AnalyticsEngineUsage(binding, AnalyticsEngineSQL(WorkersFetch(), str(account), str(token), str(dataset)))
+
+
+def _flights(binding: Any) -> WorkersDurableObjectNamespace | None:
+    """The coalescing Durable Object binding; without it the Worker does not coalesce."""
+    if binding is None or is_missing(binding):
+        return None
+    return WorkersDurableObjectNamespace(binding)
+
+
+def _r2(binding: Any, wait_until: Any) -> CachedBlobStore | None:
+    if binding is None or is_missing(binding):
+        return None
+    return CachedBlobStore(WorkersR2(binding), WorkersEdgeCache(), wait_until=wait_until)

@@ -1,0 +1,73 @@
+"""The toolbox every Pyodide binding adapter uses: JS values to and from Python, as the runtime
+behaves (../shared/docs/workers-runtime.md): a miss is `jsnull`, not `None`; options objects and
+bytes must go through `to_js`; a streamed body must be a JS ReadableStream of `Uint8Array`
+chunks; errors arrive as `JsException` with the JS message.
+
+A leaf of `runtime/`: it imports nothing of the core, and each binding's module
+(`pyodide_ai`, `pyodide_kv`, `pyodide_r2`, ...) imports it, never the other way round.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Mapping
+
+import js  # type: ignore[import-not-found]
+from pyodide.ffi import JsException, create_proxy, jsnull, to_js  # type: ignore[import-not-found]
+
+
+def js_options(data: Mapping[str, Any]) -> Any:
+    """A plain dict is silently wrong for bindings (R2 ranges, nested AI inputs): convert it."""
+    return to_js(dict(data), dict_converter=js.Object.fromEntries)
+
+
+def is_missing(value: Any) -> bool:
+    """A KV/R2 miss is `jsnull` (falsy, but `is None` is False); JS `undefined` arrives as None."""
+    return value is None or value is jsnull
+
+
+def js_message(exc: BaseException) -> str:
+    return str(getattr(exc, "message", None) or exc)
+
+
+async def read_stream(stream: Any) -> AsyncIterator[bytes]:
+    """A JS ReadableStream's chunks. Close it explicitly (`aclosing`): its `finally` awaits the
+    reader's cancel, which the garbage collector cannot do ("async generator ignored GeneratorExit")."""
+    reader = stream.getReader()
+    finished = False
+    try:
+        while True:
+            result = await reader.read()
+            if result.done:
+                finished = True
+                return
+            yield result.value.to_bytes()
+    finally:
+        try:
+            if not finished:
+                await reader.cancel()  # tells the producer (the AI binding, R2) to stop
+        except JsException:
+            pass
+        try:
+            reader.releaseLock()
+        except JsException:
+            pass
+
+
+async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    """The core's body as JS chunks. When the client leaves, this receives GeneratorExit: closing
+    the core's body then is what stops the generation behind it."""
+    try:
+        async for chunk in body:
+            yield to_js(chunk)
+    finally:
+        close = getattr(body, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def to_native_body(body: AsyncIterator[bytes]) -> Any:
+    """A core body as a JS ReadableStream: an R2 or AI stream passes straight through."""
+    native = getattr(body, "js_stream", None)
+    if native is None:
+        native = js.ReadableStream.from_(create_proxy(_js_chunks(body)))
+    return native

@@ -29,10 +29,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Mapping
 
-from .errors import ErrorKind, GatewayError
+from .errors import ErrorKind, GatewayError, RetryAfter
 from .generation import Event
 
-RETRY_AFTER_SECONDS = 2
 # The tenant of the request this task serves, as admitted: per task (each request is served in
 # its own), read by a binding's own queue (the local edge's llama.cpp runner). None: no tenant.
 _ADMITTED_TENANT: ContextVar[str | None] = ContextVar("edgellm_admitted_tenant", default=None)
@@ -75,7 +74,7 @@ class Admission:
             raise GatewayError(
                 ErrorKind.UNAVAILABLE,
                 f"Too many generations in progress here ({self.active}, the limit is {limit}){whose}; retry shortly.",
-                code="overloaded", retry_after=RETRY_AFTER_SECONDS,
+                code="overloaded", retry_after=RetryAfter.ADMISSION,
             )
         self.active += 1
         self.by_tenant[tenant] = held + 1

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .durable import DurableObjectNamespace
-from .errors import ErrorKind, GatewayError, dependency_error
+from .errors import ErrorKind, GatewayError, RetryAfter, dependency_error
 from .http import Request, Response, json_bytes, json_response
 from .ports import Clock
 
@@ -207,8 +207,8 @@ def _unavailable(exc: BaseException | str) -> GatewayError:
     object's traceback) is not the caller's to read; it is the error's detail, for the log."""
     message, code = "The conversation store is unavailable; retry shortly.", "conversation_store_unavailable"
     if isinstance(exc, BaseException):
-        return dependency_error(exc, ErrorKind.UNAVAILABLE, message, code, 5, "the conversation store")
-    return GatewayError(ErrorKind.UNAVAILABLE, message, code=code, retry_after=5, detail=f"the conversation store: {exc}")
+        return dependency_error(exc, ErrorKind.UNAVAILABLE, message, code, RetryAfter.DEPENDENCY, "the conversation store")
+    return GatewayError(ErrorKind.UNAVAILABLE, message, code=code, retry_after=RetryAfter.DEPENDENCY, detail=f"the conversation store: {exc}")
 
 
 def not_found(response_id: str) -> GatewayError:
@@ -278,7 +278,7 @@ class ConversationStore:
         if response.status == 422:
             raise GatewayError(ErrorKind.UPSTREAM, f"The stored conversation of '{response_id}' is damaged: its chain loops or is "
                                "longer than any conversation can be. Start a new one (omit 'previous_response_id').",
-                               param="previous_response_id", code="conversation_corrupt", retry_after=5)
+                               param="previous_response_id", code="conversation_corrupt", retry_after=RetryAfter.DEPENDENCY)
         return [StoredResponse.from_json(r) for r in json.loads(bytes(response.body))["chain"]]
 
     async def delete(self, response_id: str) -> None:

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .http import Response, json_response
-import re
-
 from .ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, KVLimitError, KVRateLimited, ModelNotFound
 
 # Workers AI's refusal of a prompt past the model's window (error 5021: "...exceeded this model
@@ -22,30 +21,47 @@ _CONTEXT_REFUSAL = re.compile(r"\b5021\b|context window|context size|context len
 # Workers AI's refusal of the caller's own fields by its input schema (its local mirror says the
 # same): text about the caller's input, the one binding text a client is shown.
 _SCHEMA_REFUSAL = re.compile(r"^(?:AiError: )?5006: Input validation error: ")
-
-# How long a client should back off from a failing dependency. One value for every binding: the
-# gateway cannot know when an overload or outage ends, so one short, honest back-off serves all.
-RETRY_AFTER_SECONDS = 5
-KV_WRITE_INTERVAL_SECONDS = 1  # KV takes one write per second per key: the wait is exactly known
 # Error codes of requests whose generation may have run to its end before it failed (a whole
 # answer past its deadline): charged their reservation, as a request whose client left. A code,
 # not a flag, so it survives the flights object's JSON error line.
 SPENT_CODES = frozenset(("answer_timeout",))
 
 
+class RetryAfter(enum.IntEnum):
+    """Every `Retry-After` the gateway sends (seconds), named for why a client should wait that
+    long: the one table of back-offs (a route, a binding, an adapter picks an entry, never a number)."""
+
+    AT_ONCE = 1  # the work a retry needs is there now: a shared generation cut or abandoned, an artifact replaced while read
+    KV_WRITE = 1  # KV takes one write per second per key: the wait is exactly known
+    ADMISSION = 2  # every generation place of this isolate is taken: one frees when a generation ends
+    # a failing dependency (binding, origin, object): the gateway cannot know when an overload or
+    # outage ends, so one short, honest back-off serves all; the default of every 502/503
+    DEPENDENCY = 5
+    NO_ROUTE = 30  # every route the request may take is failing (their breakers open)
+    UNCONFIGURED = 60  # nothing will change until an operator acts: a binding not bound, no route in a region, a bad manifest
+
+
+# The names the rest of the tree (and its tests) know these entries by.
+RETRY_AFTER_SECONDS = RetryAfter.DEPENDENCY
+KV_WRITE_INTERVAL_SECONDS = RetryAfter.KV_WRITE
+
+
 class ErrorKind(enum.Enum):
-    INVALID_REQUEST = (400, "invalid_request_error")
-    AUTHENTICATION = (401, "authentication_error")
-    PERMISSION = (403, "permission_error")  # a valid key that may not do this (model, admin route)
-    NOT_FOUND = (404, "not_found_error")
-    METHOD_NOT_ALLOWED = (405, "invalid_request_error")
-    REQUEST_TOO_LARGE = (413, "invalid_request_error")
-    RANGE_NOT_SATISFIABLE = (416, "invalid_request_error")
-    RATE_LIMITED = (429, "rate_limit_error")
-    REQUEST_HEADERS_TOO_LARGE = (431, "invalid_request_error")
-    SERVER = (500, "server_error")
-    UPSTREAM = (502, "upstream_error")
-    UNAVAILABLE = (503, "unavailable_error")
+    """The one table from error kind to HTTP status, OpenAI error type and default `Retry-After`
+    (llama.cpp's server table for the statuses; a 502/503 always says when to come back)."""
+
+    INVALID_REQUEST = (400, "invalid_request_error", None)
+    AUTHENTICATION = (401, "authentication_error", None)
+    PERMISSION = (403, "permission_error", None)  # a valid key that may not do this (model, admin route)
+    NOT_FOUND = (404, "not_found_error", None)
+    METHOD_NOT_ALLOWED = (405, "invalid_request_error", None)
+    REQUEST_TOO_LARGE = (413, "invalid_request_error", None)
+    RANGE_NOT_SATISFIABLE = (416, "invalid_request_error", None)
+    RATE_LIMITED = (429, "rate_limit_error", None)  # the window's own wait, told by whoever refuses
+    REQUEST_HEADERS_TOO_LARGE = (431, "invalid_request_error", None)
+    SERVER = (500, "server_error", None)
+    UPSTREAM = (502, "upstream_error", RetryAfter.DEPENDENCY)
+    UNAVAILABLE = (503, "unavailable_error", RetryAfter.DEPENDENCY)
 
     @property
     def status(self) -> int:
@@ -54,6 +70,11 @@ class ErrorKind(enum.Enum):
     @property
     def type(self) -> str:
         return self.value[1]
+
+    @property
+    def retry_after(self) -> RetryAfter | None:
+        """The `Retry-After` an error of this kind says unless it names another entry."""
+        return self.value[2]
 
 
 @dataclass
@@ -68,12 +89,16 @@ class GatewayError(Exception):
     message: str
     param: str | None = None
     code: str | None = None
-    retry_after: int | None = None
+    retry_after: int | None = None  # None: the kind's default (`ErrorKind.retry_after`)
     headers: dict[str, str] = field(default_factory=dict)
     detail: str | None = None  # for the log only (a binding's own error text), never sent
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
+        if self.retry_after is None:
+            self.retry_after = self.kind.retry_after
+        if self.retry_after is not None:
+            self.retry_after = int(self.retry_after)  # a plain number on the wire and in the flights' JSON
 
     @property
     def status(self) -> int:
@@ -186,7 +211,7 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
                   RETRY_AFTER_SECONDS)
 
 
-def dependency_error(exc: BaseException, kind: ErrorKind, message: str, code: str, retry_after: int = RETRY_AFTER_SECONDS,
+def dependency_error(exc: BaseException, kind: ErrorKind, message: str, code: str, retry_after: int = RetryAfter.DEPENDENCY,
                      where: str = "") -> GatewayError:
     """A failing dependency that is not a classified binding call (a Durable Object that threw, an
     object the edge could not reach): `binding_error`'s rule without its classes. The message is

@@ -12,7 +12,7 @@ import hmac
 from dataclasses import dataclass
 
 from ..config import Config
-from ..errors import ErrorKind, GatewayError, invalid
+from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error, invalid
 from ..generation import GenerationRequest
 from ..http import Request
 from ..ports import BindingError
@@ -73,12 +73,13 @@ async def _record(deps: Deps, key_id: str) -> KeyRecord | None:
     if known:
         return record
     if deps.kv is None:
-        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; keys cannot be checked.", code="keys_unavailable", retry_after=60)
+        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; keys cannot be checked.", code="keys_unavailable", retry_after=RetryAfter.UNCONFIGURED)
     try:
         record = await KeyRing(deps.kv).get(key_id)
     except (BindingError, ValueError) as exc:
-        deps.log.warning("key record read failed: %s", exc)  # the detail is the operator's, never the caller's
-        raise GatewayError(ErrorKind.UNAVAILABLE, "Keys cannot be checked now; retry shortly.", code="keys_unavailable", retry_after=5) from exc
+        # the record's failure is the error's detail, logged by `app.handle`: the operator's, never the caller's
+        raise dependency_error(exc, ErrorKind.UNAVAILABLE, "Keys cannot be checked now; retry shortly.", "keys_unavailable",
+                               where="the key record") from exc
     access.keys.put(key_id, record, now)
     return record
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..cache.admin import require_admin
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, RetryAfter
 from ..http import Request, Response, json_response
 from ..ports import BindingError
 from ..deps import Deps
@@ -27,7 +27,7 @@ async def revoke_key(request: Request, deps: Deps) -> Response:
     if len(key_id) != 12 or not set(key_id) <= _KEY_ID_CHARS:
         raise GatewayError(ErrorKind.INVALID_REQUEST, "A key id is 12 lower-case letters and digits.", param="key_id", code="invalid_key_id")
     if deps.kv is None:
-        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; keys cannot be changed.", code="keys_unavailable", retry_after=60)
+        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; keys cannot be changed.", code="keys_unavailable", retry_after=RetryAfter.UNCONFIGURED)
     ring, now = KeyRing(deps.kv), deps.clock.now()
     try:
         record = await ring.get(key_id)
@@ -36,7 +36,7 @@ async def revoke_key(request: Request, deps: Deps) -> Response:
             await ring.put(record)
     except (BindingError, ValueError) as exc:
         deps.log.warning("key revocation failed for %s: %s", key_id, exc)
-        raise GatewayError(ErrorKind.UNAVAILABLE, "Keys cannot be changed now; retry shortly.", code="keys_unavailable", retry_after=5) from exc
+        raise GatewayError(ErrorKind.UNAVAILABLE, "Keys cannot be changed now; retry shortly.", code="keys_unavailable", retry_after=RetryAfter.DEPENDENCY) from exc
     if record is None:
         raise GatewayError(ErrorKind.NOT_FOUND, f"No key {key_id}.", param="key_id", code="key_not_found")
     access = deps.state.access

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, RetryAfter
 from ..http import Request, Response, json_response
 from ..ports import R2Range
 from ..deps import Deps
@@ -85,7 +85,7 @@ def _hub_error(status: ErrorKind, code: str, message: str) -> GatewayError:
 
 
 def _bad_manifest(name: str, why: str, detail: str | None = None) -> GatewayError:
-    return GatewayError(ErrorKind.UPSTREAM, f"The manifest of {name!r} is invalid: {why}.", code="invalid_manifest", retry_after=60,
+    return GatewayError(ErrorKind.UPSTREAM, f"The manifest of {name!r} is invalid: {why}.", code="invalid_manifest", retry_after=RetryAfter.UNCONFIGURED,
                         detail=detail)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, TypeVar
 
-from ..errors import ErrorKind, GatewayError, binding_error
+from ..errors import ErrorKind, GatewayError, RetryAfter, binding_error
 from ..http import Request, Response, json_response
 from ..ports import BindingError, BlobStore, R2Conditional, R2Object, R2Range
 from ..deps import Deps
@@ -30,7 +30,7 @@ def _store(deps: Deps) -> BlobStore:
     if deps.r2 is None:
         raise GatewayError(
             ErrorKind.UNAVAILABLE, "Model artifacts are not available: no R2 bucket is bound.",
-            code="r2_unavailable", retry_after=60,
+            code="r2_unavailable", retry_after=RetryAfter.UNCONFIGURED,
         )
     return deps.r2
 
@@ -91,7 +91,7 @@ async def get_artifact(request: Request, deps: Deps) -> Response:
             return Response(status, headers, obj.body)
         # replaced between head and get: decide again on the new version
     raise GatewayError(
-        ErrorKind.UNAVAILABLE, f"{path.key} kept changing while it was read; try again.", code="artifact_changing", retry_after=1
+        ErrorKind.UNAVAILABLE, f"{path.key} kept changing while it was read; try again.", code="artifact_changing", retry_after=RetryAfter.AT_ONCE
     )
 
 

@@ -13,7 +13,7 @@ import re
 from typing import Any, Awaitable
 
 from .. import openai
-from ..errors import ErrorKind, GatewayError, admin_routes_off, binding_error, invalid
+from ..errors import ErrorKind, GatewayError, RetryAfter, admin_routes_off, binding_error, invalid
 from ..generation import GenerationRequest
 from ..http import Request, Response, json_response
 from ..inference import start_generation
@@ -102,7 +102,7 @@ async def preload_cache(request: Request, deps: Deps) -> Response:
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_PRELOAD:
         raise invalid(f"'requests' must be an array of 1 to {MAX_PRELOAD} requests.", "requests", "invalid_type")
     if deps.kv is None:
-        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=60)
+        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=RetryAfter.UNCONFIGURED)
     ttl, refresh = _ttl(body, deps), bool(body.get("refresh"))
     scope = await current_scope(deps, tenant)
     results = []
@@ -135,7 +135,7 @@ async def _preload_one(deps: Deps, gen_request: GenerationRequest, key: CacheKey
 async def purge_cache(request: Request, deps: Deps) -> Response:
     body, tenant = _admin_body(request, deps, tenant_allowed=True)
     if deps.kv is None:
-        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=60)
+        raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=RetryAfter.UNCONFIGURED)
     if "namespace" in body:
         if request.principal is not None and not request.principal.admin and request.principal.share_cache:
             raise GatewayError(ErrorKind.PERMISSION, "The shared pool's namespace can only be purged with the admin token.", code="admin_only")

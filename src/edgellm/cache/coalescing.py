@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
-from ..errors import ErrorKind, GatewayError, dependency_error
+from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request, Response, json_bytes
 from ..deps import Deps
@@ -227,7 +227,7 @@ def object_error(exc: BaseException, message: str) -> GatewayError:
     """An exception in the object as the error it sends back: a `GatewayError` as it is, any other
     in the gateway's words with the exception's text as the detail (logged by the Worker, never
     shown: the object-to-Worker line is internal, the Worker's answer to its client is not)."""
-    return exc if isinstance(exc, GatewayError) else dependency_error(exc, ErrorKind.UPSTREAM, message, "upstream_error", 5,
+    return exc if isinstance(exc, GatewayError) else dependency_error(exc, ErrorKind.UPSTREAM, message, "upstream_error", RetryAfter.DEPENDENCY,
                                                                        "in the flights object")
 
 
@@ -379,7 +379,7 @@ class FlightEvents:
                     self._buffer = b""
                     continue
                 raise GatewayError(ErrorKind.UPSTREAM, "The shared generation was cut before its end.",
-                                   code="generation_cut", retry_after=1) from None
+                                   code="generation_cut", retry_after=RetryAfter.AT_ONCE) from None
             lines = (self._buffer + chunk).split(b"\n")
             self._buffer = lines.pop()
             self._pending.extend(line for line in lines if line.strip())
@@ -415,7 +415,7 @@ async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation,
         raise
     except Exception as exc:  # the object failed (on workerd an AbortError carrying its traceback): its text is the log's
         raise dependency_error(exc, ErrorKind.UPSTREAM, "The coalescing object failed (the details are in the edge log); retry shortly.",
-                               "flight_failed", 1, "the flights object") from exc
+                               "flight_failed", RetryAfter.AT_ONCE, "the flights object") from exc
     started = response.headers.get("x-edgellm-flight") == "started"
     # only the request that started the flight applies its verdict; a joiner frees a probe it took
     report = (lambda verdict: apply_verdict(deps, order.plan, verdict)) if started else (lambda verdict: apply_verdict(deps, order.plan, None))

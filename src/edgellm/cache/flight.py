@@ -17,12 +17,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, RetryAfter
 from ..generation import Event, Generation
 
 
 def abandoned() -> GatewayError:
-    return GatewayError(ErrorKind.UNAVAILABLE, "The shared generation was abandoned; try again.", code="generation_abandoned", retry_after=1)
+    return GatewayError(ErrorKind.UNAVAILABLE, "The shared generation was abandoned; try again.", code="generation_abandoned", retry_after=RetryAfter.AT_ONCE)
 
 
 @dataclass

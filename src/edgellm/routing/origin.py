@@ -27,7 +27,6 @@ from ..structured import tool_call_deltas
 from .affinity import slot_for
 from .config import OriginConfig
 
-RETRY_AFTER_SECONDS = 5
 DECODED_ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")  # what `fetch` decodes on both runtimes
 MAX_USAGE_TOKENS = 10**9  # a usage figure above this (or negative, or not an integer) is not a count
 _SAMPLING = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
@@ -95,9 +94,8 @@ def _status_error(origin: OriginConfig, status: int, data: bytes, max_tokens: in
                             "the edge log).", code="origin_rejected", detail=said)
     if status in (429, 503):
         return GatewayError(ErrorKind.UNAVAILABLE, f"The origin {origin.name} is over capacity ({status}); retry shortly.",
-                            code="origin_unavailable", retry_after=RETRY_AFTER_SECONDS, detail=said)
-    return GatewayError(ErrorKind.UPSTREAM, f"The origin {origin.name} failed ({status}); retry shortly.", code="origin_error",
-                        retry_after=RETRY_AFTER_SECONDS, detail=said)
+                            code="origin_unavailable", detail=said)
+    return GatewayError(ErrorKind.UPSTREAM, f"The origin {origin.name} failed ({status}); retry shortly.", code="origin_error", detail=said)
 
 
 def _error_object(data: bytes) -> dict[str, Any]:
@@ -151,8 +149,7 @@ class OriginClient:
         try:
             response = await self.fetch.post(self.origin.base_url + path, json_bytes(body), headers, self.timeout)
         except FetchError as exc:
-            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} is unreachable; retry shortly.", code="origin_unreachable",
-                               retry_after=RETRY_AFTER_SECONDS, detail=f"origin {self.origin.name}: {exc}") from exc
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} is unreachable; retry shortly.", code="origin_unreachable", detail=f"origin {self.origin.name}: {exc}") from exc
         if response.status != 200:
             try:
                 data = b""
@@ -169,13 +166,12 @@ class OriginClient:
         if encoding not in DECODED_ENCODINGS:
             await _aclose(response.body)
             raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent its answer as {encoding[:40]!r}, an encoding "
-                               f"the edge does not decode ({', '.join(DECODED_ENCODINGS)}).", code="origin_bad_encoding",
-                               retry_after=RETRY_AFTER_SECONDS)
+                               f"the edge does not decode ({', '.join(DECODED_ENCODINGS)}).", code="origin_bad_encoding")
         return self._events(response.body, chat=path == "/chat/completions", max_tokens=body["max_tokens"], deadline=deadline)
 
     def _garbage(self, what: str) -> GatewayError:
         return GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent an answer that is not an OpenAI stream: {what}.",
-                            code="origin_garbage", retry_after=RETRY_AFTER_SECONDS)
+                            code="origin_garbage")
 
     async def _events(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int, deadline: float) -> AsyncIterator[Event]:
         """The origin's SSE as events, within the budgets: `timeout` between tokens (bytes that
@@ -197,12 +193,10 @@ class OriginClient:
                 except TimeoutError:
                     if loop.time() >= deadline:
                         raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} did not finish within "
-                                           f"{self.origin.total_ms} ms.", code="origin_timeout", retry_after=RETRY_AFTER_SECONDS) from None
-                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stalled mid-answer.", code="origin_stalled",
-                                       retry_after=RETRY_AFTER_SECONDS) from None
+                                           f"{self.origin.total_ms} ms.", code="origin_timeout") from None
+                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stalled mid-answer.", code="origin_stalled") from None
                 except FetchError as exc:
-                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} broke off mid-answer.", code="origin_error",
-                                       retry_after=RETRY_AFTER_SECONDS, detail=f"origin {self.origin.name}: {exc}") from exc
+                    raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} broke off mid-answer.", code="origin_error", detail=f"origin {self.origin.name}: {exc}") from exc
                 try:
                     payloads = list(decoder.feed(chunk))
                 except SSEFrameTooLarge as exc:
@@ -234,8 +228,7 @@ class OriginClient:
                             called = True
                             idle_until = loop.time() + self.timeout
                             yield call
-            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stream ended before [DONE].", code="origin_error",
-                               retry_after=RETRY_AFTER_SECONDS)
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stream ended before [DONE].", code="origin_error")
         finally:
             await _aclose(chunks)
 
@@ -248,8 +241,7 @@ class OriginClient:
         if not isinstance(event, dict):
             raise self._garbage("an event that is not a JSON object")
         if event.get("error"):
-            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} failed mid-answer.", code="origin_error",
-                               retry_after=RETRY_AFTER_SECONDS, detail=f"origin {self.origin.name} sent an error event: {_detail(data.encode())}")
+            raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} failed mid-answer.", code="origin_error", detail=f"origin {self.origin.name} sent an error event: {_detail(data.encode())}")
         choices = event.get("choices")
         if choices is not None and not (isinstance(choices, list) and all(isinstance(c, dict) for c in choices)):
             raise self._garbage("'choices' that is not a list of objects")

@@ -108,8 +108,8 @@ def dev_stack(app: EdgeApp, plan: FaultPlan, request_log: Path | None = None) ->
     `POST /admin/faults` changes them) and, for an origin under test, a log of every request.
     Tests of the HTTP server build the same stack."""
     faulty = FaultyAI(app.deps.ai, plan)
-    app.deps = replace(app.deps, ai=faulty)
-    served: Any = FaultAdmin(app, faulty, app.deps.config.admin_token)
+    app.deps = replace(app.deps, ai=faulty, faults=FaultAdmin(faulty))  # `/admin/faults`, a route of the core
+    served: Any = app
     if request_log is not None:
         served = RequestLog(served, request_log)
     return served

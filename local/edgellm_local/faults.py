@@ -3,23 +3,18 @@
 `FaultyAI` wraps a real binding (llama.cpp) and, per call, at a given rate: fails the call,
 answers "model retired", delays the first token, stalls mid-stream, or fails mid-stream. It
 is set by `edgellm dev --fault KIND=RATE[:ARG]` or at run time with `POST /admin/faults`
-(`FaultAdmin`, local edge only). Counters (`calls`, `closed`, `injected`) let a test see that
+(a core route, `edgellm.fault_admin`, over `FaultAdmin`; local edge only). Counters (`calls`, `closed`, `injected`) let a test see that
 a stream the gateway gave up on was closed, not left running.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
-from edgellm.http import Response
 from edgellm.ports import AIBinding, BindingError, ModelNotFound
-
-from .hardening import ServerLimits, receive_body, refuse_head
 
 KINDS = ("fail", "retired", "delay_first", "stall", "fail_mid")
 
@@ -144,43 +139,14 @@ class FaultyAI:
 
 @dataclass
 class FaultAdmin:
-    """ASGI middleware: `GET|POST /admin/faults` (bearer admin token) reads or replaces the
-    plan of a `FaultyAI`; every other request goes to the app."""
+    """The `FaultControl` port over a `FaultyAI`: what the core's `GET|POST /admin/faults` route
+    (`edgellm.fault_admin`) reads and replaces, injected as `Deps.faults` by `edge.dev_stack`."""
 
-    app: Any
     faulty: FaultyAI
-    token: str | None
 
-    def __getattr__(self, name: str) -> Any:  # drain(), deps, ... of the wrapped EdgeApp
-        return getattr(self.app, name)
+    def state(self) -> dict[str, Any]:
+        faulty = self.faulty
+        return {"plan": asdict(faulty.plan), "calls": faulty.calls, "closed": faulty.closed, "injected": faulty.injected}
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/admin/faults":
-            await self.app(scope, receive, send)
-            return
-        # the edge's own hostile-input guards hold here too (hardening.py): head, Host, body size and time
-        limits, max_body = getattr(self.app, "limits", ServerLimits()), self.app.deps.config.max_body_bytes
-        refusal = refuse_head(scope, max_body, limits)
-        body = await receive_body(receive, max_body, limits.body_timeout) if refusal is None else refusal
-        if body is None:
-            return  # the client left
-        if isinstance(body, Response):
-            await send({"type": "http.response.start", "status": body.status,
-                        "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in body.headers.items()]})
-            await send({"type": "http.response.body", "body": bytes(body.body)})  # type: ignore[arg-type]
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        status, answer = 200, None
-        given = headers.get("authorization", "").encode("latin-1")
-        if not self.token or not hmac.compare_digest(given, f"Bearer {self.token}".encode()):
-            status, answer = 401, {"error": {"message": "A valid admin bearer token is required.", "type": "authentication_error", "param": None, "code": "invalid_admin_token"}}
-        elif scope["method"] == "POST":
-            try:
-                self.faulty.plan = FaultPlan.from_json(json.loads(body or b"{}"))
-            except (ValueError, TypeError) as exc:
-                status, answer = 400, {"error": {"message": f"Bad fault plan: {exc}", "type": "invalid_request_error", "param": None, "code": "invalid_value"}}
-        if answer is None:
-            answer = {"object": "faults", "plan": asdict(self.faulty.plan), "calls": self.faulty.calls, "closed": self.faulty.closed, "injected": self.faulty.injected}
-        data = json.dumps(answer).encode()
-        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": data})
+    def replace_plan(self, plan: Mapping[str, Any]) -> None:
+        self.faulty.plan = FaultPlan.from_json(plan)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from functools import lru_cache
 
-from . import access, api, artifacts, model_catalog, responses_api
+from . import access, api, artifacts, fault_admin, model_catalog, responses_api
 from .access import report as usage_report
 from .access.cors import cors_headers
 from .access.guard import key_ratelimit_headers
@@ -60,6 +60,7 @@ ROUTES = Router((
     route("GET", "/admin/usage", usage_report.get_usage),
     route("POST", "/admin/keys/{key_id}/revoke", revoke_key),
     route("GET", "/admin/routing/stats", routing_admin.routing_stats),
+    route(("GET", "POST"), "/admin/faults", fault_admin.faults),
 ))
 
 

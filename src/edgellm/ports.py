@@ -273,3 +273,17 @@ class Clock(Protocol):
     def now(self) -> float:
         """Seconds since the epoch."""
         ...
+
+
+class FaultControl(Protocol):
+    """The fault injector in front of the AI binding, as `GET|POST /admin/faults` reads and
+    replaces it: the local edge's `FaultyAI` (tests, benchmarks, demos); None on Cloudflare,
+    where the route is a 404."""
+
+    def state(self) -> dict[str, Any]:
+        """`{"plan": {...}, "calls": n, "closed": n, "injected": {kind: n}}`."""
+        ...
+
+    def replace_plan(self, plan: Mapping[str, Any]) -> None:
+        """Put a new plan in place (its JSON); a plan it cannot take raises ValueError or TypeError."""
+        ...

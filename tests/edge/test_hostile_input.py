@@ -210,8 +210,8 @@ def test_a_declared_huge_body_is_refused_before_it_is_read(admin_edge: EdgeServe
 
 
 def test_admin_faults_holds_to_the_same_guards(admin_edge: EdgeServer) -> None:
-    """`/admin/faults` is answered before the edge's app (FaultAdmin): the Host, TE + CL and a
-    wrong token are refused there too, and the right token still works."""
+    """`/admin/faults` (a core route over `Deps.faults`): the Host, TE + CL and a wrong token are
+    refused there too, and the right token still works."""
     status, _, body, _ = exchange(admin_edge, request_bytes("GET", "/admin/faults", {"Host": "x/admin?", "Authorization": f"Bearer {ADMIN}"}))
     assert status == 400 and json.loads(body)["error"]["code"] == "invalid_host"
     status, _, _, closed = exchange(admin_edge, request_bytes("POST", "/admin/faults", {

@@ -30,6 +30,7 @@ from ..ports import (
 from ..sse import IncompleteStream, decode_events
 from ..structured import for_workers_ai_binding
 from ..state import IsolateState
+from ..stream import close_source
 
 
 def js_options(data: Mapping[str, Any]) -> Any:
@@ -225,9 +226,7 @@ async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         async for chunk in body:
             yield to_js(chunk)
     finally:
-        close = getattr(body, "aclose", None)
-        if close is not None:
-            await close()
+        await close_source(body)
 
 
 def to_native_body(body: AsyncIterator[bytes]) -> Any:

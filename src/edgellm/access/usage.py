@@ -119,22 +119,10 @@ def _record(request: Request, response: Response, deps: Deps, started: float) ->
         completion_tokens=seen.completion_tokens if seen else 0,
         latency_ms=round(max(0.0, now - started) * 1000, 3), status=response.status,
     )
-
-    record_now = getattr(deps.usage, "record_now", None)
-    if record_now is not None:  # a sink that only queues the row (never waits): no task per request
-        try:
-            record_now(event)
-        except Exception as exc:  # usage never fails a request
-            deps.log.warning("usage record failed: %s", exc)
-        return
-
-    async def write() -> None:
-        try:
-            await deps.usage.record(event)  # type: ignore[union-attr]
-        except Exception as exc:  # usage never fails a request
-            deps.log.warning("usage record failed: %s", exc)
-
-    deps.wait_until(write())
+    try:
+        deps.usage.record_now(event)  # only queues the row (UsageSink): no task, no wait
+    except Exception as exc:  # usage never fails a request
+        deps.log.warning("usage record failed: %s", exc)
 
 
 def departed(request: Request, deps: Deps, started: float) -> Response:

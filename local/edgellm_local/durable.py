@@ -32,6 +32,7 @@ from edgellm.durable import DurableObject
 from edgellm.http import Request, Response
 from edgellm.deps import Deps
 from edgellm.state import IsolateState
+from edgellm.stream import close_source
 
 from .isolation import RequestContext, call_in, context_of
 
@@ -87,9 +88,7 @@ class RelayedBody:
             return
         self.closed = True
         try:
-            close = getattr(self.body, "aclose", None)
-            if close is not None:
-                await call_in(self.owner, close)
+            await call_in(self.owner, lambda: close_source(self.body))
         finally:
             self._release()
 

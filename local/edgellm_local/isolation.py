@@ -24,6 +24,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Generator, Iterator, TypeVar
 
+from edgellm.stream import close_source
+
 T = TypeVar("T")
 
 _serial = itertools.count(1)
@@ -224,9 +226,7 @@ class OwnedStream:
 
     async def aclose(self) -> None:
         check_owner(self._owner, "a binding stream")
-        close = getattr(self._source, "aclose", None)
-        if close is not None:
-            await close()
+        await close_source(self._source)
 
 
 async def as_runtime(function: Callable[..., Awaitable[T]], *args: Any) -> T:

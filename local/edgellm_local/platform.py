@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from edgellm.http import Request, Response
+from edgellm.stream import close_source
 
 TEXT_TYPES = ("application/json", "text/", "application/javascript", "application/x-ndjson", "image/svg+xml")
 
@@ -76,6 +77,4 @@ class GzipStream:
         return self.compressor.compress(chunk) + self.compressor.flush(zlib.Z_SYNC_FLUSH)
 
     async def aclose(self) -> None:
-        close = getattr(self.body, "aclose", None)
-        if close is not None:
-            await close()
+        await close_source(self.body)

@@ -31,6 +31,7 @@ from typing import AsyncIterator, Mapping
 
 from .errors import ErrorKind, GatewayError, RetryAfter
 from .generation import Event
+from .stream import Stream
 
 # The tenant of the request this task serves, as admitted: per task (each request is served in
 # its own), read by a binding's own queue (the local edge's llama.cpp runner). None: no tenant.
@@ -129,24 +130,6 @@ class Share:
                 del place.admission.shared[place.name]
 
 
-class Admitted:
-    """A generation's events holding its ticket until they end, fail or are closed."""
-
-    def __init__(self, events: AsyncIterator[Event], ticket: Ticket | Share) -> None:
-        self.events, self.ticket = events, ticket
-
-    def __aiter__(self) -> "Admitted":
-        return self
-
-    async def __anext__(self) -> Event:
-        try:
-            return await anext(self.events)
-        except BaseException:
-            self.ticket.release()
-            raise
-
-    async def aclose(self) -> None:
-        self.ticket.release()
-        close = getattr(self.events, "aclose", None)
-        if close is not None:
-            await close()
+def holding(events: AsyncIterator[Event], ticket: Ticket | Share) -> Stream[Event]:
+    """A generation's events holding its ticket until they end, fail or are closed (even unread)."""
+    return Stream(events).on_close(ticket.release)

@@ -16,7 +16,8 @@ from . import access, openai, workers_ai
 from .capabilities import capabilities_of, enforce
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
-from .http import ClosingBody, Request, Response, json_response
+from .http import Request, Response, json_response
+from .stream import Stream
 from .cache.service import cached_generation
 from .deps import Deps
 from .sessions import request_session
@@ -79,7 +80,7 @@ async def serve_generation(
     if gen_request.stream:
         headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, ClosingBody(as_stream(generation), generation.events))
+        return Response(200, headers, Stream(as_stream(generation), generation.events))
     body = await as_json(generation)  # first: a failover while collecting changes the route header
     return json_response(body, headers=generation_headers(generation))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+from .stream import close_source
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -162,9 +164,7 @@ class Generation:
                 else:
                     finish = event
         finally:
-            close = getattr(self.events, "aclose", None)
-            if close is not None:
-                await close()
+            await close_source(self.events)
         if finish.route and "," in finish.route:  # a failover after the start: the answer used both routes
             self.route = finish.route
         return Answer("".join(parts), finish, merge_tool_calls(deltas), tuple(logprobs) if logprobs is not None else None)

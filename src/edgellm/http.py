@@ -1,7 +1,8 @@
 """The request/response vocabulary every handler is written against.
 
 Handlers never see the transport: adapters turn a workerd or ASGI request into a `Request`
-and a `Response` back into the native object. Streaming bodies are async iterators of bytes.
+and a `Response` back into the native object. Streaming bodies are async iterators of bytes; a
+body that owns what it was rendered from is a `stream.Stream`, which closes it however it ends.
 """
 
 from __future__ import annotations
@@ -69,30 +70,3 @@ def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | Non
     merged = {"content-type": "application/json"}
     merged.update({k.lower(): v for k, v in (headers or {}).items()})
     return Response(status=status, headers=merged, body=body)
-
-
-class ClosingBody:
-    """A streamed body that closes what it was rendered from when it ends or is closed, even
-    unread: a client that leaves must stop the generation behind the body, not just its renderer."""
-
-    def __init__(self, body: AsyncIterator[bytes], *sources: Any) -> None:
-        self.body, self.sources, self.closed = body, sources, False
-
-    def __aiter__(self) -> "ClosingBody":
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await anext(self.body)
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for source in (self.body, *self.sources):
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                await close()

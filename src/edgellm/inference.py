@@ -20,6 +20,7 @@ from .ports import BindingError, ModelNotFound
 from .deps import Deps
 from .structured import response_text, tool_call_deltas
 from .access.reservation import prompt_estimate
+from .stream import Stream, close_source
 
 
 @dataclass
@@ -78,7 +79,7 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
         except Exception as exc:  # an adapter that let a runtime error through is still a failing dependency
             raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), model) from exc
         events_of = apply_stop(source, request.stop, live=request.stream, prompt=(seen, prompt_estimate(request.inputs)))
-        return Generation(model=model, events=Owning(events_of, events) if request.stream else events_of)
+        return Generation(model=model, events=owning(events_of, events) if request.stream else events_of)
     assert last is not None
     raise binding_error(last, request.model)
 
@@ -182,7 +183,7 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int, s
     except Exception as exc:  # a broken stream (e.g. a JS read error) ends as an error event, not a crash
         raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), "the stream") from exc
     finally:
-        await _aclose(events)
+        await close_source(events)
     usage = usage or Usage(0, count)  # a stream without a usage event: one event per token
     if count and not usage.completion_tokens:  # only the prompt was reported (the local binding's first token)
         usage = Usage(usage.prompt_tokens, count, usage.cached_tokens)
@@ -204,7 +205,7 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
             async for event in events:
                 yield event
         finally:  # closed mid-answer: the stream below is closed now, not whenever it is collected
-            await _aclose(events)
+            await close_source(events)
         return
     hold = max(len(s) for s in stops) - 1
     pending, received = "", 0
@@ -231,32 +232,22 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
                 yield Token(pending[: len(pending) - hold])
                 pending = pending[len(pending) - hold :]
     finally:
-        await _aclose(events)
+        await close_source(events)
 
 
-class Owning:
+def owning(events: AsyncIterator[Event], owned: AsyncIterator[dict[str, Any]]) -> Stream[Event]:
     """A generation's events made by generators from a binding stream they own: closing them
     closes that stream, read or not. An async generator closed before its first read skips its
     `finally`, so a client gone before the first token would leave the binding's stream open (on
-    the local edge, a llama.cpp slot held until the stream is collected)."""
+    the local edge, a llama.cpp slot held until the stream is collected); once read, the
+    generators' own `finally` closes it (closed once, not twice)."""
+    stream = Stream(events)
 
-    def __init__(self, events: AsyncIterator[Event], owned: Any) -> None:
-        self.events, self.owned, self.started, self.closed = events, owned, False, False
+    async def if_unread() -> None:
+        if not stream.started:
+            await close_source(owned)
 
-    def __aiter__(self) -> "Owning":
-        return self
-
-    async def __anext__(self) -> Event:
-        self.started = True  # from here the generators' own `finally` closes the stream
-        return await anext(self.events)
-
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await _aclose(self.events)
-        if not self.started:
-            await _aclose(self.owned)
+    return stream.on_close(if_unread)
 
 
 async def _final_usage(events: AsyncIterator[Event]) -> Usage:
@@ -264,9 +255,3 @@ async def _final_usage(events: AsyncIterator[Event]) -> Usage:
         if isinstance(event, Finish):
             return event.usage
     return Usage()
-
-
-async def _aclose(iterator: Any) -> None:
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()

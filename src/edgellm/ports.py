@@ -214,8 +214,12 @@ class UsageSink(Protocol):
 
     `query` answers `GET /admin/usage`: rows of totals grouped by any of tenant, model, day,
     route, cache_status. A sink that cannot be queried from the Worker raises `UsageNotQueryable`.
-    A sink may also offer `record_now(event)`: synchronous, and it only queues the row (never waits
-    on a write); the request then records through it, with no task of its own."""
+
+    `record_now` is how a request records: synchronous, it only queues the row (Analytics Engine's
+    `writeDataPoint` returns nothing to await; SQLite's writer thread takes it), so recording
+    costs a request no task and no wait. `record` is the same write for a caller that awaits."""
+
+    def record_now(self, event: UsageEvent) -> None: ...
 
     async def record(self, event: UsageEvent) -> None: ...
 

@@ -17,9 +17,10 @@ from .cache.service import cached_generation
 from .conversations import ConversationStore, StoredResponse, conversation_of, new_conversation_id, new_response_id, not_found
 from .errors import GatewayError, invalid
 from .generation import Finish
-from .http import ClosingBody, Request, Response, json_response
+from .http import Request, Response, json_response
 from .deps import Deps
 from .sessions import request_session, tenant_session
+from .stream import Stream
 from .validation import read_json
 
 
@@ -87,7 +88,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
     headers = generation_headers(generation)
     if parsed.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, ClosingBody(responses.render_stream(generation, meta, on_complete, deps.log), generation.events))
+        return Response(200, headers, Stream(responses.render_stream(generation, meta, on_complete, deps.log), generation.events))
     return json_response(await responses.render_json(generation, meta, on_complete), headers=headers)
 
 

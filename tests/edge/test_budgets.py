@@ -36,7 +36,10 @@ class NotifyingUsage:
     recorded: threading.Condition = field(default_factory=threading.Condition)
 
     async def record(self, event: UsageEvent) -> None:
-        await self.inner.record(event)
+        self.record_now(event)
+
+    def record_now(self, event: UsageEvent) -> None:
+        self.inner.record_now(event)
         with self.recorded:
             self.rows.append(event)
             self.recorded.notify_all()

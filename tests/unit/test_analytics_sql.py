@@ -69,6 +69,9 @@ class ReadOnlySink:
     async def record(self, event: Any) -> None:
         pass
 
+    def record_now(self, event: Any) -> None:
+        pass
+
     async def query(self, *args: Any) -> list[dict[str, Any]]:
         return await self.reader.query(*args)
 

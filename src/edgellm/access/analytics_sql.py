@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ports import FetchError, HTTPFetch
+from ..stream import close_source
 
 SQL_API = "https://api.cloudflare.com/client/v4/accounts/{account_id}/analytics_engine/sql"
 GROUP_COLUMNS = {
@@ -96,9 +97,7 @@ class AnalyticsEngineSQL:
                 if len(body) > MAX_RESPONSE_BYTES:
                     raise UsageQueryError(f"the Analytics Engine SQL API answered more than {MAX_RESPONSE_BYTES} bytes")
         finally:
-            close = getattr(response.body, "aclose", None)
-            if close is not None:
-                await close()
+            await close_source(response.body)
         if response.status != 200:
             raise UsageQueryError(f"the Analytics Engine SQL API answered {response.status}: {bytes(body[:200]).decode(errors='replace')}")
         try:

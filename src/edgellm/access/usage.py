@@ -10,12 +10,13 @@ binding's whole-answer call reports nothing until it ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Callable
 
 from ..generation import Event, Finish, Generation, Token, ToolCallDelta
 from ..http import Request, Response
 from ..ports import UsageEvent
 from ..deps import Deps
+from ..stream import Stream
 from .guard import Principal
 from .ratelimit import charge_tokens
 from .reservation import Reservation, settle
@@ -35,47 +36,26 @@ class Observation:
     finished: bool = False
 
 
-@dataclass
-class Tapped:
-    """A generation's events on their way to the renderer, filling `seen` from the Finish. A
-    class, not a generator: an async generator closed before its first read skips its `finally`,
-    so closing this unread (a client gone before the first byte) would never close the events
-    behind it, and `Admitted` would keep its admission ticket for good."""
+def _seen_by(seen: Observation) -> Callable[[Event], None]:
+    """The tap filling `seen` from a generation's events as they pass to the renderer."""
 
-    events: AsyncIterator[Event]
-    seen: Observation
-    closed: bool = False
-
-    def __aiter__(self) -> "Tapped":
-        return self
-
-    async def __anext__(self) -> Event:
-        try:
-            event = await anext(self.events)
-        except BaseException:
-            await self.aclose()
-            raise
+    def see(event: Event) -> None:
         if isinstance(event, Finish):
-            self.seen.prompt_tokens, self.seen.completion_tokens = event.usage.prompt_tokens, event.usage.completion_tokens
-            self.seen.finished = True
+            seen.prompt_tokens, seen.completion_tokens = event.usage.prompt_tokens, event.usage.completion_tokens
+            seen.finished = True
         elif isinstance(event, (Token, ToolCallDelta)):
-            self.seen.delivered += 1
-        return event
+            seen.delivered += 1
 
-    async def aclose(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        close = getattr(self.events, "aclose", None)
-        if close is not None:
-            await close()
+    return see
 
 
 def observe(request: Request, generation: Generation) -> None:
-    """Called by the API handlers with the generation they serve: taps its Finish event."""
+    """Called by the API handlers with the generation they serve: taps its events. A `Stream`,
+    so closing it unread (a client gone before the first byte) still closes the events behind it,
+    and with them the generation's admission ticket."""
     seen = Observation(generation.model, generation.cache_status or "BYPASS")
     request.observed = seen
-    generation.events = Tapped(generation.events, seen)
+    generation.events = Stream(generation.events).tap(_seen_by(seen))
 
 
 def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bool) -> None:
@@ -121,22 +101,10 @@ def _record(request: Request, response: Response, deps: Deps, started: float, ro
         completion_tokens=seen.completion_tokens if seen else 0,
         latency_ms=round(max(0.0, now - started) * 1000, 3), status=response.status,
     )
-
-    record_now = getattr(deps.usage, "record_now", None)
-    if record_now is not None:  # a sink that only queues the row (never waits): no task per request
-        try:
-            record_now(event)
-        except Exception as exc:  # usage never fails a request
-            deps.log.warning("usage record failed: %s", exc)
-        return
-
-    async def write() -> None:
-        try:
-            await deps.usage.record(event)  # type: ignore[union-attr]
-        except Exception as exc:  # usage never fails a request
-            deps.log.warning("usage record failed: %s", exc)
-
-    deps.wait_until(write())
+    try:
+        deps.usage.record_now(event)  # only queues the row (UsageSink): no task, no wait
+    except Exception as exc:  # usage never fails a request
+        deps.log.warning("usage record failed: %s", exc)
 
 
 def departed(request: Request, deps: Deps, started: float, route: str = "unmatched") -> Response:
@@ -158,37 +126,6 @@ def account(request: Request, response: Response, deps: Deps, started: float, ro
     if not response.is_streaming:
         _record(request, response, deps, started, route)
         return response
-    response.body = Recorded(response.body, lambda: _record(request, response, deps, started, route))
+    # a Stream: a body closed before its first read is still recorded, and still closes what it streams
+    response.body = Stream(response.body).on_close(lambda: _record(request, response, deps, started, route))
     return response
-
-
-@dataclass
-class Recorded:
-    """A streamed body that records its request once, when it ends, fails or is closed. A class,
-    not a generator, so that a body closed before its first read still closes what it streams
-    (and, through it, the generation's admission ticket) and is still recorded."""
-
-    body: Any
-    on_done: Callable[[], None]
-    done: bool = False
-
-    def __aiter__(self) -> "Recorded":
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await anext(self.body)
-        except BaseException:
-            await self.aclose()
-            raise
-
-    async def aclose(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        try:
-            close = getattr(self.body, "aclose", None)
-            if close is not None:
-                await close()
-        finally:
-            self.on_done()

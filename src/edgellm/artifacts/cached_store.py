@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from urllib.parse import quote
 
 from ..ports import BlobStore, CachedResponse, EdgeCache, R2Conditional, R2Object, R2Range
+from ..stream import close_source
 from .conditional import parse_content_range, range_header
 
 CACHE_HOST = "https://r2.edgellm.internal/"
@@ -87,9 +88,7 @@ class Tee:
         self._buffers[side].clear()
         if not any(self._open) and not self._ended:
             self._ended = True
-            close = getattr(self.source, "aclose", None)
-            if close is not None:
-                await close()
+            await close_source(self.source)
 
 
 @dataclass
@@ -108,12 +107,6 @@ class TeeBranch:
     async def aclose(self) -> None:
         if self.tee._open[self.side]:
             await self.tee._close(self.side)
-
-
-async def _close(body: Any) -> None:
-    close = getattr(body, "aclose", None)
-    if close is not None:
-        await close()
 
 
 @dataclass
@@ -190,7 +183,7 @@ async def _object_of(hit: CachedResponse, rng: R2Range | None) -> R2Object | Non
             raise ValueError("no description, or the cache ignored the range")
         obj = R2Object(**json.loads(described))
     except (ValueError, TypeError):  # never send the wrong bytes: fall back to R2
-        await _close(hit.body)
+        await close_source(hit.body)
         return None
     if partial:
         first, last, _total = partial

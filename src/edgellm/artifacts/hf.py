@@ -32,6 +32,7 @@ from ..errors import ErrorKind, GatewayError, RetryAfter
 from ..http import Request, Response, json_response
 from ..ports import R2Range
 from ..deps import Deps
+from ..stream import close_source
 from .conditional import ByteRange, none_match, parse_range, range_applies
 from .names import BLOB, FILES, IMMUTABLE, JSON, OCTETS, REVALIDATE, ArtifactPath, validate_name
 from .routes import _call, _store
@@ -208,7 +209,7 @@ async def _concatenated(deps: Deps, first_body: AsyncIterator[bytes], rest: list
         while True:
             async for chunk in body:
                 yield chunk
-            await _close(body)
+            await close_source(body)
             if not rest:
                 return
             piece, offset, length = rest.pop(0)
@@ -219,13 +220,7 @@ async def _concatenated(deps: Deps, first_body: AsyncIterator[bytes], rest: list
                 body = None
                 return
     finally:
-        await _close(body)
-
-
-async def _close(body: Any) -> None:
-    close = getattr(body, "aclose", None)
-    if close is not None:
-        await close()
+        await close_source(body)
 
 
 async def resolve_file(request: Request, deps: Deps) -> Response:

@@ -32,6 +32,7 @@ from ..routing.policy import Plan, first_token_budget, plan_route, routing_state
 from ..routing.state import RoutingState
 from .entry import record
 from .store import store
+from ..stream import close_source
 from .flight import Flight, Subscription
 
 FLIGHT_URL = "https://flight.edgellm.internal/generate"
@@ -398,9 +399,7 @@ class FlightEvents:
 
     async def aclose(self) -> None:
         self._verdict(None)  # closed before the end (the client left): no verdict
-        close = getattr(self.body, "aclose", None)
-        if close is not None:
-            await close()
+        await close_source(self.body)
 
 
 async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation, bool]:

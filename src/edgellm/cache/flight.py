@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from ..errors import ErrorKind, GatewayError, RetryAfter
 from ..generation import Event, Generation
+from ..stream import close_source
 
 
 def abandoned() -> GatewayError:
@@ -69,9 +70,7 @@ class Flight:
                 self.started.set_exception(exc)
         finally:
             if generation is not None:
-                close = getattr(generation.events, "aclose", None)
-                if close is not None:
-                    await close()  # stops the binding stream (and llama.cpp behind it)
+                await close_source(generation.events)  # stops the binding stream (and llama.cpp behind it)
             self.done = True
             self._notify()
             on_done(self)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
-from ..admission import Admitted
+from ..admission import holding
 from ..generation import Event, Finish, Generation, GenerationRequest
 from ..http import Request
 from ..routing.policy import start_routed
 from ..routing.regions import regional_cache
 from ..deps import Deps
+from ..stream import Stream
 from .coalescing import FlightOrder, FlightPlan, flight_name, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
@@ -129,7 +130,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     else:
         generation = await admitted(deps, lambda: start_routed(deps, request, gen_request), admission_tenant(request))
         if policy.write:
-            generation.events = StoredAfterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
+            generation.events = stored_afterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
     generation.cache_status, generation.cache_key = "MISS", key.digest
     return generation
 
@@ -148,7 +149,7 @@ async def admitted(deps: Deps, start: Callable[[], Awaitable[Generation]], tenan
     except BaseException:
         ticket.release()
         raise
-    generation.events = Admitted(generation.events, ticket)
+    generation.events = holding(generation.events, ticket)
     return generation
 
 
@@ -169,32 +170,21 @@ async def coalesced(deps: Deps, order: FlightOrder, tenant: str | None = None) -
     if joined:
         share.release()
     else:
-        generation.events = Admitted(generation.events, share)
+        generation.events = holding(generation.events, share)
     return generation, joined
 
 
-class StoredAfterwards:
+def stored_afterwards(deps: Deps, kv_key: str, ttl: int, model: str, events: AsyncIterator[Event]) -> Stream[Event]:
     """A miss without the flights object: this request's own generation, written to KV once it
-    has run to its Finish (never a partial one). A class so that closing it unread closes the
+    has run to its Finish (never a partial one). A `Stream`, so closing it unread closes the
     generation too."""
+    seen: list[Event] = []
 
-    def __init__(self, deps: Deps, kv_key: str, ttl: int, model: str, events: AsyncIterator[Event]) -> None:
-        self.deps, self.kv_key, self.ttl, self.model, self.events = deps, kv_key, ttl, model, events
-        self.seen: list[Event] = []
-
-    def __aiter__(self) -> "StoredAfterwards":
-        return self
-
-    async def __anext__(self) -> Event:
-        event = await anext(self.events)
-        self.seen.append(event)
+    def keep(event: Event) -> None:
+        seen.append(event)
         if isinstance(event, Finish):
-            answer = record(self.model, self.seen, self.deps.clock.now())
+            answer = record(model, seen, deps.clock.now())
             if answer is not None:
-                self.deps.wait_until(store(self.deps, self.kv_key, answer, self.ttl))
-        return event
+                deps.wait_until(store(deps, kv_key, answer, ttl))
 
-    async def aclose(self) -> None:
-        close = getattr(self.events, "aclose", None)
-        if close is not None:
-            await close()
+    return Stream(events).tap(keep)

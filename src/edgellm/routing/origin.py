@@ -23,6 +23,7 @@ from ..generation import Event, Finish, GenerationRequest, Token, Usage
 from ..http import json_bytes
 from ..ports import FetchError, HTTPFetch
 from ..sse import DONE, SSEDecoder, SSEFrameTooLarge
+from ..stream import close_source
 from ..structured import tool_call_deltas
 from .affinity import slot_for
 from .config import OriginConfig
@@ -160,11 +161,11 @@ class OriginClient:
             except Exception:
                 data = b""
             finally:
-                await _aclose(response.body)
+                await close_source(response.body)
             raise _status_error(self.origin, response.status, data, body["max_tokens"])
         encoding = {k.lower(): v for k, v in response.headers.items()}.get("content-encoding", "identity").strip().lower()
         if encoding not in DECODED_ENCODINGS:
-            await _aclose(response.body)
+            await close_source(response.body)
             raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent its answer as {encoding[:40]!r}, an encoding "
                                f"the edge does not decode ({', '.join(DECODED_ENCODINGS)}).", code="origin_bad_encoding")
         return self._events(response.body, chat=path == "/chat/completions", max_tokens=body["max_tokens"], deadline=deadline)
@@ -230,7 +231,7 @@ class OriginClient:
                             yield call
             raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} stream ended before [DONE].", code="origin_error")
         finally:
-            await _aclose(chunks)
+            await close_source(chunks)
 
     def _event(self, data: str) -> dict[str, Any]:
         """One event's JSON, checked for the shape read from it; an error event is the origin's failure."""
@@ -270,9 +271,3 @@ def _reason(reason: str | None, usage: Usage, max_tokens: int, called: bool) -> 
     if reason not in ("stop", "length"):
         reason = "length" if usage.completion_tokens >= max_tokens else "stop"
     return "tool_calls" if called and reason != "length" else reason
-
-
-async def _aclose(iterator: Any) -> None:
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()

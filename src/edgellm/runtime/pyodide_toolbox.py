@@ -3,7 +3,7 @@ behaves (../shared/docs/workers-runtime.md): a miss is `jsnull`, not `None`; opt
 bytes must go through `to_js`; a streamed body must be a JS ReadableStream of `Uint8Array`
 chunks; errors arrive as `JsException` with the JS message.
 
-A leaf of `runtime/`: it imports nothing of the core, and each binding's module
+A leaf of `runtime/`: it imports nothing of the core but the leaf `stream`, and each binding's module
 (`pyodide_ai`, `pyodide_kv`, `pyodide_r2`, ...) imports it, never the other way round.
 """
 
@@ -13,6 +13,8 @@ from typing import Any, AsyncIterator, Mapping
 
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, create_proxy, jsnull, to_js  # type: ignore[import-not-found]
+
+from ..stream import close_source
 
 
 def js_options(data: Mapping[str, Any]) -> Any:
@@ -60,9 +62,7 @@ async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         async for chunk in body:
             yield to_js(chunk)
     finally:
-        close = getattr(body, "aclose", None)
-        if close is not None:
-            await close()
+        await close_source(body)
 
 
 def to_native_body(body: AsyncIterator[bytes]) -> Any:

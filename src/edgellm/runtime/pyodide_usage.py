@@ -21,6 +21,10 @@ class AnalyticsEngineUsage:
     reader: Any = None  # access.analytics_sql.AnalyticsEngineSQL
 
     async def record(self, event: UsageEvent) -> None:
+        self.record_now(event)
+
+    def record_now(self, event: UsageEvent) -> None:
+        """`writeDataPoint` returns nothing to await: the runtime sends the point itself."""
         self.binding.writeDataPoint(js_options({
             "blobs": [event.tenant, event.key_id, event.model, event.route, event.cache_status],
             "doubles": [event.prompt_tokens, event.completion_tokens, event.latency_ms, event.status],

@@ -1,0 +1,100 @@
+"""One way to pass a stream on and close it: `Stream`, and `close_source` for anything else.
+
+Every layer between a client and a generation (the usage recorder, the Finish tap, the renderer,
+the admission ticket, the binding's stream) must pass a close on, or a client that leaves keeps
+a llama.cpp slot, an admission place or a Durable Object busy. The protocol has three traps, each
+a past bug here:
+
+- an async generator closed before its first read skips its `finally` (Python never started
+  its frame), so a generator cannot be the layer that owes its sources a close;
+- a layer that forgets to close on its own end or failure leaves the close to the garbage
+  collector;
+- a second close must change nothing (a server closes a body the handler already closed).
+
+`Stream` is a class, so closing it works unread; it closes its sources when it ends, fails or is
+closed, once, and then runs its `on_close` callbacks, once. Leaf module: imports nothing of the
+core, so every module may use it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import AsyncIterator, Awaitable, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+OnClose = Callable[[], "Awaitable[None] | None"]
+
+
+async def close_source(source: object) -> None:
+    """Close `source` if it can be closed (has `aclose`): bytes, lists and plain iterators cannot."""
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        await close()
+
+
+class Stream(Generic[T]):
+    """An async iterator over `source` that owns it and the `also` sources beside it (what the
+    source was rendered from: closing a renderer must stop the generation behind it).
+
+    It closes them all when it ends, fails or is closed (`aclose` is idempotent and works before
+    the first read), then runs the `on_close` callbacks once, whatever closing raised. `tap`
+    callbacks see each item as it passes; one that raises fails the stream like its source would.
+    """
+
+    __slots__ = ("_source", "_also", "_taps", "_on_close", "started", "closed")
+
+    def __init__(self, source: AsyncIterator[T], *also: object) -> None:
+        self._source, self._also = source, also
+        self._taps: list[Callable[[T], None]] = []
+        self._on_close: list[OnClose] = []
+        self.started = False  # read at least once: a generator below now runs its own `finally`
+        self.closed = False
+
+    def tap(self, fn: Callable[[T], None]) -> "Stream[T]":
+        """Call `fn(item)` on each item as it passes (before the reader gets it)."""
+        self._taps.append(fn)
+        return self
+
+    def on_close(self, fn: OnClose) -> "Stream[T]":
+        """Run `fn()` (sync, or returning an awaitable) once, when the stream ends, fails or is
+        closed. Registered before the stream is handed on: a closed stream cannot run it."""
+        if self.closed:
+            raise RuntimeError("on_close on a stream already closed")
+        self._on_close.append(fn)
+        return self
+
+    def __aiter__(self) -> "Stream[T]":
+        return self
+
+    async def __anext__(self) -> T:
+        if self.closed:
+            raise StopAsyncIteration
+        self.started = True
+        try:
+            item = await anext(self._source)
+            for fn in self._taps:
+                fn(item)
+        except BaseException:  # its end, its failure, a cancelled read: the sources are done
+            await self.aclose()
+            raise
+        return item
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        error: BaseException | None = None
+        for source in (self._source, *self._also):
+            try:
+                await close_source(source)
+            except BaseException as exc:  # every source is still closed, every callback still run
+                error = error or exc
+        for fn in self._on_close:
+            try:
+                result = fn()
+                if inspect.isawaitable(result):
+                    await result
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error

@@ -1,0 +1,187 @@
+"""`Stream`: closing is idempotent, works before the first read, closes every source and runs
+`on_close` exactly once however the stream ends (its end, its source failing, a close mid-way)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import pytest
+
+from edgellm.stream import Stream, close_source
+
+
+@dataclass
+class Source:
+    """A class source (as a binding's stream is): `closes` counts its `aclose` calls."""
+
+    items: list[int] = field(default_factory=lambda: [1, 2, 3])
+    fail_at: int | None = None  # raise this many items in
+    fail_close: bool = False
+    closes: int = 0
+    given: int = 0
+
+    def __aiter__(self) -> "Source":
+        return self
+
+    async def __anext__(self) -> int:
+        if self.fail_at is not None and self.given == self.fail_at:
+            raise ValueError("source failed")
+        if self.given == len(self.items):
+            raise StopAsyncIteration
+        self.given += 1
+        return self.items[self.given - 1]
+
+    async def aclose(self) -> None:
+        self.closes += 1
+        if self.fail_close:
+            raise OSError("close failed")
+
+
+def counted(stream: Stream[int]) -> list[str]:
+    calls: list[str] = []
+    stream.on_close(lambda: calls.append("closed"))
+    return calls
+
+
+async def test_closed_before_its_first_read_it_closes_its_sources_and_runs_on_close() -> None:
+    """An async generator closed unstarted skips its `finally`: the stream over it must still
+    close what sits beside it and run its callbacks."""
+    behind = Source()
+    finally_ran: list[bool] = []
+
+    async def renderer() -> AsyncIterator[int]:
+        try:
+            yield 1
+        finally:
+            finally_ran.append(True)
+
+    stream = Stream(renderer(), behind)
+    calls = counted(stream)
+    await stream.aclose()
+    assert finally_ran == []  # Python's own rule, which is why the stream exists
+    assert behind.closes == 1 and calls == ["closed"]
+    assert stream.closed and not stream.started
+    with pytest.raises(StopAsyncIteration):
+        await anext(stream)
+
+
+async def test_closed_twice_closes_once_and_runs_on_close_once() -> None:
+    source, behind = Source(), Source()
+    stream = Stream(source, behind)
+    calls = counted(stream)
+    await stream.aclose()
+    await stream.aclose()
+    assert (source.closes, behind.closes, calls) == (1, 1, ["closed"])
+
+
+async def test_closed_mid_iteration_runs_the_generators_finally_and_on_close() -> None:
+    finally_ran: list[bool] = []
+
+    async def generator() -> AsyncIterator[int]:
+        try:
+            for i in range(10):
+                yield i
+        finally:
+            finally_ran.append(True)
+
+    stream = Stream(generator())
+    calls = counted(stream)
+    assert [await anext(stream), await anext(stream)] == [0, 1]
+    await stream.aclose()
+    assert finally_ran == [True] and calls == ["closed"]
+
+
+async def test_its_end_closes_its_sources_and_runs_on_close_once() -> None:
+    source, behind = Source(), Source()
+    stream = Stream(source, behind)
+    calls = counted(stream)
+    assert [item async for item in stream] == [1, 2, 3]
+    assert (source.closes, behind.closes, calls) == (1, 1, ["closed"])  # at its end, before any close
+    await stream.aclose()  # a server closes the body it finished: nothing more
+    assert (source.closes, behind.closes, calls) == (1, 1, ["closed"])
+
+
+async def test_a_failing_source_fails_the_stream_closed_and_on_close_run_once() -> None:
+    source, behind = Source(fail_at=1), Source()
+    stream = Stream(source, behind)
+    calls = counted(stream)
+    assert await anext(stream) == 1
+    with pytest.raises(ValueError, match="source failed"):
+        await anext(stream)
+    assert (source.closes, behind.closes, calls) == (1, 1, ["closed"])
+    with pytest.raises(StopAsyncIteration):  # read again: ended, not failing again
+        await anext(stream)
+    await stream.aclose()
+    assert calls == ["closed"]
+
+
+async def test_a_cancelled_read_closes_the_stream() -> None:
+    gate, waiting_now = asyncio.Event(), asyncio.Event()
+    behind = Source()
+
+    async def waiting() -> AsyncIterator[int]:
+        waiting_now.set()
+        await gate.wait()
+        yield 1
+
+    stream = Stream(waiting(), behind)
+    calls = counted(stream)
+    reader = asyncio.ensure_future(anext(stream))
+    await waiting_now.wait()
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert behind.closes == 1 and calls == ["closed"]
+
+
+async def test_a_source_whose_close_fails_still_closes_the_others_and_runs_on_close() -> None:
+    source, behind = Source(fail_close=True), Source()
+    stream = Stream(source, behind)
+    calls = counted(stream)
+    with pytest.raises(OSError, match="close failed"):
+        await stream.aclose()
+    assert (source.closes, behind.closes, calls) == (1, 1, ["closed"])
+    await stream.aclose()
+    assert (source.closes, calls) == (1, ["closed"])
+
+
+async def test_tap_sees_each_item_before_the_reader_and_a_failing_tap_fails_the_stream() -> None:
+    seen: list[int] = []
+    stream = Stream(Source()).tap(seen.append)
+    assert [item async for item in stream] == [1, 2, 3] and seen == [1, 2, 3]
+
+    def refuse(item: int) -> None:
+        if item == 2:
+            raise RuntimeError("refused")
+
+    source = Source()
+    failing = Stream(source).tap(refuse)
+    calls = counted(failing)
+    assert await anext(failing) == 1
+    with pytest.raises(RuntimeError, match="refused"):
+        await anext(failing)
+    assert source.closes == 1 and calls == ["closed"]
+
+
+async def test_on_close_may_be_async_and_callbacks_run_in_order_after_the_sources() -> None:
+    order: list[str] = []
+    source = Source()
+
+    async def later() -> None:
+        order.append(f"async (source closed {source.closes})")
+
+    stream = Stream(source).on_close(lambda: order.append("first")).on_close(later)
+    await stream.aclose()
+    assert order == ["first", "async (source closed 1)"]
+    with pytest.raises(RuntimeError):
+        stream.on_close(lambda: None)  # too late: it could never run
+
+
+async def test_close_source_closes_what_can_be_closed_and_ignores_the_rest() -> None:
+    source = Source()
+    await close_source(source)
+    await close_source(b"bytes")
+    await close_source([1, 2])
+    assert source.closes == 1

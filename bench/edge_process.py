@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Mapping
 
 import httpx
 
@@ -82,19 +82,21 @@ def _tail(output: IO[bytes]) -> str:
 @contextlib.contextmanager
 def running_edge(model: str | os.PathLike[str] | None = None, state: str | os.PathLike[str] | None = None,
                  extra: list[str] | None = None, code: str | os.PathLike[str] | None = None,
-                 pids: dict[str, int] | None = None) -> Iterator[str]:
+                 pids: dict[str, int] | None = None, env: Mapping[str, str] | None = None,
+                 ready_within: float = 60, stop_within: float = 10) -> Iterator[str]:
     """`edgellm dev` on a free port (over `state`, or a fresh temporary one); yields its URL.
     `code`: a directory holding another version's `src/` and `local/` (e.g. `git archive` of a
-    commit), run instead of this checkout's, for a before/after comparison in one run."""
+    commit), run instead of this checkout's, for a before/after comparison in one run. `env`:
+    variables set for it on top of this process's ([vars] such as ORIGINS)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="edgellm-bench-") as scratch:
         command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", str(state or scratch)]
         if model:
             command += ["--model", str(model)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         if code is not None:
-            env["PYTHONPATH"] = os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])
-        with running_process("the edge", command + (extra or []), url + "/healthz", ready_within=60, env=env,
-                             log=os.path.join(scratch, "edge.log"), pids=pids, url=url):
+            environ["PYTHONPATH"] = os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])
+        with running_process("the edge", command + (extra or []), url + "/healthz", ready_within=ready_within,
+                             stop_within=stop_within, env=environ, log=os.path.join(scratch, "edge.log"), pids=pids, url=url):
             yield url

@@ -27,8 +27,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import socket
-import os
 import random
 import subprocess
 import sys
@@ -40,7 +38,7 @@ from typing import Any, Iterator
 import httpx
 
 from bench.bench_cache import percentile
-from bench.edge_process import free_port
+from bench.edge_process import running_edge
 from edgellm_local.ai import default_model_path
 
 HIT_BODY = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 16}
@@ -60,31 +58,15 @@ def edgellm(*args: str) -> subprocess.CompletedProcess[str]:
 
 @contextlib.contextmanager
 def edge(state: Path, origin_url: str | None = None) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    """The edge in open mode over `state`; its URL and pid (for its RSS)."""
+    env: dict[str, str] = {}
     if origin_url:  # prompts past the edge's window go to it; its budgets are short so an attack costs seconds
         env["ORIGINS"] = json.dumps([{"name": "hostile", "url": origin_url, "context_window": 1_000_000, "timeout_ms": 1500, "total_ms": 6000}])
         env["BREAKER"] = json.dumps({"failures": 1_000_000})
-    process = subprocess.Popen([sys.executable, "-m", "edgellm_local.cli", "dev", "--open", "--port", str(port), "--state", str(state)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError("the edge exited")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield url, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:  # generations still running in llama.cpp threads
-            process.kill()
-            process.wait(10)
+    pids: dict[str, int] = {}
+    # stop_within 30: generations may still be running in llama.cpp threads when it is asked to stop
+    with running_edge(state=state, extra=["--open"], env=env, pids=pids, ready_within=120, stop_within=30) as url:
+        yield url, pids[url]
 
 
 async def one(client: httpx.AsyncClient, kind: str, key: str, blob: str, n: int) -> httpx.Response:

@@ -26,7 +26,7 @@ import httpx
 from playwright.sync_api import sync_playwright
 from tokenizers import Tokenizer
 
-from bench.edge_process import free_port
+from bench.edge_process import running_edge
 from edgellm_local.ai import default_model_path
 
 NAME = "smollm2-135m"
@@ -78,23 +78,9 @@ def mixed_text(size: int = 5 * 1024) -> str:
     return text
 
 
-def publish_and_serve(state: Path) -> tuple[subprocess.Popen[bytes], str]:
-    edgellm = [sys.executable, "-m", "edgellm_local.cli"]
-    subprocess.run([*edgellm, "publish", str(default_model_path()), "--name", NAME, "--target", "local", "--state", str(state)],
-                   check=True, stdout=subprocess.DEVNULL)
-    port = free_port()
-    process = subprocess.Popen([*edgellm, "dev", "--port", str(port), "--state", str(state)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.terminate()
-    raise RuntimeError("the local edge did not start")
+def publish(state: Path) -> None:
+    subprocess.run([sys.executable, "-m", "edgellm_local.cli", "publish", str(default_model_path()), "--name", NAME, "--target", "local",
+                    "--state", str(state)], check=True, stdout=subprocess.DEVNULL)
 
 
 def in_browser(base: str, text: str, rounds: int, encodes: int) -> dict[str, object]:
@@ -136,13 +122,10 @@ def main() -> None:
     text = mixed_text()
     median = statistics.median
     with tempfile.TemporaryDirectory(prefix="edgellm-bench-browser-") as state:
-        process, base = publish_and_serve(Path(state))
-        try:
+        publish(Path(state))
+        with running_edge(state=state) as base:
             py = in_python(base, text, args.rounds, args.encodes)
             js = in_browser(base, text, args.rounds, args.encodes)
-        finally:
-            process.terminate()
-            process.wait(10)
 
     js_total = [f + p + b for f, p, b in zip(js["fetches"], js["parses"], js["builds"])]  # type: ignore[arg-type]
     py_total = [f + b for f, b in zip(py["fetches"], py["builds"])]  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ import httpx
 
 from bench.edge_process import running_edge
 from edgellm.config import Config
-from edgellm.routing.tokenizer import Tokenizer
+from edgellm.tokenizer import Tokenizer
 from edgellm_local.ai import default_model_path
 from edgellm_local.edge import EdgeSettings, build_deps
 from edgellm_local.faults import FaultPlan, FaultyAI

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator
+from typing import IO, Any, Iterator, Mapping
 
 import httpx
 
@@ -29,41 +29,74 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stop(process: subprocess.Popen[Any], within: float) -> None:
+    """Ask `process` to stop (SIGTERM), and kill it when it has not within `within` seconds: a
+    benchmark never leaves a server running on the shared machine."""
+    process.terminate()
+    try:
+        process.wait(within)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+@contextlib.contextmanager
+def running_process(name: str, command: list[str], health_url: str, *, ready_within: float,
+                    stop_within: float = 10, env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+                    log: str | os.PathLike[str] | None = None, pids: dict[str, int] | None = None,
+                    url: str | None = None) -> Iterator[subprocess.Popen[Any]]:
+    """Run `command` until the block ends: wait (at most `ready_within` seconds) for `health_url`
+    to answer 200, yield the process, then stop it (terminate, then kill) whatever happens. Its
+    output goes to the file `log` (a temporary one when None), never to a pipe nobody reads: a
+    server logging a line per request would fill a pipe (64 KiB) and block mid-request. When it
+    exits or the deadline passes first, the error holds the output's tail. `pids[url]` gets its
+    pid (for `cpu_seconds`)."""
+    with (open(log, "w+b") if log is not None else tempfile.TemporaryFile()) as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        if pids is not None:
+            pids[url or health_url] = process.pid
+        try:
+            _wait_healthy(name, process, output, health_url, time.monotonic() + ready_within)
+            yield process
+        finally:
+            stop(process, stop_within)
+
+
+def _wait_healthy(name: str, process: subprocess.Popen[Any], output: IO[bytes], health_url: str, deadline: float) -> None:
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited: {_tail(output)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(health_url, timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not become healthy in time: {_tail(output)}")
+        time.sleep(0.1)
+
+
+def _tail(output: IO[bytes]) -> str:
+    output.seek(0)
+    return output.read()[-2000:].decode(errors="replace") or "(no output)"
+
+
 @contextlib.contextmanager
 def running_edge(model: str | os.PathLike[str] | None = None, state: str | os.PathLike[str] | None = None,
                  extra: list[str] | None = None, code: str | os.PathLike[str] | None = None,
-                 pids: dict[str, int] | None = None) -> Iterator[str]:
+                 pids: dict[str, int] | None = None, env: Mapping[str, str] | None = None,
+                 ready_within: float = 60, stop_within: float = 10) -> Iterator[str]:
     """`edgellm dev` on a free port (over `state`, or a fresh temporary one); yields its URL.
     `code`: a directory holding another version's `src/` and `local/` (e.g. `git archive` of a
-    commit), run instead of this checkout's, for a before/after comparison in one run."""
+    commit), run instead of this checkout's, for a before/after comparison in one run. `env`:
+    variables set for it on top of this process's ([vars] such as ORIGINS)."""
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="edgellm-bench-") as scratch:
-        state = state or scratch
-        command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", str(state)]
+        command = [sys.executable, "-m", "edgellm_local.cli", "dev", "--port", str(port), "--state", str(state or scratch)]
         if model:
             command += ["--model", str(model)]
-        # Its output goes to a file, never to a pipe nobody reads: the edge logs a line per request,
-        # and a full pipe (64 KiB, some 700 requests) would block it mid-request.
-        output = open(os.path.join(scratch, "edge.log"), "w+b")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        environ = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         if code is not None:
-            env["PYTHONPATH"] = os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])
-        process = subprocess.Popen(command + (extra or []), stdout=output, stderr=subprocess.STDOUT, env=env)
-        url = f"http://127.0.0.1:{port}"
-        if pids is not None:
-            pids[url] = process.pid  # for `cpu_seconds`
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if process.poll() is not None:
-                    output.seek(0)
-                    raise RuntimeError(output.read().decode(errors="replace") or "edge exited")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                        break
-                time.sleep(0.1)
+            environ["PYTHONPATH"] = os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])
+        with running_process("the edge", command + (extra or []), url + "/healthz", ready_within=ready_within,
+                             stop_within=stop_within, env=environ, log=os.path.join(scratch, "edge.log"), pids=pids, url=url):
             yield url
-        finally:
-            process.terminate()
-            process.wait(10)
-            output.close()

@@ -14,13 +14,10 @@ import contextlib
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
-import httpx
-
-from bench.edge_process import free_port
+from bench.edge_process import free_port, running_process
 
 ENV_VAR = "EDGELLM_LITELLM"
 HIT_HEADER = "x-litellm-cache-key"  # LiteLLM's proxy names the cache key on an answer from its cache
@@ -87,29 +84,8 @@ def running_litellm(binary: Path, upstream: str, model: str, pids: dict[str, int
         env = {**os.environ, **OFFLINE_ENV}
         for name in ("LITELLM_MASTER_KEY", "DATABASE_URL"):  # the caller's own proxy settings stay out of it
             env.pop(name, None)
-        with open(Path(scratch) / "litellm.log", "w+b") as output:  # never a pipe nobody reads
-            process = subprocess.Popen([str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-                                       stdout=output, stderr=subprocess.STDOUT, env=env, cwd=scratch)
-            url = f"http://127.0.0.1:{port}"
-            if pids is not None:
-                pids[url] = process.pid  # for `cpu_seconds`
-            try:
-                deadline = time.monotonic() + 180
-                while True:
-                    if process.poll() is not None:
-                        output.seek(0)
-                        raise RuntimeError(f"LiteLLM exited: {output.read()[-2000:].decode(errors='replace')}")
-                    with contextlib.suppress(httpx.HTTPError):
-                        if httpx.get(url + "/health/liveliness", timeout=1).status_code == 200:
-                            break
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("LiteLLM did not become live within 180 s")
-                    time.sleep(0.2)
-                yield url
-            finally:
-                process.terminate()
-                try:
-                    process.wait(15)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+        command = [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+        url = f"http://127.0.0.1:{port}"
+        with running_process("LiteLLM", command, url + "/health/liveliness", ready_within=180, stop_within=15, env=env,
+                             cwd=scratch, log=Path(scratch) / "litellm.log", pids=pids, url=url):
+            yield url

@@ -13,13 +13,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
-import httpx
-
-from bench.edge_process import free_port
+from bench.edge_process import free_port, running_process, stop
 
 ENV_VAR = "EDGELLM_LLAMA_SERVER"
 
@@ -68,29 +65,9 @@ def running_llama_server(binary: Path, model: str | os.PathLike[str], ctx: int, 
     command = [str(binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
                "--ctx-size", str(ctx), "--parallel", str(parallel), "--threads", str(threads),
                "--threads-batch", str(threads), "--no-webui", "--no-repack", *(extra or [])]
-    with tempfile.TemporaryFile() as output:  # never a pipe nobody reads
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                if process.poll() is not None:
-                    output.seek(0)
-                    raise RuntimeError(f"llama-server exited: {output.read()[-2000:].decode(errors='replace')}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("llama-server did not become healthy within 120 s")
-                time.sleep(0.1)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+    url = f"http://127.0.0.1:{port}"
+    with running_process("llama-server", command, url + "/health", ready_within=120):
+        yield url
 
 
 @contextlib.contextmanager
@@ -107,9 +84,4 @@ def _running_stand_in(model: str | os.PathLike[str], ctx: int, parallel: int, th
         finally:
             if process.stdin:
                 process.stdin.close()
-            process.terminate()
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+            stop(process, 20)

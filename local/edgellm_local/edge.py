@@ -55,7 +55,7 @@ def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> C
     import gguf  # only `edgellm dev` with routing pays for the GGUF reader and tokenizers
 
     from edgellm.routing.counting import EdgeTokenizer
-    from edgellm.routing.tokenizer import Tokenizer, UnsupportedTokenizer
+    from edgellm.tokenizer import Tokenizer, UnsupportedTokenizer
 
     from .gguf_tokenizer import UnsupportedVocabulary, build_tokenizer, tokenizer_config
 

@@ -19,13 +19,15 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
+from edgellm.config import Config
 from edgellm.ports import BlobStore
-from edgellm_local.ai import default_model_path
+from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, default_model_path
 from edgellm_local.r2 import FileR2
 from edgellm_local.server import EdgeServer
 
+from .pages import DESKTOP, PHONE, Traffic, new_context
 from .publishing import TokenizerFiles, publish_model, published_tokenizer
 
 BROWSER_LOOP = pytest.mark.asyncio(loop_scope="session")  # one loop for the browser and its pages
@@ -37,8 +39,6 @@ CHROMIUM_ARGS = [
 ]
 # EDGELLM_SCREENSHOTS moves them (e.g. to a folder outside the checkout, to look at them).
 SCREENSHOTS = Path(os.environ.get("EDGELLM_SCREENSHOTS") or Path(__file__).resolve().parents[2] / "artifacts" / "screenshots")
-DESKTOP = {"width": 1280, "height": 900}
-PHONE = {"width": 390, "height": 844}
 PUBLISHED_NAME = "smollm2-135m"
 TINY_NAME = "tiny-bpe"
 
@@ -62,7 +62,7 @@ async def page(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterato
     try:
         yield page
         if not page.is_closed():
-            await _shoot(page, request, "end")
+            await shoot(page, request, "end")
     finally:
         await context.close()
 
@@ -88,12 +88,48 @@ def tiny_files(published_r2: BlobStore) -> TokenizerFiles:
     return published_tokenizer(published_r2, TINY_NAME)
 
 
+@pytest.fixture(scope="module")
+def smollm2_runner() -> LlamaCppRunner:
+    """The GGUF the device downloads, behind the edge too: the same model on both tiers."""
+    return LlamaCppRunner(default_model_path(), n_ctx=2048, n_parallel=1, threads=2).load()
+
+
+@pytest.fixture
+def device_edge(start_edge: Callable[..., EdgeServer], published_r2: BlobStore, smollm2_runner: LlamaCppRunner) -> Callable[..., EdgeServer]:
+    """Start an edge serving SmolLM2's published artifacts (from `r2`, default the session's) and
+    answering with the same GGUF, in open mode without a KV (every answer generated)."""
+    def start(r2: BlobStore | None = None) -> EdgeServer:
+        config = Config(open_access=True)
+        return start_edge(r2=r2 or published_r2, kv=None, config=config, ai=LlamaCppAI.for_config(config, smollm2_runner))
+
+    return start
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def watched_context(browser: Browser) -> AsyncIterator[Callable[[EdgeServer], Awaitable[tuple[BrowserContext, Traffic]]]]:
+    """Open fresh browser contexts whose requests are recorded (`pages.Traffic`); every one is
+    closed when the test ends, passed or failed."""
+    opened: list[BrowserContext] = []
+
+    async def open_context(edge: EdgeServer) -> tuple[BrowserContext, Traffic]:
+        context, traffic = await new_context(browser, edge)
+        opened.append(context)
+        return context, traffic
+
+    try:
+        yield open_context
+    finally:
+        for context in opened:
+            await context.close()
+
+
 @pytest.fixture
 def artifact_edge(start_edge: Callable[..., EdgeServer], published_r2: BlobStore) -> EdgeServer:
     return start_edge(r2=published_r2)
 
 
-async def _shoot(page: Page, request: pytest.FixtureRequest, label: str) -> None:
+async def shoot(page: Page, request: pytest.FixtureRequest, label: str) -> None:
+    """Save `page` at desktop and phone widths: `artifacts/screenshots/<test>-<label>-*.png`."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     stem = f"{request.node.name}-{label}".replace("[", "-").replace("]", "")
     size = page.viewport_size or DESKTOP
@@ -106,4 +142,4 @@ async def _shoot(page: Page, request: pytest.FixtureRequest, label: str) -> None
 @pytest.fixture
 def screenshot(page: Page, request: pytest.FixtureRequest) -> Callable[[str], Awaitable[None]]:
     """Save the page mid-test at desktop and phone widths: `artifacts/screenshots/<test>-<label>-*.png`."""
-    return lambda label: _shoot(page, request, label)
+    return lambda label: shoot(page, request, label)

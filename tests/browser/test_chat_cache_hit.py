@@ -12,7 +12,7 @@ from playwright.async_api import Page, expect
 from edgellm_local.server import EdgeServer
 
 from .conftest import BROWSER_LOOP
-from .test_chat_page import answer_text, ask, open_chat
+from .pages import answer_text, ask, open_chat, wait_state
 
 pytestmark = BROWSER_LOOP
 
@@ -21,15 +21,13 @@ async def test_ask_again_as_a_new_chat_comes_back_from_the_cache_and_says_so(pag
     await open_chat(page, edge)
     again = page.get_by_role("button", name="Ask again in a fresh chat")
     await expect(again).to_be_disabled()  # nothing asked yet
-    await ask(page, "Name a colour.", max_tokens=16, deterministic=True)
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
+    first = await ask(page, "Name a colour.", max_tokens=16, deterministic=True)
     await expect(page.locator("#stat-cache")).to_have_text("MISS")
     await expect(page.locator("#stat-tps")).not_to_have_text(re.compile("cached"))
-    first = await answer_text(page)
     edge.drain()  # the KV write runs after the answer (waitUntil)
 
     await again.click()
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
+    await wait_state(page, "done", 20_000)
     await expect(page.locator(".message.user")).to_have_count(1)  # a new chat holding only the question
     await expect(page.locator("#stat-cache")).to_have_text(re.compile(r"^HIT"))
     await expect(page.locator("#stat-tps")).to_have_text(re.compile(r"cached"))

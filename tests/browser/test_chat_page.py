@@ -18,6 +18,7 @@ from edgellm_local.server import EdgeServer
 
 from .bindings import BreakingAI, PacedAI
 from .conftest import BROWSER_LOOP
+from .pages import answer_text, ask, open_chat, send, wait_state
 
 pytestmark = BROWSER_LOOP
 
@@ -32,24 +33,6 @@ WATCH_ANSWER = """() => {
 }"""
 
 
-async def open_chat(page: Page, edge: EdgeServer) -> None:
-    await page.goto(f"{edge.url}/chat")
-    await expect(page.locator("body")).to_have_attribute("data-state", "idle")
-
-
-async def ask(page: Page, text: str, *, max_tokens: int | None = None, deterministic: bool | None = None) -> None:
-    if max_tokens is not None:
-        await page.get_by_label("Max tokens").fill(str(max_tokens))
-    if deterministic is not None:
-        await page.get_by_label("Deterministic").set_checked(deterministic)
-    await page.get_by_label("Message").fill(text)
-    await page.get_by_role("button", name="Send").click()
-
-
-async def answer_text(page: Page) -> str:
-    return await page.locator(".message.assistant").last.locator(".content").text_content() or ""
-
-
 async def test_streams_a_reply_as_tokens_arrive(page: Page, make_deps: Callable[..., Deps], start_edge: Callable[..., EdgeServer]) -> None:
     deps = make_deps()
     paced = PacedAI(deps.ai, delay=0.04)
@@ -57,10 +40,10 @@ async def test_streams_a_reply_as_tokens_arrive(page: Page, make_deps: Callable[
     await open_chat(page, edge)
     await page.evaluate(WATCH_ANSWER)
 
-    await ask(page, "Tell me a story.", max_tokens=24)
-    await expect(page.locator("body")).to_have_attribute("data-state", "streaming")
+    await send(page, "Tell me a story.", max_tokens=24)
+    await wait_state(page, "streaming")
     await expect(page.get_by_role("button", name="Stop")).to_be_enabled()
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
+    await wait_state(page, "done", 20_000)
 
     growth: list[list[float]] = await page.evaluate("window.__growth")
     lengths = sorted({length for _, length in growth if length > 0})
@@ -85,11 +68,9 @@ async def test_streams_a_reply_as_tokens_arrive(page: Page, make_deps: Callable[
 
 async def test_deterministic_question_is_a_miss_then_a_hit(page: Page, edge: EdgeServer, screenshot: Callable[[str], Awaitable[None]]) -> None:
     await open_chat(page, edge)
-    await ask(page, "What is the capital of France?", max_tokens=32, deterministic=True)
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
+    first = await ask(page, "What is the capital of France?", max_tokens=32, deterministic=True)
     await expect(page.locator("#stat-cache")).to_have_text("MISS")
     await expect(page.locator("#temperature-value")).to_have_text("0.0")
-    first = await answer_text(page)
     assert first
     await screenshot("miss")
     edge.drain()  # the KV write runs after the answer (waitUntil)
@@ -100,7 +81,7 @@ async def test_deterministic_question_is_a_miss_then_a_hit(page: Page, edge: Edg
     await page.get_by_label("Message").focus()
     await page.keyboard.type("What is the capital of France?")
     await page.keyboard.press("Enter")
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
+    await wait_state(page, "done", 20_000)
     await expect(page.locator("#stat-cache")).to_have_text(re.compile(r"^HIT"))
     assert await answer_text(page) == first
     await expect(page.locator("#stat-tokens")).to_have_text("32")
@@ -112,10 +93,10 @@ async def test_stop_button_ends_the_stream(page: Page, make_deps: Callable[..., 
     edge = start_edge(replace(deps, ai=paced))
     await open_chat(page, edge)
 
-    await ask(page, "Count to a thousand.", max_tokens=400)
+    await send(page, "Count to a thousand.", max_tokens=400)
     await expect(page.locator(".message.assistant .content")).not_to_have_text("", timeout=10_000)
     await page.get_by_role("button", name="Stop").click()
-    await expect(page.locator("body")).to_have_attribute("data-state", "stopped")
+    await wait_state(page, "stopped")
     await expect(page.locator("#stat-finish")).to_have_text("stopped")
     await expect(page.get_by_role("button", name="Send")).to_be_enabled()
     await expect(page.get_by_role("button", name="Stop")).to_be_disabled()
@@ -140,14 +121,13 @@ async def test_api_error_is_shown_as_the_api_wrote_it(page: Page, edge: EdgeServ
     message = api.json()["error"]["message"]
 
     await open_chat(page, edge)
-    await ask(page, "Hi", max_tokens=100000)
-    await expect(page.locator("body")).to_have_attribute("data-state", "error")
+    await send(page, "Hi", max_tokens=100000)
+    await wait_state(page, "error")
     await expect(page.get_by_role("alert")).to_have_text(message)
     await screenshot("error")
 
     # the failed question is not sent again with the next one
     await ask(page, "Hello again", max_tokens=8)
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
     await expect(page.locator("#error")).to_be_empty()
 
 
@@ -164,8 +144,8 @@ async def test_error_mid_stream_is_shown_as_the_api_wrote_it(
     assert message and "upstream connection reset" not in message  # the binding's text is logged, not shown (issue 25)
 
     await open_chat(page, edge)
-    await ask(page, "Hi", max_tokens=50)
-    await expect(page.locator("body")).to_have_attribute("data-state", "error", timeout=20_000)
+    await send(page, "Hi", max_tokens=50)
+    await wait_state(page, "error", 20_000)
     await expect(page.get_by_role("alert")).to_have_text(message)
     assert await answer_text(page), "the tokens before the failure stay on screen"
 

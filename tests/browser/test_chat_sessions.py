@@ -16,6 +16,7 @@ from edgellm_local.server import EdgeServer
 from edgellm_local.slots import SlotPool
 
 from .conftest import BROWSER_LOOP
+from .pages import open_chat, send, turn_note, wait_state
 
 pytestmark = BROWSER_LOOP
 
@@ -33,11 +34,11 @@ async def turn_stats(page: Page, n: int) -> dict[str, int]:
             "ttft": int(await note.get_attribute("data-ttft") or -1)}
 
 
-async def ask(page: Page, text: str, done: int) -> None:
-    await page.get_by_label("Message").fill(text)
-    await page.get_by_role("button", name="Send").click()
+async def ask_turn(page: Page, text: str, done: int) -> None:
+    """Send the conversation's next turn; wait for its note (the `done`-th) and the page to be done."""
+    await send(page, text)
     await expect(page.locator(".message.assistant .turn-stats")).to_have_count(done, timeout=30_000)
-    await expect(page.locator("body")).to_have_attribute("data-state", "done")
+    await wait_state(page, "done")
 
 
 async def test_turns_reuse_the_cache_and_show_ttft(page: Page, make_deps: Callable[..., Deps], start_edge: Callable[..., EdgeServer],
@@ -46,19 +47,18 @@ async def test_turns_reuse_the_cache_and_show_ttft(page: Page, make_deps: Callab
     ai = LlamaCppAI.for_config(deps.config, pooled_runner)
     ai.slots = SlotPool(pooled_runner)
     edge = start_edge(make_deps(ai=ai))
-    await page.goto(f"{edge.url}/chat")
-    await expect(page.locator("body")).to_have_attribute("data-state", "idle")
+    await open_chat(page, edge)
     await page.get_by_label("Max tokens").fill("6")
     await page.get_by_label("Deterministic").set_checked(True)
     for i, text in enumerate(["Tell me about rivers.", "And lakes?", "And the sea?"]):
-        await ask(page, text, i + 1)
+        await ask_turn(page, text, i + 1)
     stats = [await turn_stats(page, i) for i in range(3)]
     assert stats[0]["cached"] == 0
     assert 0 < stats[1]["cached"] < stats[2]["cached"], stats
     assert all(s["ttft"] >= 0 for s in stats)
     await expect(page.locator("#stat-cached")).to_contain_text(f"{stats[2]['cached']} of")
-    await expect(page.locator(".message.assistant").last.locator(".turn-stats")).to_contain_text("prompt tokens cached")
+    await expect(turn_note(page)).to_contain_text("prompt tokens cached")
 
     await page.get_by_role("button", name="New chat").click()
-    await ask(page, "Tell me about mountains.", 1)
+    await ask_turn(page, "Tell me about mountains.", 1)
     assert (await turn_stats(page, 0))["cached"] == 0  # a new session starts from an empty slot

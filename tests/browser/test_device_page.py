@@ -13,36 +13,19 @@ import subprocess
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Callable
 
 import httpx
 import pytest
-from playwright.async_api import Browser, BrowserContext, Page, Request, expect
+from playwright.async_api import Page, expect
 
-from edgellm.config import Config
 from edgellm.ports import BlobStore, R2Conditional, R2Object, R2Range
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, default_model_path
 from edgellm_local.server import EdgeServer
 
-from .conftest import BROWSER_LOOP, DESKTOP, PUBLISHED_NAME, _shoot
+from .conftest import BROWSER_LOOP, PUBLISHED_NAME, shoot
+from .pages import LOAD_TIMEOUT, MAX_TOKENS, QUESTION, OpenContext, ask_greedy, edge_answer, open_device, turn_note, wait_state
 
 pytestmark = BROWSER_LOOP
-
-LOAD_TIMEOUT = 240_000  # 98 MB downloaded, hashed and loaded on two shared cores
-ANSWER_TIMEOUT = 120_000
-# Greedy decoding picks the top token; where the top two are nearly tied the x86 kernels of the
-# edge's llama.cpp and the WebAssembly SIMD kernels of the device's can rank them differently
-# (float sums in another order). "What is the capital of France?" is one: its first token is
-# "The" on the device and "L" on the edge, 0.045 nats apart (top_logprobs on both). This question's
-# greedy answer has a margin of at least 0.66 nats at every token on the edge, far above that noise.
-QUESTION = "Hi!"
-MAX_TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def smollm2_runner() -> LlamaCppRunner:
-    """The GGUF the device downloads, behind the edge too: the same model on both tiers."""
-    return LlamaCppRunner(default_model_path(), n_ctx=2048, n_parallel=1, threads=2).load()
 
 
 @dataclass
@@ -101,75 +84,8 @@ async def _flip_first_byte(body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-@pytest.fixture
-def device_edge(start_edge: Callable[..., EdgeServer], published_r2: BlobStore, smollm2_runner: LlamaCppRunner) -> Callable[..., EdgeServer]:
-    def start(r2: BlobStore | None = None) -> EdgeServer:
-        config = Config(open_access=True)
-        return start_edge(r2=r2 or published_r2, kv=None, config=config, ai=LlamaCppAI.for_config(config, smollm2_runner))
-
-    return start
-
-
 def manifest_of(edge: EdgeServer) -> dict[str, Any]:
     return httpx.get(f"{edge.url}/models/{PUBLISHED_NAME}/manifest.json").json()
-
-
-@dataclass
-class Traffic:
-    """Every request the browser context sends: shard downloads counted, nothing off-host."""
-
-    origin: str
-    urls: list[str] = field(default_factory=list)
-    endings: dict[str, asyncio.Future[str]] = field(default_factory=dict)
-
-    def record(self, request: Request) -> None:
-        self.urls.append(request.url)
-
-    def ended(self, url: str) -> asyncio.Future[str]:
-        """How the (last) request for `url` ended: "finished" (all its body read) or "failed" (aborted)."""
-        return self.endings.setdefault(url, asyncio.get_running_loop().create_future())
-
-    def end(self, request: Request, how: str) -> None:
-        future = self.ended(request.url)
-        if not future.done():
-            future.set_result(how)
-
-    @property
-    def shards(self) -> list[str]:
-        return [u for u in self.urls if "/blobs/sha256-" in u]
-
-    def off_host(self) -> list[str]:
-        return [u for u in self.urls if not (u.startswith(self.origin + "/") or u.startswith(("blob:", "data:")))]
-
-
-async def new_context(browser: Browser, edge: EdgeServer) -> tuple[BrowserContext, Traffic]:
-    context = await browser.new_context(viewport=DESKTOP)
-    traffic = Traffic(edge.url)
-    context.on("request", traffic.record)
-    context.on("requestfinished", lambda r: traffic.end(r, "finished"))
-    context.on("requestfailed", lambda r: traffic.end(r, "failed"))
-    return context, traffic
-
-
-async def open_device(page: Page, edge: EdgeServer, query: str = "") -> None:
-    await page.goto(f"{edge.url}/device{query}")
-    await expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=LOAD_TIMEOUT)
-
-
-async def ask(page: Page, text: str) -> str:
-    await page.get_by_label("Max tokens").fill(str(MAX_TOKENS))
-    await page.get_by_label("Deterministic").set_checked(True)
-    await page.get_by_label("Message").fill(text)
-    await page.get_by_role("button", name="Send").click()
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=ANSWER_TIMEOUT)
-    return await page.locator(".message.assistant").last.locator(".content").text_content() or ""
-
-
-def edge_answer(edge: EdgeServer, text: str) -> str:
-    body = {"messages": [{"role": "user", "content": text}], "max_tokens": MAX_TOKENS, "temperature": 0}
-    response = httpx.post(f"{edge.url}/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()["choices"][0]["message"]["content"]
 
 
 # The module's two clients asked the same greedy request through one API, streamed and not.
@@ -222,71 +138,65 @@ async def same_chunks_from_both_tiers(page: Page) -> None:
 
 
 async def test_downloads_verifies_answers_on_device_and_resumes_from_cache(
-    browser: Browser, device_edge: Callable[..., EdgeServer], request: pytest.FixtureRequest
+    watched_context: OpenContext, device_edge: Callable[..., EdgeServer], request: pytest.FixtureRequest
 ) -> None:
     edge = device_edge()
     manifest = manifest_of(edge)
-    context, traffic = await new_context(browser, edge)
-    try:
-        page = await context.new_page()
-        await page.goto(f"{edge.url}/device")
-        # progress while downloading: bytes of the model's size, shards counted as verified
-        await expect(page.locator("#stat-bytes")).to_contain_text(" of ", timeout=LOAD_TIMEOUT)
-        await _shoot(page, request, "progress")
-        await expect(page.locator("body")).to_have_attribute("data-state", "ready", timeout=LOAD_TIMEOUT)
-        assert await page.locator("body").get_attribute("data-tier") == "device", await page.locator("#notice").text_content()
-        assert await page.evaluate("crossOriginIsolated") is True, "the device page is not cross-origin isolated"
-        await expect(page.locator("#stat-threads")).to_contain_text("multi-thread")
-        await expect(page.locator("#stat-shards")).to_have_text(f"{len(manifest['shards'])} of {len(manifest['shards'])}")
-        assert sorted(traffic.shards) == sorted(f"{edge.url}/models/{PUBLISHED_NAME}/{s['path']}" for s in manifest["shards"]), \
-            "each shard is downloaded exactly once"
+    context, traffic = await watched_context(edge)
+    page = await context.new_page()
+    await page.goto(f"{edge.url}/device")
+    # progress while downloading: bytes of the model's size, shards counted as verified
+    await expect(page.locator("#stat-bytes")).to_contain_text(" of ", timeout=LOAD_TIMEOUT)
+    await shoot(page, request, "progress")
+    await wait_state(page, "ready", LOAD_TIMEOUT)
+    assert await page.locator("body").get_attribute("data-tier") == "device", await page.locator("#notice").text_content()
+    assert await page.evaluate("crossOriginIsolated") is True, "the device page is not cross-origin isolated"
+    await expect(page.locator("#stat-threads")).to_contain_text("multi-thread")
+    await expect(page.locator("#stat-shards")).to_have_text(f"{len(manifest['shards'])} of {len(manifest['shards'])}")
+    assert sorted(traffic.shards) == sorted(f"{edge.url}/models/{PUBLISHED_NAME}/{s['path']}" for s in manifest["shards"]), \
+        "each shard is downloaded exactly once"
 
-        answer = await ask(page, QUESTION)
-        note = page.locator(".message.assistant").last.locator(".turn-stats")
-        assert await note.get_attribute("data-tier") == "device"
-        assert int(await note.get_attribute("data-ttft") or "-1") >= 0
-        assert float(await note.get_attribute("data-tps") or "0") > 0
-        assert answer.strip(), "the device answered nothing"
-        assert answer == edge_answer(edge, QUESTION), "greedy text differs between the device and the edge"
-        await _shoot(page, request, "answer")
-        await same_chunks_from_both_tiers(page)
-        await page.close()
+    answer = await ask_greedy(page, QUESTION)
+    note = turn_note(page)
+    assert await note.get_attribute("data-tier") == "device"
+    assert int(await note.get_attribute("data-ttft") or "-1") >= 0
+    assert float(await note.get_attribute("data-tps") or "0") > 0
+    assert answer.strip(), "the device answered nothing"
+    assert answer == edge_answer(edge, QUESTION), "greedy text differs between the device and the edge"
+    await shoot(page, request, "answer")
+    await same_chunks_from_both_tiers(page)
+    await page.close()
 
-        # second visit, same browser profile: every shard from Cache Storage, none fetched
-        before = len(traffic.shards)
-        page = await context.new_page()
-        await open_device(page, edge)
-        assert await page.locator("body").get_attribute("data-tier") == "device"
-        await expect(page.locator("#tier-now")).to_contain_text("started from the browser cache")
-        assert len(traffic.shards) == before, f"the second visit fetched {len(traffic.shards) - before} shards again"
-        assert traffic.off_host() == [], f"requests left the host: {traffic.off_host()}"
-    finally:
-        await context.close()
+    # second visit, same browser profile: every shard from Cache Storage, none fetched
+    before = len(traffic.shards)
+    page = await context.new_page()
+    await open_device(page, edge)
+    assert await page.locator("body").get_attribute("data-tier") == "device"
+    await expect(page.locator("#tier-now")).to_contain_text("started from the browser cache")
+    assert len(traffic.shards) == before, f"the second visit fetched {len(traffic.shards) - before} shards again"
+    assert traffic.off_host() == [], f"requests left the host: {traffic.off_host()}"
 
 
 async def test_a_flipped_byte_is_refused_by_name_and_fetched_again(
-    browser: Browser, device_edge: Callable[..., EdgeServer], published_r2: BlobStore
+    watched_context: OpenContext, device_edge: Callable[..., EdgeServer], published_r2: BlobStore
 ) -> None:
     probe = device_edge()
     shard = manifest_of(probe)["shards"][0]
     flipping = FlippingR2(published_r2, key=f"models/{PUBLISHED_NAME}/{shard['path']}", times=1)
     edge = device_edge(flipping)
-    context, traffic = await new_context(browser, edge)
-    try:
-        page = await context.new_page()
-        await open_device(page, edge, "?threads=1")
-        assert flipping.flipped == 1
-        refused = page.locator("#events li.refused")
-        await expect(refused).to_have_count(1)
-        await expect(refused).to_contain_text(f"sha256-{shard['sha256'][:12]}")
-        assert await page.locator("body").get_attribute("data-tier") == "device", "the refetched shard was not used"
-        assert traffic.shards.count(f"{edge.url}/models/{PUBLISHED_NAME}/{shard['path']}") == 2
-    finally:
-        await context.close()
+    context, traffic = await watched_context(edge)
+    page = await context.new_page()
+    await open_device(page, edge, "?threads=1")
+    assert flipping.flipped == 1
+    refused = page.locator("#events li.refused")
+    await expect(refused).to_have_count(1)
+    await expect(refused).to_contain_text(f"sha256-{shard['sha256'][:12]}")
+    assert await page.locator("body").get_attribute("data-tier") == "device", "the refetched shard was not used"
+    assert traffic.shards.count(f"{edge.url}/models/{PUBLISHED_NAME}/{shard['path']}") == 2
 
 
 async def test_a_blob_that_never_matches_stops_and_the_edge_answers(
-    browser: Browser, device_edge: Callable[..., EdgeServer], published_r2: BlobStore, request: pytest.FixtureRequest
+    watched_context: OpenContext, device_edge: Callable[..., EdgeServer], published_r2: BlobStore, request: pytest.FixtureRequest
 ) -> None:
     """Shard 1 never matches; shard 0 is still downloading when it fails for good (its body is held
     after one chunk until the page has fallen back). The page aborts that download, so nothing
@@ -296,7 +206,7 @@ async def test_a_blob_that_never_matches_stops_and_the_edge_answers(
     r2 = FlippingR2(published_r2, key=f"models/{PUBLISHED_NAME}/{shard['path']}", times=99,
                     hold=f"models/{PUBLISHED_NAME}/{first['path']}")
     edge = device_edge(r2)
-    context, traffic = await new_context(browser, edge)
+    context, traffic = await watched_context(edge)
     try:
         page = await context.new_page()
         await open_device(page, edge, "?threads=1")
@@ -314,92 +224,76 @@ async def test_a_blob_that_never_matches_stops_and_the_edge_answers(
         await expect(page.locator("#stat-eta")).to_have_text("stopped")
         assert ending == "failed", "shard 0's download went on after the load had stopped"
         await expect(page.get_by_label("At the edge")).to_be_checked()
-        answer = await ask(page, QUESTION)
+        answer = await ask_greedy(page, QUESTION)
         assert answer.strip()
-        assert await page.locator(".message.assistant").last.locator(".turn-stats").get_attribute("data-tier") == "edge"
-        await _shoot(page, request, "fallback")
+        assert await turn_note(page).get_attribute("data-tier") == "edge"
+        await shoot(page, request, "fallback")
     finally:
         r2.release.set()
-        await context.close()
 
 
 async def test_a_missing_shard_stops_with_a_clear_message(
-    browser: Browser, device_edge: Callable[..., EdgeServer], published_r2: BlobStore
+    watched_context: OpenContext, device_edge: Callable[..., EdgeServer], published_r2: BlobStore
 ) -> None:
     probe = device_edge()
     shard = manifest_of(probe)["shards"][-1]
     edge = device_edge(FlippingR2(published_r2, missing=f"models/{PUBLISHED_NAME}/{shard['path']}"))
-    context, _ = await new_context(browser, edge)
-    try:
-        page = await context.new_page()
-        await open_device(page, edge, "?threads=1")
-        assert await page.locator("body").get_attribute("data-fallback") == "not-found"
-        await expect(page.locator("#notice")).to_contain_text("answered 404")
-        await expect(page.locator("#notice")).to_contain_text(f"sha256-{shard['sha256'][:12]}")
-    finally:
-        await context.close()
+    context, _ = await watched_context(edge)
+    page = await context.new_page()
+    await open_device(page, edge, "?threads=1")
+    assert await page.locator("body").get_attribute("data-fallback") == "not-found"
+    await expect(page.locator("#notice")).to_contain_text("answered 404")
+    await expect(page.locator("#notice")).to_contain_text(f"sha256-{shard['sha256'][:12]}")
 
 
-async def test_an_unpublished_model_stops_with_a_clear_message(browser: Browser, device_edge: Callable[..., EdgeServer]) -> None:
+async def test_an_unpublished_model_stops_with_a_clear_message(watched_context: OpenContext, device_edge: Callable[..., EdgeServer]) -> None:
     edge = device_edge()
-    context, _ = await new_context(browser, edge)
-    try:
-        page = await context.new_page()
-        await open_device(page, edge, "?model=not-published")
-        assert await page.locator("body").get_attribute("data-fallback") == "not-found"
-        await expect(page.locator("#notice")).to_contain_text('No model "not-published" is published on this edge')
-    finally:
-        await context.close()
+    context, _ = await watched_context(edge)
+    page = await context.new_page()
+    await open_device(page, edge, "?model=not-published")
+    assert await page.locator("body").get_attribute("data-fallback") == "not-found"
+    await expect(page.locator("#notice")).to_contain_text('No model "not-published" is published on this edge')
 
 
-async def test_too_little_memory_falls_back_before_downloading(browser: Browser, device_edge: Callable[..., EdgeServer]) -> None:
+async def test_too_little_memory_falls_back_before_downloading(watched_context: OpenContext, device_edge: Callable[..., EdgeServer]) -> None:
     edge = device_edge()
-    context, traffic = await new_context(browser, edge)
+    context, traffic = await watched_context(edge)
     await context.add_init_script("Object.defineProperty(Navigator.prototype, 'deviceMemory', {get: () => 0.25})")
-    try:
-        page = await context.new_page()
-        await open_device(page, edge)
-        assert await page.locator("body").get_attribute("data-fallback") == "memory"
-        await expect(page.locator("#notice")).to_contain_text("this device reports 0.25 GB")
-        assert traffic.shards == [], "a shard was downloaded for a device that cannot hold the model"
-    finally:
-        await context.close()
+    page = await context.new_page()
+    await open_device(page, edge)
+    assert await page.locator("body").get_attribute("data-fallback") == "memory"
+    await expect(page.locator("#notice")).to_contain_text("this device reports 0.25 GB")
+    assert traffic.shards == [], "a shard was downloaded for a device that cannot hold the model"
 
 
-async def test_a_browser_without_jspi_falls_back_before_downloading(browser: Browser, device_edge: Callable[..., EdgeServer]) -> None:
+async def test_a_browser_without_jspi_falls_back_before_downloading(watched_context: OpenContext, device_edge: Callable[..., EdgeServer]) -> None:
     """wllama's build needs JavaScript Promise Integration (its CDN compatibility build is off):
     a browser without it is told so, and no shard is fetched for nothing."""
     edge = device_edge()
-    context, traffic = await new_context(browser, edge)
+    context, traffic = await watched_context(edge)
     await context.add_init_script("delete WebAssembly.Suspending")
-    try:
-        page = await context.new_page()
-        await open_device(page, edge)
-        assert await page.locator("body").get_attribute("data-fallback") == "unsupported"
-        await expect(page.locator("#notice")).to_contain_text("This browser lacks WebAssembly JavaScript Promise Integration (JSPI)")
-        assert traffic.shards == [], "a shard was downloaded for a browser that cannot run the model"
-        assert await ask(page, QUESTION) == edge_answer(edge, QUESTION)
-    finally:
-        await context.close()
+    page = await context.new_page()
+    await open_device(page, edge)
+    assert await page.locator("body").get_attribute("data-fallback") == "unsupported"
+    await expect(page.locator("#notice")).to_contain_text("This browser lacks WebAssembly JavaScript Promise Integration (JSPI)")
+    assert traffic.shards == [], "a shard was downloaded for a browser that cannot run the model"
+    assert await ask_greedy(page, QUESTION) == edge_answer(edge, QUESTION)
 
 
 async def test_the_users_choice_runs_at_the_edge(
-    browser: Browser, device_edge: Callable[..., EdgeServer], request: pytest.FixtureRequest
+    watched_context: OpenContext, device_edge: Callable[..., EdgeServer], request: pytest.FixtureRequest
 ) -> None:
     edge = device_edge()
-    context, traffic = await new_context(browser, edge)
-    try:
-        page = await context.new_page()
-        await open_device(page, edge, "?tier=edge")
-        assert await page.locator("body").get_attribute("data-fallback") == "choice"
-        assert traffic.shards == []
-        answer = await ask(page, QUESTION)
-        assert answer == edge_answer(edge, QUESTION)
-        note = page.locator(".message.assistant").last.locator(".turn-stats")
-        assert await note.get_attribute("data-tier") == "edge"
-        await expect(note).to_contain_text("Ran at the edge")
-    finally:
-        await context.close()
+    context, traffic = await watched_context(edge)
+    page = await context.new_page()
+    await open_device(page, edge, "?tier=edge")
+    assert await page.locator("body").get_attribute("data-fallback") == "choice"
+    assert traffic.shards == []
+    answer = await ask_greedy(page, QUESTION)
+    assert answer == edge_answer(edge, QUESTION)
+    note = turn_note(page)
+    assert await note.get_attribute("data-tier") == "edge"
+    await expect(note).to_contain_text("Ran at the edge")
 
 
 async def test_other_pages_are_not_cross_origin_isolated(device_edge: Callable[..., EdgeServer]) -> None:

@@ -21,7 +21,7 @@ from edgellm_local.server import EdgeServer
 from edgellm_local.usage import SqliteUsage
 
 from .conftest import BROWSER_LOOP, DESKTOP, PHONE, SCREENSHOTS
-from .test_chat_page import ask, open_chat
+from .pages import ask, open_chat, wait_state
 from .test_python_page import BOOT_TIMEOUT
 
 pytestmark = BROWSER_LOOP
@@ -122,10 +122,9 @@ async def test_python_page_has_no_unsafe_header_errors_and_keeps_code_lines(
 async def test_a_chat_hit_does_not_claim_prompt_tokens_cached(page: Page, edge: EdgeServer) -> None:
     await open_chat(page, edge)
     await ask(page, "Name a colour.", max_tokens=16, deterministic=True)
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
     edge.drain()
     await page.get_by_role("button", name="Ask again in a fresh chat").click()
-    await expect(page.locator("body")).to_have_attribute("data-state", "done", timeout=20_000)
+    await wait_state(page, "done", 20_000)
     await expect(page.locator("#stat-cache")).to_have_text(re.compile(r"^HIT"))
     note = await page.locator(".turn-stats").last.text_content() or ""
     assert "prompt tokens cached" not in note and "cache" in note, note

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,30 @@ async def test_a_probe_whose_client_leaves_before_the_first_token_frees_the_prob
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not breaker.probing and breaker.admit(1) == "probe"
+
+
+async def test_an_edge_cut_mid_answer_is_a_failure_for_the_breaker_even_when_no_origin_continues(make_deps: Any) -> None:
+    """The breaker hears the edge's mid-stream failure before an origin is asked, so an origin
+    that is down as well does not make it an attempt without a verdict."""
+    from dataclasses import replace as dc_replace
+
+    from edgellm.ports import FetchError
+    from edgellm.routing.breaker import OPEN
+    from edgellm.routing.policy import routing_state, start_routed
+    from edgellm_local.faults import FaultPlan, FaultyAI
+
+    class DownFetch:
+        async def post(self, *args: object) -> object:
+            raise FetchError("connection refused")
+
+    config = Config.from_env({"ORIGINS": '["http://o"]', "BREAKER": '{"failures": 1, "cooldown_s": 600}'})
+    deps = make_deps(config=config)
+    deps = dc_replace(deps, ai=FaultyAI(deps.ai, FaultPlan(fail_mid=1.0, after=2)), fetch=DownFetch(), kv=None)
+    request = GenerationRequest(config.model, {"prompt": "hi", "max_tokens": 8, "temperature": 0.0}, stream=True)
+    generation = await start_routed(deps, Request("POST", "http://x/"), request)
+    with pytest.raises(GatewayError) as info:
+        async for _ in generation.events:
+            pass
+    state = routing_state(deps)
+    assert info.value.status == 502 and state.counters.failovers_mid_stream == 1 and state.counters.origin_errors == 1
+    assert state.breaker is not None and state.breaker.state == OPEN

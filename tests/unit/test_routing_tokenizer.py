@@ -16,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from edgellm.routing.counting import render_chat
-from edgellm.routing.tokenizer import Tokenizer, UnsupportedTokenizer, gpt2_split
+from edgellm.tokenizer import Tokenizer, UnsupportedTokenizer, gpt2_split
 from edgellm_local.ai import default_model_path
 from edgellm_local.gguf_tokenizer import build_tokenizer, tokenizer_config
 from tests.support.tiny_gguf import write_tiny_gguf

@@ -1,7 +1,7 @@
 """Where a generation runs: the edge (the AI binding) or an origin (any OpenAI-compatible URL).
 
 `config` parses the policy from `[vars]`, `breaker` and `state` are plain per-isolate data,
-`origin` is the OpenAI client over the `HTTPFetch` port, `tokenizer` counts prompt tokens in
-pure Python, and `policy` decides and fails over. Importing this package imports nothing else
+`origin` is the OpenAI client over the `HTTPFetch` port, `counting` counts prompt tokens with
+the pure-Python `edgellm.tokenizer`, and `policy` decides and fails over. Importing this package imports nothing else
 (the state dataclasses are imported by `edgellm.state`).
 """

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..generation import GenerationRequest
 from ..deps import Deps
-from .tokenizer import Tokenizer, UnsupportedTokenizer
+from ..tokenizer import Tokenizer, UnsupportedTokenizer
 
 
 class EdgeTokenizer:

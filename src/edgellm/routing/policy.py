@@ -10,6 +10,13 @@
             stall past the stall budget or failure after tokens ─▶ origin continues the text
                 already sent; one stream; final event says route=edge,origin; never cached
 
+The decision is plain functions over values: `plan_route` returns a frozen `Plan` (edge first
+or not, the origins in order, why); `_start_edge` returns the edge's first event or a `Cut` (why
+it stopped); `_follow_edge` relays the edge until its Finish or a `Cut`, then `_origin_continues`
+takes over. The breaker hears each edge attempt once, through its `EdgeVerdict` (success, failure,
+or closed without a verdict); times come from the injected `deps.clock`; the caller's objects are
+never changed (a new `Generation` is returned).
+
 Everything one request starts (the edge stream, the origin request) is awaited by that request
 only; the breaker and counters are plain per-isolate data (`IsolateState.routing`).
 """
@@ -17,7 +24,6 @@ only; the breaker and counters are plain per-isolate data (`IsolateState.routing
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
@@ -26,6 +32,8 @@ from ..generation import Event, Finish, Generation, GenerationRequest, Token, To
 from ..http import Request
 from ..inference import apply_stop, start_generation
 from ..deps import Deps
+from ..ports import Clock
+from ..stream import close_source
 from .affinity import by_affinity
 from .breaker import CircuitBreaker
 from .config import OriginConfig, RegionConfig, RoutingConfig
@@ -159,65 +167,102 @@ async def plan_route(deps: Deps, request: Request, gen_request: GenerationReques
     return Plan(True, (), "primary", prompt_tokens=tokens)
 
 
+@dataclass(frozen=True)
+class Cut:
+    """The edge stopped short of its Finish: why, for the log, the counters and the route header
+    (`edge-timeout`, `edge-error`, `capacity`, `model-unavailable`, `too-long-for-edge` before the
+    first token; `stall`, `edge-failed-mid-stream` after it)."""
+
+    reason: str
+
+
+@dataclass
+class EdgeVerdict:
+    """The breaker's record of one edge attempt, and the only code that touches the breaker for
+    it: a success or a failure, recorded once; an attempt that ends with neither (the client left,
+    a bad request, the edge's own window) frees a half-open probe slot when closed."""
+
+    breaker: CircuitBreaker
+    clock: Clock
+    given: bool = False
+
+    def record(self, ok: bool) -> None:
+        if not self.given:
+            self.given = True
+            (self.breaker.success if ok else self.breaker.failure)(self.clock.now())
+
+    def close(self) -> None:
+        if not self.given:
+            self.given = True
+            self.breaker.abandon()
+
+
 async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequest, plan: Plan | None = None,
                        budget: float | None = None) -> Generation:
     """Start the generation on the route the policy picks; the edge-only gateway when routing
     is not configured. A flights object passes the `plan` and first-token `budget` the Worker
     decided (`cache.coalescing.FlightPlan`), so it never plans itself."""
     if not deps.config.routing.active:
-        generation = await start_generation(deps, gen_request)
-        generation.route = "edge; reason=primary"
-        return generation
+        return replace(await start_generation(deps, gen_request), route="edge; reason=primary")
     plan = plan or await plan_route(deps, request, gen_request)
-    state = routing_state(deps)
+    counters = routing_state(deps).counters
     if not plan.edge:
         return await _from_origins(deps, gen_request, plan.origins, plan.reason)
     if not plan.origins:  # nowhere to fail over to: no budgets, exactly as before
         generation = await start_generation(deps, gen_request)
-        generation.route = "edge; reason=primary"
-        state.counters.edge += 1
-        return generation
+        counters.edge += 1
+        return replace(generation, route="edge; reason=primary")
     budget = first_token_budget(deps.config.routing, request) if budget is None else budget
-    breaker = state.breaker
+    breaker = routing_state(deps).breaker
     assert breaker is not None
-    started: list[Generation] = []
+    verdict = EdgeVerdict(breaker, deps.clock)
+    try:
+        started = await _start_edge(deps, gen_request, budget)
+    except BaseException:  # a bad request, or the client left: no verdict on the edge
+        verdict.close()
+        raise
+    if isinstance(started, Cut):
+        if started.reason == "too-long-for-edge":  # the edge's own window: not a failure
+            verdict.close()
+            counters.too_long_for_edge += 1
+        else:
+            verdict.record(ok=False)
+            counters.failovers_before_first_token += 1
+        deps.log.warning("edge failed before its first token (%s); asking the origin", started.reason)
+        return await _from_origins(deps, gen_request, plan.origins, started.reason)
+    generation, first = started
+    counters.edge += 1
+    return Generation(generation.model, _follow_edge(deps, gen_request, plan, verdict, first, generation.events),
+                      route="edge; reason=primary")
+
+
+async def _start_edge(deps: Deps, gen_request: GenerationRequest, budget: float) -> tuple[Generation, Event] | Cut:
+    """The edge's generation and its first event within `budget` seconds, or why not. A started
+    generation that does not give its first event is closed here, never left running; errors the
+    origin cannot help with (and the client leaving) propagate."""
+    generation: Generation | None = None
     try:
         async with asyncio.timeout(budget):
             generation = await start_generation(deps, replace(gen_request, stream=True))
-            started.append(generation)
-            first = await anext(generation.events)
+            return generation, await anext(generation.events)
     except TimeoutError:
-        reason = "edge-timeout"
+        cut = Cut("edge-timeout")
     except StopAsyncIteration:
-        reason = "edge-error"
+        cut = Cut("edge-error")
     except GatewayError as exc:
-        if exc.code == "context_length_exceeded":  # the edge's own window (uncounted, or counted short): not a failure
-            reason = "too-long-for-edge"
-        elif exc.kind not in FAILOVER_KINDS:
-            breaker.abandon()
-            raise
+        if exc.code == "context_length_exceeded":  # the edge's own window (uncounted, or counted short)
+            cut = Cut("too-long-for-edge")
+        elif exc.kind in FAILOVER_KINDS:
+            cut = Cut(_REASONS.get(exc.code or "", "edge-error"))
         else:
-            reason = _REASONS.get(exc.code or "", "edge-error")
-    except asyncio.CancelledError:  # the client left: no verdict on the edge, free a probe slot
-        breaker.abandon()
-        for generation in started:
-            await _aclose(generation.events)
+            raise
+    except asyncio.CancelledError:
+        if generation is not None:
+            await close_source(generation.events)
         raise
-    else:
-        state.counters.edge += 1
-        routed = Generation(generation.model, _empty(), route="edge; reason=primary")
-        routed.events = _follow_edge(deps, gen_request, routed, first, generation.events, plan)
-        return routed
-    for generation in started:  # the first attempt is closed, never left running
-        await _aclose(generation.events)
-    if reason == "too-long-for-edge":
-        breaker.abandon()
-        state.counters.too_long_for_edge += 1
-    else:
-        breaker.failure(deps.clock.now())
-        state.counters.failovers_before_first_token += 1
-    deps.log.warning("edge failed before its first token (%s); asking the origin", reason)
-    return await _from_origins(deps, gen_request, plan.origins, reason)
+    if generation is not None:
+        await close_source(generation.events)
+    return cut
 
 
 async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...], reason: str) -> Generation:
@@ -248,85 +293,87 @@ async def _tagged(events: AsyncIterator[Event], route: str) -> AsyncIterator[Eve
         async for event in events:
             yield replace(event, route=route) if isinstance(event, Finish) else event
     finally:
-        await _aclose(events)
+        await close_source(events)
 
 
-async def _empty() -> AsyncIterator[Event]:
-    return
-    yield  # pragma: no cover
+async def _next_edge_event(events: AsyncIterator[Event], stall: float) -> Event | Cut | None:
+    """The edge's next event within `stall` seconds; a `Cut` when it stalls or fails in a way an
+    origin can take over; None when it ends without a Finish."""
+    try:
+        async with asyncio.timeout(stall):
+            return await anext(events)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        return Cut("stall")
+    except GatewayError as exc:
+        if exc.kind not in FAILOVER_KINDS:
+            raise
+        return Cut("edge-failed-mid-stream")
 
 
-async def _follow_edge(
-    deps: Deps, gen_request: GenerationRequest, routed: Generation, first: Event, events: AsyncIterator[Event], plan: Plan
-) -> AsyncIterator[Event]:
-    """Relay the edge stream; on a stall or a failure after tokens, let an origin continue it."""
-    state = routing_state(deps)
-    breaker = state.breaker
-    assert breaker is not None
+async def _follow_edge(deps: Deps, gen_request: GenerationRequest, plan: Plan, verdict: EdgeVerdict,
+                       first: Event, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """Relay the edge stream from its `first` event. Its Finish is the edge's success; a stall or
+    a failure after tokens is its failure, and an origin continues the text already sent (one
+    stream, route `edge,origin`, never cached). Ending any other way records no verdict."""
     stall = deps.config.routing.stall_ms / 1000
     sent: list[str] = []
     called = False  # a tool-call fragment reached the client: no origin can continue a half-sent call
-    reason = None
-    verdict = False
     try:
-        event: Event | None = first
-        while reason is None:
-            if event is None:
-                try:
-                    async with asyncio.timeout(stall):
-                        event = await anext(events)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    reason = "stall"
-                    break
-                except GatewayError as exc:
-                    if exc.kind not in FAILOVER_KINDS:
-                        raise
-                    reason = "edge-failed-mid-stream"
-                    break
-            if isinstance(event, Finish):
-                breaker.success(deps.clock.now())
-                verdict = True
-                yield replace(event, route="edge")
+        step: Event | Cut | None = first
+        while not isinstance(step, Cut):
+            if step is None:
                 return
-            if isinstance(event, ToolCallDelta):
+            if isinstance(step, Finish):
+                verdict.record(ok=True)
+                yield replace(step, route="edge")
+                return
+            if isinstance(step, ToolCallDelta):
                 called = True
             else:
-                sent.append(event.text)
-            yield event
-            event = None
-        await _aclose(events)  # stop the edge generation before asking the origin
-        unfinishable = _not_continuable(gen_request, called)
-        if unfinishable is not None:
-            breaker.failure(deps.clock.now())
-            verdict = True
-            deps.log.warning("edge %s after %d tokens; %s", reason, len(sent), unfinishable)
-            raise GatewayError(ErrorKind.UPSTREAM, f"The edge failed mid-answer ({reason}) and {unfinishable}.",
-                               code="upstream_error", retry_after=RETRY_AFTER_SECONDS)
-        stalled_at = time.perf_counter()
-        breaker.failure(deps.clock.now())
-        verdict = True
-        state.counters.failovers_mid_stream += 1
-        route = f"edge,origin; reason={reason}"
-        routed.route = route
-        deps.log.warning("edge %s after %d tokens; the origin continues", reason, len(sent))
-        continuation = await _continue(deps, gen_request, plan.origins, "".join(sent), len(sent))
-        origin_tokens = 0
-        async for event in apply_stop(continuation, gen_request.stop):
-            if isinstance(event, (Token, ToolCallDelta)):
-                if origin_tokens == 0:
-                    state.last_stall_to_origin_ms = (time.perf_counter() - stalled_at) * 1000
-                origin_tokens += 1
+                sent.append(step.text)
+            yield step
+            step = await _next_edge_event(events, stall)
+        await close_source(events)  # stop the edge generation before asking the origin
+        verdict.record(ok=False)
+        rest = _origin_continues(deps, gen_request, plan, step, "".join(sent), len(sent), called)
+        try:
+            async for event in rest:
                 yield event
-            else:
-                usage = Usage(plan.prompt_tokens or 0, len(sent) + event.usage.completion_tokens)
-                yield Finish(event.finish_reason, usage, route=route, cacheable=False)
-                return
+        finally:
+            await close_source(rest)
     finally:
-        if not verdict:
-            breaker.abandon()
-        await _aclose(events)
+        verdict.close()
+        await close_source(events)
+
+
+async def _origin_continues(deps: Deps, gen_request: GenerationRequest, plan: Plan, cut: Cut, text: str, sent: int,
+                            called: bool) -> AsyncIterator[Event]:
+    """The rest of an answer the edge cut after `sent` tokens (`text`), from an origin; a 502 when
+    no origin may continue it."""
+    state = routing_state(deps)
+    unfinishable = _not_continuable(gen_request, called)
+    if unfinishable is not None:
+        deps.log.warning("edge %s after %d tokens; %s", cut.reason, sent, unfinishable)
+        raise GatewayError(ErrorKind.UPSTREAM, f"The edge failed mid-answer ({cut.reason}) and {unfinishable}.",
+                           code="upstream_error", retry_after=RETRY_AFTER_SECONDS)
+    stalled_at = deps.clock.now()
+    state.counters.failovers_mid_stream += 1
+    route = f"edge,origin; reason={cut.reason}"
+    deps.log.warning("edge %s after %d tokens; the origin continues", cut.reason, sent)
+    continuation = await _continue(deps, gen_request, plan.origins, text, sent)
+    origin_tokens = 0
+    async for event in apply_stop(continuation, gen_request.stop):
+        if isinstance(event, (Token, ToolCallDelta)):
+            if origin_tokens == 0:
+                state.last_stall_to_origin_ms = (deps.clock.now() - stalled_at) * 1000
+            origin_tokens += 1
+            yield event
+        else:
+            usage = Usage(plan.prompt_tokens or 0, sent + event.usage.completion_tokens)
+            yield Finish(event.finish_reason, usage, route=route, cacheable=False)
+            return
 
 
 def _not_continuable(gen_request: GenerationRequest, called: bool) -> str | None:
@@ -355,9 +402,3 @@ async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[O
             last = exc
     assert last is not None
     raise last
-
-
-async def _aclose(iterator: Any) -> None:
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()

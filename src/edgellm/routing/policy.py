@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from ..errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage

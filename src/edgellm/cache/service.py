@@ -71,26 +71,6 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
         return None, 0
 
 
-def scope_tenant(request: Request) -> str | None:
-    """The tenant part of the request's cache keys (custom keys included): the caller's own,
-    or the shared pool if its key shares (access.guard.Principal); None: the configured tenant."""
-    principal = request.principal
-    return principal.cache_tenant if principal is not None else None
-
-
-def admission_tenant(request: Request) -> str | None:
-    """Whose share of the isolate's generation places a request takes (admission.fair_share)."""
-    return request.principal.tenant if request.principal is not None else None
-
-
-def custom_key_tenant(request: Request) -> str | None:
-    """The tenant part of a custom key (`cf-aig-cache-key`): always the caller's own tenant, never
-    the shared pool. Sharing lets tenants read the answers of identical requests; a name one
-    tenant chose must never let another write (or purge) under it."""
-    principal = request.principal
-    return principal.tenant if principal is not None else None
-
-
 @dataclass(frozen=True)
 class CacheDecision:
     policy: CachePolicy
@@ -101,7 +81,8 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     policy = cache_policy(request, gen_request, deps.config)
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
-    scope = await current_scope(deps, custom_key_tenant(request) if policy.custom_key else scope_tenant(request))
+    tenancy = request.tenant_scope  # custom keys: the caller's own tenant; derived keys: maybe the shared pool
+    scope = await current_scope(deps, tenancy.custom_key_tenant if policy.custom_key else tenancy.cache_tenant)
     policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
     if scope is None:
         return CacheDecision(policy, None)
@@ -112,7 +93,7 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
 def own_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Awaitable[Generation]:
     """This request's own generation (on the routing plan), if the isolate admits it."""
     return deps.state.admission.admitted(deps.config.max_waiting_generations,
-                                         lambda: start_routed(deps, request, gen_request), admission_tenant(request))
+                                         lambda: start_routed(deps, request, gen_request), request.tenant_scope.admission_tenant)
 
 
 async def cached_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
@@ -137,7 +118,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))
         generation, joined = await deps.state.admission.admitted_flight(
             flight_name(order.kv_key, order.write, order.ttl), deps.config.max_waiting_generations,
-            lambda: shared_generation(deps, order), admission_tenant(request))
+            lambda: shared_generation(deps, order), request.tenant_scope.admission_tenant)
         counters.coalesced += joined
     else:
         generation = await own_generation(deps, request, gen_request)

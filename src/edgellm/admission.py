@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Mapping
 
 from .errors import ErrorKind, GatewayError, RetryAfter
-from .generation import Event
+from .generation import Event, Generation
 from .stream import Stream
 
 # The tenant of the request this task serves, as admitted: per task (each request is served in
@@ -65,6 +65,39 @@ class Admission:
             place = self.shared[name] = SharedPlace(self, name, self.admit(limit, tenant))
         place.holders += 1
         return Share(place)
+
+    async def admitted(self, limit: int, start: Callable[[], Awaitable[Generation]], tenant: str | None = None) -> Generation:
+        """Start a generation if the isolate admits one more for this tenant (503 + Retry-After
+        at once if not); it holds its place until its events end or are closed."""
+        ticket = self.admit(limit, tenant)
+        try:
+            generation = await start()
+        except BaseException:
+            ticket.release()
+            raise
+        generation.events = holding(generation.events, ticket)
+        return generation
+
+    async def admitted_flight(self, name: str, limit: int, start: Callable[[], Awaitable[tuple[Generation, bool]]],
+                              tenant: str | None = None) -> tuple[Generation, bool]:
+        """A miss through the flights object (`start` answers the generation and whether this
+        request joined one already running), admitted as the generation it may start: the
+        isolate's requests for flight `name` share one place, taken before the object is asked
+        (only its answer says whether this request starts the flight), and a request that joined
+        gives its share back, since joining costs the backend nothing. So a herd of identical
+        misses in one isolate is never refused for its own size; the place lasts while this
+        isolate may have started the flight, until the starter's events end or are closed."""
+        share = self.admit_shared(name, limit, tenant)
+        try:
+            generation, joined = await start()
+        except BaseException:
+            share.release()
+            raise
+        if joined:
+            share.release()
+        else:
+            generation.events = holding(generation.events, share)
+        return generation, joined
 
     def admit(self, limit: int, tenant: str | None = None) -> "Ticket":
         _ADMITTED_TENANT.set(tenant)
@@ -133,3 +166,4 @@ class Share:
 def holding(events: AsyncIterator[Event], ticket: Ticket | Share) -> Stream[Event]:
     """A generation's events holding its ticket until they end, fail or are closed (even unread)."""
     return Stream(events).on_close(ticket.release)
+

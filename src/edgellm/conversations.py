@@ -25,6 +25,7 @@ from .durable import DurableObjectNamespace
 from .errors import ErrorKind, GatewayError, RetryAfter, dependency_error
 from .http import Request, Response, json_bytes, json_response
 from .ports import Clock
+from .tenancy import TenantScope
 
 DEFAULT_TTL_SECONDS = 30 * 86400
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -224,13 +225,13 @@ class ConversationStore:
     lands on an object that holds nothing, so scoping needs no check that could be forgotten."""
 
     namespace: DurableObjectNamespace
-    tenant: str = "default"
+    scope: TenantScope = TenantScope("default")  # whose conversations: names their objects
 
     async def _call(self, conversation: str, method: str, path: str, body: Any = None) -> Response:
         request = Request(method, _ORIGIN + path, {"content-type": "application/json"},
                           json_bytes(body) if body is not None else b"")
         try:
-            response = await self.namespace.get(f"{self.tenant}/{conversation}").fetch(request)
+            response = await self.namespace.get(self.scope.object_name(conversation)).fetch(request)
         except GatewayError:
             raise
         except Exception as exc:  # the object failed or could not be reached: a failing dependency

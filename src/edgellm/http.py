@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
+from .caller import Observation, Principal, Reservation
+from .tenancy import UNSCOPED, TenantScope
+
 Body = bytes | AsyncIterator[bytes]
 
 
@@ -28,10 +31,15 @@ class Request:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
     path_params: dict[str, str] = field(default_factory=dict)
-    principal: Any = None  # access.Principal, set by app.handle once the caller is known
-    observed: Any = None  # access.usage.Observation of the generation served, for the usage record
-    reservation: Any = None  # access.reservation.Reservation taken at admission, settled by the usage record
+    principal: Principal | None = None  # set by app.handle once the caller is known
+    observed: Observation | None = None  # of the generation served, for the usage record
+    reservation: Reservation | None = None  # taken at admission, settled by the usage record
     cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
+
+    @property
+    def tenant_scope(self) -> TenantScope:
+        """Where the caller's tenant shows (made once, with the principal); no caller: none."""
+        return self.principal.scope if self.principal is not None else UNSCOPED
 
     @property
     def path(self) -> str:

@@ -21,6 +21,7 @@ from .http import Request, Response, json_response
 from .deps import Deps
 from .sessions import request_session, tenant_session
 from .stream import Stream
+from .tenancy import TenantScope
 from .validation import read_json
 
 
@@ -29,8 +30,8 @@ def conversation_store(request: Request, deps: Deps) -> ConversationStore | None
     when known (ids are unguessable, but they travel in logs and URLs)."""
     if deps.conversations is None:
         return None
-    principal = request.principal
-    return ConversationStore(deps.conversations, principal.tenant if principal is not None else deps.config.tenant)
+    scope = request.tenant_scope if request.principal is not None else TenantScope(deps.config.tenant)
+    return ConversationStore(deps.conversations, scope)
 
 
 def fit_chain(chain: list[StoredResponse], parsed: responses.ResponsesRequest, max_messages: int) -> list[StoredResponse]:

@@ -27,16 +27,8 @@ def _checked(value: Any, param: str) -> str:
 
 
 def tenant_session(request: Request, name: str) -> str:
-    """`name` as the caller's tenant sees it: a keyed tenant's sessions are `<tenant>:<name>`
-    (tenant names hold no ':'), so two tenants naming the same session never share a prompt
-    cache. Keyless callers (open mode) and the admin token keep the bare name, unless it holds a
-    ':': a keyless `acme:x` would be tenant acme's session `x` (its prompt cache, timed by another
-    caller), so it becomes `:acme:x`, a name no keyed tenant's session can have (tenant names are
-    never empty) and whose states the local slot pool shares with nothing."""
-    principal = request.principal
-    if principal is not None and getattr(principal, "record", None) is not None:
-        return f"{principal.tenant}:{name}"
-    return f":{name}" if ":" in name else name
+    """`name` as the caller's tenant sees it (`TenantScope.session_name`)."""
+    return request.tenant_scope.session_name(name)
 
 
 def request_session(request: Request, body: Any) -> str | None:

@@ -51,10 +51,11 @@ def test_a_keyless_caller_cannot_name_a_keyed_tenants_session() -> None:
     """A keyed tenant's session `x` is `acme:x`; a keyless caller (open mode, the admin token)
     naming `acme:x` must land elsewhere, or it would reach (and time) acme's cached prompt."""
     from edgellm.access.guard import Principal
+    from edgellm.access.keys import new_key
     from edgellm.sessions import tenant_session
 
     keyed, keyless = post(CHAT), post(CHAT)
-    keyed.principal = Principal(tenant="acme", key_id="k1", record=object())  # any record: a key's caller
+    keyed.principal = Principal(tenant="acme", key_id="k1", record=new_key("acme", 0).record)  # any record: a key's caller
     keyless.principal = Principal(tenant="default", key_id="open")
     assert tenant_session(keyed, "x") == "acme:x"
     assert tenant_session(keyless, "acme:x") != tenant_session(keyed, "x")

@@ -9,7 +9,6 @@ as the configured tenant; it exists only when configured.
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
 
 from ..config import Config
 from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error, invalid
@@ -20,30 +19,10 @@ from ..deps import Deps
 from .keys import KeyCache, KeyRecord, KeyRing, is_reserved_tenant, parse_api_key
 from .ratelimit import check_tokens, rate_limited, ratelimit_headers, take_request
 from .reservation import reserve
-
-SHARED_TENANT = "_shared"  # the cache scope of tenants that share; no key's tenant can be named so
+from ..caller import Principal  # here since the request names its type (also edgellm.access.Principal)
+from ..tenancy import SHARED_TENANT  # noqa: F401 - the shared pool's name, as it always was importable here
 OPEN_KEY_ID = "open"
 ADMIN_KEY_ID = "admin"
-
-
-@dataclass(frozen=True)
-class Principal:
-    """The caller. `record` is None in open mode and for the admin token."""
-
-    tenant: str
-    key_id: str
-    record: KeyRecord | None = None
-    admin: bool = False  # ADMIN_TOKEN: every tenant, every admin route
-
-    @property
-    def share_cache(self) -> bool:
-        return self.record is not None and self.record.share_cache
-
-    @property
-    def cache_tenant(self) -> str:
-        """The tenant part of this caller's cache keys: its own, or the shared pool when its key
-        allows sharing (so an entry is shared only between tenants that both allow it)."""
-        return SHARED_TENANT if self.share_cache else self.tenant
 
 
 def is_api_path(path: str) -> bool:

@@ -12,11 +12,11 @@ concurrent or not. Plain per-isolate data (`AccessState`), like the rate windows
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from ..generation import GenerationRequest
 from ..state import AccessState
+from ..caller import Reservation
 from .ratelimit import Window
 
 # Cautious on purpose: a reservation too large only holds a limit a little early (it is settled
@@ -37,20 +37,6 @@ def prompt_estimate(inputs: dict[str, Any]) -> int:
         chars = sum(len(str(m.get("content") or "")) for m in messages if isinstance(m, dict))
         return math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_PER_PROMPT
     return math.ceil(len(str(inputs.get("prompt") or "")) / CHARS_PER_TOKEN) + TOKENS_PER_PROMPT
-
-
-@dataclass
-class Reservation:
-    """What one admitted request holds of its key's limits until `settle`."""
-
-    key_id: str
-    tokens: int  # prompt estimate + max_tokens
-    prompt_tokens: int  # the estimate alone
-    max_tokens: int
-    per_minute: int
-    window_start: float | None  # the token window the reservation went into (None: no per-minute limit)
-    model: str = ""
-    settled: bool = False
 
 
 def reserve(state: AccessState, key_id: str, per_minute: int, gen_request: GenerationRequest, now: float) -> Reservation:

@@ -9,31 +9,18 @@ binding's whole-answer call reports nothing until it ends."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 from ..generation import Event, Finish, Generation, Token, ToolCallDelta
 from ..http import Request, Response
+from ..caller import Observation, Principal, Reservation
 from ..ports import UsageEvent
 from ..deps import Deps
 from ..stream import Stream
-from .guard import Principal
 from .ratelimit import charge_tokens
-from .reservation import Reservation, settle
+from .reservation import settle
 
 CLIENT_LEFT = 499  # the status recorded for a request whose client left before its answer (nginx's)
-
-
-@dataclass
-class Observation:
-    """What the usage record needs of a generation; filled as its events pass."""
-
-    model: str
-    cache_status: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    delivered: int = 0  # Token and tool-call events passed on: the tokens of an answer cut before its Finish
-    finished: bool = False
 
 
 def _seen_by(seen: Observation) -> Callable[[Event], None]:
@@ -95,7 +82,7 @@ def _record(request: Request, response: Response, deps: Deps, started: float, ro
     if deps.usage is None:
         return
     event = UsageEvent(
-        time=now, tenant=principal.tenant, key_id=principal.key_id,
+        time=now, tenant=principal.scope.usage_tenant, key_id=principal.key_id,
         model=seen.model if seen else "", route=route,
         cache_status=seen.cache_status if seen else "", prompt_tokens=seen.prompt_tokens if seen else 0,
         completion_tokens=seen.completion_tokens if seen else 0,

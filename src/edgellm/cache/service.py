@@ -8,9 +8,8 @@ the flights Durable Object (`cache.coalescing`); without it every miss generates
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable
 
-from ..admission import holding
 from ..generation import Event, Finish, Generation, GenerationRequest
 from ..http import Request
 from ..routing.policy import start_routed
@@ -72,21 +71,6 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
         return None, 0
 
 
-def scope_tenant(request: Request) -> str | None:
-    """The tenant part of the request's cache keys (custom keys included): the caller's own,
-    or the shared pool if its key shares (access.guard.Principal); None: the configured tenant."""
-    principal = request.principal
-    return principal.cache_tenant if principal is not None else None
-
-
-def custom_key_tenant(request: Request) -> str | None:
-    """The tenant part of a custom key (`cf-aig-cache-key`): always the caller's own tenant, never
-    the shared pool. Sharing lets tenants read the answers of identical requests; a name one
-    tenant chose must never let another write (or purge) under it."""
-    principal = request.principal
-    return principal.tenant if principal is not None else None
-
-
 @dataclass(frozen=True)
 class CacheDecision:
     policy: CachePolicy
@@ -97,12 +81,19 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     policy = cache_policy(request, gen_request, deps.config)
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
-    scope = await current_scope(deps, custom_key_tenant(request) if policy.custom_key else scope_tenant(request))
+    tenancy = request.tenant_scope  # custom keys: the caller's own tenant; derived keys: maybe the shared pool
+    scope = await current_scope(deps, tenancy.custom_key_tenant if policy.custom_key else tenancy.cache_tenant)
     policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
     if scope is None:
         return CacheDecision(policy, None)
     key = build_custom_key(policy.custom_key, scope) if policy.custom_key else build_cache_key(gen_request, scope)
     return CacheDecision(policy, key)
+
+
+def own_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Awaitable[Generation]:
+    """This request's own generation (on the routing plan), if the isolate admits it."""
+    return deps.state.admission.admitted(deps.config.max_waiting_generations,
+                                         lambda: start_routed(deps, request, gen_request), request.tenant_scope.admission_tenant)
 
 
 async def cached_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
@@ -111,7 +102,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters = counters_of(deps)
     if decision.key is None:
         counters.bypasses += 1
-        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request), admission_tenant(request))
+        generation = await own_generation(deps, request, gen_request)
         generation.cache_status = "BYPASS"
         return generation
     key, policy = decision.key, decision.policy
@@ -125,53 +116,16 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters.misses += 1
     if deps.flights is not None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))
-        generation, joined = await coalesced(deps, order, admission_tenant(request))
+        generation, joined = await deps.state.admission.admitted_flight(
+            flight_name(order.kv_key, order.write, order.ttl), deps.config.max_waiting_generations,
+            lambda: shared_generation(deps, order), request.tenant_scope.admission_tenant)
         counters.coalesced += joined
     else:
-        generation = await admitted(deps, lambda: start_routed(deps, request, gen_request), admission_tenant(request))
+        generation = await own_generation(deps, request, gen_request)
         if policy.write:
             generation.events = stored_afterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
     generation.cache_status, generation.cache_key = "MISS", key.digest
     return generation
-
-
-def admission_tenant(request: Request) -> str | None:
-    """Whose share of the isolate's generation places a request takes (admission.fair_share)."""
-    return request.principal.tenant if request.principal is not None else None
-
-
-async def admitted(deps: Deps, start: Callable[[], Awaitable[Generation]], tenant: str | None = None) -> Generation:
-    """Start a generation if the isolate admits one more for this tenant (503 + Retry-After at
-    once if not); it holds its place until its events end or are closed."""
-    ticket = deps.state.admission.admit(deps.config.max_waiting_generations, tenant)
-    try:
-        generation = await start()
-    except BaseException:
-        ticket.release()
-        raise
-    generation.events = holding(generation.events, ticket)
-    return generation
-
-
-async def coalesced(deps: Deps, order: FlightOrder, tenant: str | None = None) -> tuple[Generation, bool]:
-    """A miss through the flights object, admitted as the generation it may start: the isolate's
-    requests for one flight share one place (taken before the object is asked, since only its
-    answer says whether this request starts the flight), and a request that joined gives its
-    share back, since joining costs the backend nothing. So a herd of identical misses in one
-    isolate is never refused for its own size; the place lasts while this isolate may have
-    started the flight, until the starter's events end or are closed."""
-    share = deps.state.admission.admit_shared(flight_name(order.kv_key, order.write, order.ttl),
-                                              deps.config.max_waiting_generations, tenant)
-    try:
-        generation, joined = await shared_generation(deps, order)
-    except BaseException:
-        share.release()
-        raise
-    if joined:
-        share.release()
-    else:
-        generation.events = holding(generation.events, share)
-    return generation, joined
 
 
 def stored_afterwards(deps: Deps, kv_key: str, ttl: int, model: str, events: AsyncIterator[Event]) -> Stream[Event]:

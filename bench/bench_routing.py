@@ -30,8 +30,7 @@ from typing import Any
 
 import httpx
 
-from bench.edge_process import running_edge
-from bench.peer_llama import load
+from bench.edge_process import load_average, running_edge
 from edgellm.config import Config
 from edgellm.tokenizer import Tokenizer
 from edgellm_local.ai import default_model_path
@@ -153,7 +152,7 @@ def main() -> int:
             s = r["stall_to_origin"]
             print(f"{'':24s} stall budget ({args.stall_ms} ms) out -> first origin token: p50 {percentile(s, 50):.0f} ms, "
                   f"max {max(s):.0f} ms over {len(s)} stalls")
-    print(f"load (1 min) after the scenarios: {load()}")
+    print(f"load (1 min) after the scenarios: {load_average():.2f}")
     counting_cost(repeats=5)
     print("target: every request succeeds:", "met" if all_ok else "MISSED")
     return 0 if all_ok else 1

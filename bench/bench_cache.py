@@ -39,7 +39,7 @@ import time
 import httpx
 
 from bench import raw_http
-from bench.edge_process import cpu_seconds, free_port, running_edge
+from bench.edge_process import cpu_seconds, free_port, load_average, running_edge
 from bench.peer_litellm import HIT_HEADER, find_litellm, running_litellm, version
 
 BODY = {
@@ -152,7 +152,7 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
             fixed_rates: dict[str, list[float]] = {k: [] for k in kinds}
             cpu: dict[tuple[str, str], float] = {(k, what): 0.0 for k in kinds for what in ("hit", "fixed")}
             n = args.hits // rounds
-            loads = [load()]
+            loads = [load_average()]
             for i in range(rounds):
                 for kind in kinds if i % 2 == 0 else kinds[::-1]:
                     c = clients[kind]
@@ -164,7 +164,7 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
                     fixed[kind] += await sequential(c, n, "GET", "/healthz", None)
                     fixed_rates[kind].append(await throughput(c, n * 2, args.concurrency, "GET", "/healthz"))
                     cpu[kind, "fixed"] += cpu_seconds(pid[kind]) - spent
-                loads.append(load())
+                loads.append(load_average())
             print(f"\nHIT beside /healthz, before ({args.before}) and after (this checkout), same run, {rounds} alternating rounds, "
                   f"load {min(loads):.2f}-{max(loads):.2f}:")
             print(f"{'':<22}{'n':>6}{'p50 ms':>12}{'p99 ms':>12}{'req/s':>10}")
@@ -183,13 +183,13 @@ async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
                 print(f"\nlong run: {args.long} HITs per edge at concurrency {args.concurrency}, windows of {window}, alternating; p50 ms per window:")
                 p50s: dict[str, list[float]] = {k: [] for k in kinds}
                 cpus: dict[str, list[float]] = {k: [] for k in kinds}
-                loads = [load()]
+                loads = [load_average()]
                 for i in range(args.long // window):
                     for kind in kinds if i % 2 == 0 else kinds[::-1]:
                         spent = cpu_seconds(pid[kind])
                         p50s[kind].append(percentile(await concurrent_latencies(clients[kind], window, args.concurrency), 50) * 1000)
                         cpus[kind].append((cpu_seconds(pid[kind]) - spent) * 1000 / window)
-                    loads.append(load())
+                    loads.append(load_average())
                 print("load    per window " + " ".join(f"{v:6.2f}" for v in loads[1:]))
                 for kind in kinds:
                     print(f"{kind:<8} p50 ms " + " ".join(f"{v:6.2f}" for v in p50s[kind])
@@ -215,11 +215,6 @@ async def concurrent_latencies(client: httpx.AsyncClient, total: int, concurrenc
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return samples
-
-
-def load() -> float:
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
 
 
 WRK_SCRIPT = """wrk.method = "{method}"
@@ -298,7 +293,7 @@ async def compare_litellm(args: argparse.Namespace) -> None:
                 lat = {(k, c): [] for k in kinds for c in clients}
                 rps = {(k, c): [] for k in kinds for c in clients}
                 cpu = {(k, c): 0.0 for k in kinds for c in clients}
-                loads = [load()]
+                loads = [load_average()]
                 for i in range(args.rounds):
                     order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
                     for kind in order:
@@ -312,7 +307,7 @@ async def compare_litellm(args: argparse.Namespace) -> None:
                                 cpu[kind, c] += (cpu_seconds(pid[kind]) - spent) * 1000 / n / args.rounds
                             lat[kind, c] += samples
                             rps[kind, c].append(rate)
-                    loads.append(load())
+                    loads.append(load_average())
                 p50 = {key: percentile(v, 50) * 1000 for key, v in lat.items()}
                 rate = {key: statistics.median(v) for key, v in rps.items()}
                 print(f"{'':<20}{'clients':>8}{'n':>7}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}{'CPU ms/req':>12}")
@@ -341,7 +336,7 @@ def wrk_rounds(targets: dict, kinds: tuple[str, ...], clients: tuple[int, ...], 
     """The same targets through wrk (C, one thread), alternating rounds of 2 s: a client that costs
     less than any Python one, so its ratios are the servers' own."""
     figures: dict[tuple[str, int], list[tuple[float, float, float]]] = {(k, c): [] for k in kinds for c in clients}
-    loads = [load()]
+    loads = [load_average()]
     with tempfile.TemporaryDirectory(prefix="edgellm-wrk-") as scratch:
         for i in range(3):
             order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
@@ -349,7 +344,7 @@ def wrk_rounds(targets: dict, kinds: tuple[str, ...], clients: tuple[int, ...], 
                 url, request, _ = targets[kind]
                 for c in clients:
                     figures[kind, c].append(run_wrk(url, request, c, 2, scratch))
-            loads.append(load())
+            loads.append(load_average())
     print(f"\nwrk -t1 (3 alternating rounds of 2 s; medians of the rounds), load {min(loads):.2f}-{max(loads):.2f}:")
     print(f"{'':<20}{'clients':>8}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}")
     med = {key: tuple(statistics.median(f[j] for f in v) for j in range(3)) for key, v in figures.items()}

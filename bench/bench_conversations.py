@@ -42,10 +42,10 @@ from typing import Any
 
 import httpx
 
-from bench.edge_process import running_edge
+from bench.edge_process import load_average, running_edge
 from edgellm.config import DEFAULT_MODEL
 from edgellm.sse import SSEDecoder
-from bench.peer_llama import ENV_VAR, find_llama_server, load, running_llama_server
+from bench.peer_llama import ENV_VAR, find_llama_server, running_llama_server
 from edgellm_local.ai import default_model_path
 
 CTX = 8192
@@ -183,7 +183,7 @@ def interleaved(client: httpx.Client, edge: str, llama: str, conversations: int,
     theirs = [Chat(client, llama, prompts[n]) for n in names]
     print(f"\n2. {conversations} conversations x {turns} turns interleaved on {SLOTS} slots, "
           f"{'one shared' if shared else 'its own'} system prompt ~{system_tokens} tokens, {max_tokens} tokens per answer "
-          f"(load {load()})")
+          f"(load {load_average():.2f})")
     print(f"   {'turn':>4} {'edge p50 ms':>12} {'llama-server p50 ms':>20} {'ratio':>7} {'edge cached p50':>16} "
           f"{'llama cached p50':>17} {'load':>5}")
     ahead = []
@@ -202,7 +202,7 @@ def interleaved(client: httpx.Client, edge: str, llama: str, conversations: int,
         if t:
             ahead.append(ratio)
         print(f"   {t + 1:>4} {p50(edge_ttft) * 1000:>12.1f} {p50(llama_ttft) * 1000:>20.1f} {ratio:>6.2f}x {p50(cached):>16.0f} "
-              f"{p50(peer_cached):>17.0f} {load():>5}", flush=True)
+              f"{p50(peer_cached):>17.0f} {load_average():>5.2f}", flush=True)
     met = bool(ahead) and all(r >= TARGET_PEER_RATIO for r in ahead)
     print(f"   turns 2..{turns}: edge {min(ahead or [0]):.2f}x..{max(ahead or [0]):.2f}x "
           f"(median {statistics.median(ahead or [0]):.2f}x) faster to first token than llama-server "
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or str(default_model_path())
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
     print(f"bench_conversations: {os.path.basename(model)}, context {CTX}, {SLOTS} slots, {args.threads} threads, "
-          f"{os.cpu_count()} CPUs (shared machine, load {load()})")
+          f"{os.cpu_count()} CPUs (shared machine, load {load_average():.2f})")
     ok = True
     edge_args = ["--ctx-size", str(CTX), "--slots", str(SLOTS), "--threads", str(args.threads)]
     with httpx.Client(timeout=600) as client:

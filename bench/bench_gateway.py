@@ -32,8 +32,8 @@ from typing import Any
 
 import httpx
 
-from bench.edge_process import running_edge
-from bench.peer_llama import ENV_VAR, find_llama_server, load, running_llama_server
+from bench.edge_process import load_average, running_edge
+from bench.peer_llama import ENV_VAR, find_llama_server, running_llama_server
 from edgellm.config import DEFAULT_MODEL
 from edgellm_local.ai import LlamaCppRunner, default_model_path
 
@@ -104,7 +104,7 @@ class Result:
     direct_ttft: list[float] = field(default_factory=list)
     peer: list[float] = field(default_factory=list)  # llama-server, its own process (when given)
     peer_ttft: list[float] = field(default_factory=list)
-    loads: list[str] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)
 
     def report(self, mode: str) -> None:
         if not self.gateway:
@@ -131,7 +131,7 @@ class Result:
                       f"(target <= {TARGET_TTFT}x: {'met' if gt / pt <= TARGET_TTFT else 'NOT met'})")
         if self.peer:
             print(f"  llama-server (own process, own build) whole answer p50 {percentile(self.peer, 50) * 1000:.1f} ms")
-        print(f"  load (1 min) during the rounds: {', '.join(self.loads)}")
+        print(f"  load (1 min) during the rounds: {', '.join(f'{x:.2f}' for x in self.loads)}")
 
 
 def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Namespace, stream: bool, deadline: float) -> Result:
@@ -143,7 +143,7 @@ def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Name
         if i > args.warmup and time.monotonic() > deadline:
             print(f"  [{'stream' if stream else 'json'}] time budget spent: {i - args.warmup} of {args.iterations} rounds measured")
             break
-        result.loads.append(load())
+        result.loads.append(load_average())
         for j, prompt in enumerate(PROMPTS[: args.prompts]):
             order = (gateway, direct) if (i + j) % 2 == 0 else (direct, gateway)
             timings = {side.name: side.request(prompt, args.max_tokens, stream) for side in order}
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             peer = Side("llama-server", stack.enter_context(httpx.Client(base_url=peer_url, timeout=args.timeout)),
                         "/v1/chat/completions", {})
         print(f"gateway {edge_url} (edgellm dev)   direct {direct_url} (the edge's own llama.cpp)"
-              f"{f'   llama-server {peer.client.base_url}' if peer else ''}   load {load()}")
+              f"{f'   llama-server {peer.client.base_url}' if peer else ''}   load {load_average():.2f}")
         started = time.monotonic()
         deadline = started + args.budget
         for mode in modes:

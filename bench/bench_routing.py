@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from bench.edge_process import running_edge
+from bench.edge_process import load_average, running_edge
 from edgellm.config import Config
 from edgellm.tokenizer import Tokenizer
 from edgellm_local.ai import default_model_path
@@ -123,8 +123,9 @@ def main() -> int:
     model = Path(args.model) if args.model else default_model_path()
     print(f"model {model.name}; {args.requests} sequential streamed requests per scenario, max_tokens {args.max_tokens}; "
           "figures from a shared, busy machine")
-    with running_edge(model) as origin_url, tempfile.TemporaryDirectory() as state:
-        config = Config.from_env({"ORIGINS": json.dumps([{"name": "origin", "url": origin_url}]),
+    # both sides in open mode on loopback: the API needs a key otherwise, and every request was a 401
+    with running_edge(model, extra=["--open"]) as origin_url, tempfile.TemporaryDirectory() as state:
+        config = Config.from_env({"OPEN_ACCESS": "true", "ORIGINS": json.dumps([{"name": "origin", "url": origin_url}]),
                                   "EDGE_STALL_MS": str(args.stall_ms), "EDGE_FIRST_TOKEN_MS": "30000",
                                   "BREAKER": json.dumps({"failures": 10**6})})  # measure failover itself, not the breaker
         deps = build_deps(EdgeSettings(model_path=model, state_dir=Path(state), config=config))
@@ -151,6 +152,7 @@ def main() -> int:
             s = r["stall_to_origin"]
             print(f"{'':24s} stall budget ({args.stall_ms} ms) out -> first origin token: p50 {percentile(s, 50):.0f} ms, "
                   f"max {max(s):.0f} ms over {len(s)} stalls")
+    print(f"load (1 min) after the scenarios: {load_average():.2f}")
     counting_cost(repeats=5)
     print("target: every request succeeds:", "met" if all_ok else "MISSED")
     return 0 if all_ok else 1

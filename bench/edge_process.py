@@ -21,6 +21,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def load_average() -> float:
+    """The 1-minute load average, to print beside every figure taken on a shared machine."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU a process has used (Linux /proc): a server's cost per request, which a
     busy shared machine blurs far less than wall-clock latency."""

@@ -42,12 +42,6 @@ def find_llama_server(flag: str | None) -> Path | None:
     return path
 
 
-def load() -> str:
-    """The 1-minute load average, to print beside every figure taken on a shared machine."""
-    with open("/proc/loadavg") as f:
-        return f.read().split()[0]
-
-
 @contextlib.contextmanager
 def running_llama_server(binary: Path, model: str | os.PathLike[str], ctx: int, parallel: int,
                          threads: int, extra: list[str] | None = None) -> Iterator[str]:

@@ -144,3 +144,25 @@ async def test_an_edge_cut_mid_answer_is_a_failure_for_the_breaker_even_when_no_
     state = routing_state(deps)
     assert info.value.status == 502 and state.counters.failovers_mid_stream == 1 and state.counters.origin_errors == 1
     assert state.breaker is not None and state.breaker.state == OPEN
+
+
+async def test_a_request_only_an_origin_could_take_but_cannot_carry_is_refused_by_name() -> None:
+    """Too long for the edge's output limit, and holding an input no origin request carries: a
+    400 naming that input, before anything is sent (not a 503, not an origin answering without it)."""
+    import logging
+
+    from edgellm.ports import Deps
+    from edgellm.routing.policy import plan_route
+    from edgellm.state import IsolateState
+
+    class NoFetch:
+        async def post(self, *args: object) -> object:
+            raise AssertionError("nothing may be sent")
+
+    config = Config.from_env({"ORIGINS": '["http://o"]', "EDGE_MAX_OUTPUT_TOKENS": "8"})
+    deps = Deps(config=config, ai=None, fetch=NoFetch(), state=IsolateState(), log=logging.getLogger("test"))  # type: ignore[arg-type]
+    request = GenerationRequest(config.model, {"prompt": "hi", "max_tokens": 64, "lora": "mine"})
+    with pytest.raises(GatewayError) as info:
+        await plan_route(deps, Request("POST", "http://x/"), request)
+    assert (info.value.status, info.value.code, info.value.param) == (400, "unsupported_parameter", "lora")
+    assert "too long for the edge" in info.value.message

@@ -93,18 +93,35 @@ class Plan:
     prompt_tokens: int | None = None
 
 
-def _context_error(tokens: int, max_tokens: int, largest: int) -> GatewayError:
-    return GatewayError(
-        ErrorKind.INVALID_REQUEST,
-        f"This request needs {tokens} prompt tokens plus up to {max_tokens} completion tokens, more than the largest context "
-        f"window of any route ({largest} tokens). Shorten the messages or lower max_tokens.",
-        param="messages", code="context_length_exceeded",
-    )
+@dataclass(frozen=True)
+class Candidates:
+    """What a request could run on, before anything is decided: the origins serving its model
+    (`serving`), those its region admits in the order to try (`allowed`) and those it shuts out
+    (`blocked`), what no origin can carry (`uncarried`), its prompt tokens (None: not counted)
+    and whether the edge may take it (`edge_allowed`: its region; `edge_fits`: its window and
+    limits)."""
+
+    region: RegionConfig | None
+    serving: tuple[OriginConfig, ...]
+    allowed: tuple[OriginConfig, ...]
+    blocked: tuple[OriginConfig, ...]
+    uncarried: tuple[str, ...]
+    tokens: int | None
+    out: int
+    edge_allowed: bool
+    edge_fits: bool
+
+    def fits(self, window: int) -> bool:
+        return self.tokens is None or self.tokens + self.out <= window
+
+    @property
+    def origins(self) -> tuple[OriginConfig, ...]:
+        """The admitted origins whose window holds the request, in the order to try them."""
+        return tuple(o for o in self.allowed if self.fits(o.context_window))
 
 
-async def plan_route(deps: Deps, request: Request, gen_request: GenerationRequest) -> Plan:
+async def candidates(deps: Deps, request: Request, gen_request: GenerationRequest) -> Candidates:
     config, routing = deps.config, deps.config.routing
-    state = routing_state(deps)
     region = resolve_region(routing, request)
     serving = [o for o in routing.origins if o.serves(gen_request.model)] if deps.fetch is not None else []
     allowed = [o for o in serving if region is None or region.admits(o)]
@@ -118,44 +135,68 @@ async def plan_route(deps: Deps, request: Request, gen_request: GenerationReques
         allowed.sort(key=lambda o: o.name != region.origin)  # the region's own origin first
     tokens = await count_prompt_tokens(deps, gen_request)
     out = gen_request.max_tokens
-
-    def fits(window: int) -> bool:
-        return tokens is None or tokens + out <= window
-
-    edge_fits = fits(config.context_window) and (
+    edge_fits = (tokens is None or tokens + out <= config.context_window) and (
         tokens is None or routing.edge_max_prompt_tokens is None or tokens <= routing.edge_max_prompt_tokens
     ) and (routing.edge_max_output_tokens is None or out <= routing.edge_max_output_tokens)
-    edge_ok = region is None or region.edge
-    origins = tuple(o for o in allowed if fits(o.context_window))
-    if not (edge_ok and edge_fits) and not origins:
-        if cannot_carry and serving:
-            raise GatewayError(
-                ErrorKind.INVALID_REQUEST,
-                f"Only an origin could take this request, and '{cannot_carry[0]}' cannot be sent to an origin "
-                f"({'it is too long for the edge' if edge_ok else 'the edge is not allowed for this region'}). Nothing was sent.",
-                param=cannot_carry[0], code="unsupported_parameter",
-            )
-        if tokens is not None and not fits(config.context_window) and not any(fits(o.context_window) for o in serving):
-            state.counters.context_length_exceeded += 1
-            raise _context_error(tokens, out, max([config.context_window, *(o.context_window for o in serving)]))
-        if region is not None and region.resident and blocked:
-            state.counters.residency_refusals += 1
-            raise GatewayError(
-                ErrorKind.UNAVAILABLE,
-                f"Requests from region {region.name} must stay in it, and no origin inside it can take this one "
-                f"({'the edge cannot' if edge_ok else 'the edge is not allowed for this region'}; "
-                f"origins outside: {', '.join(o.name for o in blocked)}). Nothing was sent.",
-                code="residency_unavailable", retry_after=60,
-            )
-        if not edge_ok:
-            raise GatewayError(ErrorKind.UNAVAILABLE, f"No route serves region {region.name if region else '?'}.",
-                               code="no_route", retry_after=60)
-        if tokens is not None:
-            state.counters.context_length_exceeded += 1
-            raise _context_error(tokens, out, config.context_window)
-    if not edge_ok:
+    return Candidates(region, tuple(serving), tuple(allowed), tuple(blocked), tuple(cannot_carry), tokens, out,
+                      region is None or region.edge, edge_fits)
+
+
+def refusal(deps: Deps, found: Candidates) -> GatewayError | None:
+    """Why no route can take the request (the edge may not, and no origin can), as the error
+    the client gets; nothing is sent anywhere."""
+    config, counters = deps.config, routing_state(deps).counters
+    region, edge_allowed = found.region, found.edge_allowed
+    if found.uncarried and found.serving:
+        return GatewayError(
+            ErrorKind.INVALID_REQUEST,
+            f"Only an origin could take this request, and '{found.uncarried[0]}' cannot be sent to an origin "
+            f"({'it is too long for the edge' if edge_allowed else 'the edge is not allowed for this region'}). Nothing was sent.",
+            param=found.uncarried[0], code="unsupported_parameter",
+        )
+    if found.tokens is not None and not found.fits(config.context_window) and not any(found.fits(o.context_window) for o in found.serving):
+        counters.context_length_exceeded += 1
+        return _context_error(found.tokens, found.out, max([config.context_window, *(o.context_window for o in found.serving)]))
+    if region is not None and region.resident and found.blocked:
+        counters.residency_refusals += 1
+        return GatewayError(
+            ErrorKind.UNAVAILABLE,
+            f"Requests from region {region.name} must stay in it, and no origin inside it can take this one "
+            f"({'the edge cannot' if edge_allowed else 'the edge is not allowed for this region'}; "
+            f"origins outside: {', '.join(o.name for o in found.blocked)}). Nothing was sent.",
+            code="residency_unavailable", retry_after=60,
+        )
+    if not edge_allowed:
+        return GatewayError(ErrorKind.UNAVAILABLE, f"No route serves region {region.name if region else '?'}.",
+                            code="no_route", retry_after=60)
+    if found.tokens is not None:
+        counters.context_length_exceeded += 1
+        return _context_error(found.tokens, found.out, config.context_window)
+    return None  # uncounted, past the edge's output limit: the plan's empty origins answer 503 no_route
+
+
+def _context_error(tokens: int, max_tokens: int, largest: int) -> GatewayError:
+    return GatewayError(
+        ErrorKind.INVALID_REQUEST,
+        f"This request needs {tokens} prompt tokens plus up to {max_tokens} completion tokens, more than the largest context "
+        f"window of any route ({largest} tokens). Shorten the messages or lower max_tokens.",
+        param="messages", code="context_length_exceeded",
+    )
+
+
+async def plan_route(deps: Deps, request: Request, gen_request: GenerationRequest) -> Plan:
+    """Where the request goes first: an origin when the edge may not or cannot take it, or the
+    breaker is open; else the edge, with the origins to fail over to. A 400/503 when neither."""
+    state = routing_state(deps)
+    found = await candidates(deps, request, gen_request)
+    origins, tokens = found.origins, found.tokens
+    if not (found.edge_allowed and found.edge_fits) and not origins:
+        error = refusal(deps, found)
+        if error is not None:
+            raise error
+    if not found.edge_allowed:
         return Plan(False, origins, "region", prompt_tokens=tokens)
-    if not edge_fits:
+    if not found.edge_fits:
         state.counters.too_long_for_edge += 1
         return Plan(False, origins, "too-long-for-edge", prompt_tokens=tokens)
     if origins:

@@ -151,7 +151,7 @@ async def test_a_request_only_an_origin_could_take_but_cannot_carry_is_refused_b
     400 naming that input, before anything is sent (not a 503, not an origin answering without it)."""
     import logging
 
-    from edgellm.ports import Deps
+    from edgellm.deps import Deps
     from edgellm.routing.policy import plan_route
     from edgellm.state import IsolateState
 

@@ -16,11 +16,11 @@ from typing import Any
 
 from edgellm.config import Config
 
-from .access_log import install as install_access_log
-from .deploy_check import add_parser as add_deploy_check_parser
-from .keys_cli import add_parser as add_keys_parser
-from .publish import add_parser as add_publish_parser
-from .stand_ins import DEFAULT_STAND_IN, STAND_INS
+from edgellm_local.emulator.access_log import install as install_access_log
+from edgellm_local.deploy_check import add_parser as add_deploy_check_parser
+from edgellm_local.keys_cli import add_parser as add_keys_parser
+from edgellm_local.hub.publish import add_parser as add_publish_parser
+from edgellm_local.llama.stand_ins import DEFAULT_STAND_IN, STAND_INS
 
 
 def _port(text: str) -> int:
@@ -61,11 +61,11 @@ def _dev(args: argparse.Namespace) -> int:
 
 def _serve_dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
-    from .ai import ModelFileError
-    from .stand_ins import StandInMissing, resolve_model
-    from .edge import EdgeSettings, build_app, dev_stack
-    from .faults import FaultPlan
-    from .server import PortInUse, bind_socket, make_server
+    from edgellm_local.llama.binding import ModelFileError
+    from edgellm_local.llama.stand_ins import StandInMissing, resolve_model
+    from edgellm_local.edge import EdgeSettings, build_app, dev_stack
+    from edgellm_local.doubles.faults import FaultPlan
+    from edgellm_local.emulator.server import PortInUse, bind_socket, make_server
 
     try:
         model, chat_template = resolve_model(args.model)
@@ -98,7 +98,7 @@ def _serve_dev(args: argparse.Namespace) -> int:
         return 2
     ai = app.deps.ai  # the runners' owner, closed on the way out (dev_stack wraps it)
     if args.warm_up:
-        from .warmup import warm_up
+        from edgellm_local.llama.warmup import warm_up
 
         print(warm_up(app.deps.ai.models[config.model]).line(), flush=True)  # type: ignore[attr-defined]
     app.zero_copy = args.sendfile
@@ -181,7 +181,7 @@ def serve_until_stopped(server: Any, sock: Any, ai: Any) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from .pull import run
+    from edgellm_local.hub.pull import run
 
     return run(args)
 

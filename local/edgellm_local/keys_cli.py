@@ -26,7 +26,7 @@ from typing import Any
 
 from edgellm.access.keys import KeyRecord, KeyRing, new_key, rotated
 
-from .kv import SqliteKV
+from edgellm_local.emulator.kv import SqliteKV
 
 
 def wrangler_put(record: KeyRecord, binding: str = "CACHE") -> str:

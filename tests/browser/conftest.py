@@ -22,9 +22,9 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
 from edgellm.ports import BlobStore
-from edgellm_local.ai import default_model_path
-from edgellm_local.r2 import FileR2
-from edgellm_local.server import EdgeServer
+from edgellm_local.llama.binding import default_model_path
+from edgellm_local.emulator.r2 import FileR2
+from edgellm_local.emulator.server import EdgeServer
 
 from .publishing import TokenizerFiles, publish_model, published_tokenizer
 

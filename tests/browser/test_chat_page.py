@@ -14,7 +14,7 @@ import httpx
 from playwright.async_api import Page, expect
 
 from edgellm.ports import Deps
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .bindings import BreakingAI, PacedAI
 from .conftest import BROWSER_LOOP

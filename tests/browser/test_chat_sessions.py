@@ -11,9 +11,9 @@ import pytest
 from playwright.async_api import Page, expect
 
 from edgellm.ports import Deps
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.server import EdgeServer
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.llama.slot_pool import SlotPool
 
 from .conftest import BROWSER_LOOP
 

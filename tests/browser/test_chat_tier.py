@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 from playwright.async_api import Browser, Page, expect
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, _shoot
 from .test_device_page import (  # noqa: F401  (fixtures: the same GGUF behind the edge)

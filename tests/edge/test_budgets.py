@@ -21,7 +21,7 @@ import pytest
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
 from edgellm.ports import UsageEvent
-from edgellm_local.usage import SqliteUsage
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 ADMIN = "admin-secret"
 WAIT = 60  # seconds any event may take before the test fails (it never hangs)

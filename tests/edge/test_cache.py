@@ -15,7 +15,7 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.ports import BindingError, Deps
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 TOKEN = "test-admin-token"
 CHAT = {"messages": [{"role": "user", "content": "Tell me about the edge."}], "temperature": 0, "max_tokens": 24}

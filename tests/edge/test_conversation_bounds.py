@@ -15,8 +15,8 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.ports import Deps
-from edgellm_local.conversations import conversation_factory
-from edgellm_local.durable import LocalDurableObjectNamespace
+from edgellm_local.emulator.conversation_sqlite import conversation_factory
+from edgellm_local.emulator.durable import LocalDurableObjectNamespace
 from tests.conftest import ManualClock
 from tests.edge.test_budgets import GatedAI
 

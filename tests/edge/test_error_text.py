@@ -108,8 +108,8 @@ def test_a_conversation_objects_own_text_stays_in_the_log(start_edge: Callable[.
     from dataclasses import replace
 
     from edgellm.config import Config
-    from edgellm_local.conversations import conversation_factory
-    from edgellm_local.durable import LocalDurableObjectNamespace
+    from edgellm_local.emulator.conversation_sqlite import conversation_factory
+    from edgellm_local.emulator.durable import LocalDurableObjectNamespace
     from tests.conftest import ManualClock
     from tests.support.fake_ai import ScriptedAI
 

@@ -16,8 +16,8 @@ import pytest
 
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.slot_pool import SlotPool
 from tests.edge.test_budgets import WAIT, GatedAI
 
 
@@ -239,7 +239,7 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
     rate): past it the binding's call is cancelled, the client gets a 503 with Retry-After, the key
     is charged its reservation (the binding may have made the whole answer) and nothing is cached."""
     from tests.edge.test_budgets import ADMIN, NotifyingUsage
-    from edgellm_local.usage import SqliteUsage
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
     config = Config(admin_token=ADMIN, start_timeout_seconds=0.5, run_min_tokens_per_second=1000)
     base = make_deps(config=config, clock=clock)
@@ -270,7 +270,7 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
 def test_the_local_binding_stalled_by_fault_injection_gets_the_whole_answer_deadline(start_edge, make_deps) -> None:
     """The same deadline over the real llama.cpp binding, its whole answer held by the local edge's
     own fault injection (`FaultyAI`, `edgellm dev --fault delay_first=1:delay_s=...`)."""
-    from edgellm_local.faults import FaultPlan, FaultyAI
+    from edgellm_local.doubles.faults import FaultPlan, FaultyAI
 
     config = Config(open_access=True, start_timeout_seconds=10, run_min_tokens_per_second=1000)  # room for the stream below
     base = make_deps(config=config)

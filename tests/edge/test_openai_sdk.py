@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from edgellm.ports import CapacityExceeded
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 from tests.conftest import target_headers
 from tests.support.fake_ai import FailingAI
 

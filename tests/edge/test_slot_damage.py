@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.slot_pool import SlotPool
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from edgellm.errors import GatewayError
 from edgellm.http import Request
 from edgellm.ports import BindingError, Deps
 from edgellm.state import AccessState
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator.kv import SqliteKV
 from tests.support.fake_ai import OpenStreamAI, ScriptedAI
 
 
@@ -118,7 +118,7 @@ async def test_a_stream_closed_early_frees_its_admission_closes_the_binding_and_
     between the body and the generation (the usage recorder, the Finish tap, the renderer) must
     pass the close on, or the admission ticket leaks (after `max_waiting_generations` such
     leaks every miss in the isolate is a 503), the binding keeps streaming, and nothing is recorded."""
-    from edgellm_local.usage import SqliteUsage
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
     ai, usage, background = OpenStreamAI(), SqliteUsage(tmp_path / "usage.sqlite3"), []
     deps = Deps(config=Config(open_access=True), ai=ai, kv=SqliteKV(clock=clock) if cached else None, clock=clock,

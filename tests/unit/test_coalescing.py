@@ -17,10 +17,10 @@ from edgellm.errors import GatewayError
 from edgellm.generation import Finish, GenerationRequest, Token
 from edgellm.inference import start_generation
 from edgellm.ports import CapacityExceeded, Deps
-from edgellm_local import isolation
-from edgellm_local.durable import local_flights
-from edgellm_local.isolation import CrossRequestIOError, request_context
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator import isolation
+from edgellm_local.emulator.durable import local_flights
+from edgellm_local.emulator.isolation import CrossRequestIOError, request_context
+from edgellm_local.emulator.kv import SqliteKV
 from tests.conftest import ManualClock
 from tests.support.fake_ai import ScriptedAI
 

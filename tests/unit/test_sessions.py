@@ -15,7 +15,7 @@ from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.http import Request
 from edgellm.ports import Deps
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator.kv import SqliteKV
 from tests.support import fake_pyodide as fp
 from tests.support.fake_ai import ScriptedAI
 

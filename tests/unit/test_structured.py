@@ -165,7 +165,7 @@ async def test_an_entry_records_and_replays_tool_calls_and_logprobs() -> None:
 
 
 def test_the_local_tool_call_stream_yields_openai_fragments_as_generated() -> None:
-    from edgellm_local.structured import ToolCallStream
+    from edgellm_local.llama.grammar import ToolCallStream
 
     answer = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "a}\\"b", "n": [1, {"x": 2}]}}, {"name": "f", "arguments": {}}]}'
     stream, events = ToolCallStream(), []

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 if TYPE_CHECKING:
-    from .ai import LlamaCppRunner
+    from edgellm_local.llama.binding import LlamaCppRunner
 
 DEFAULT_DISK_BUDGET = 2 * 1024**3
 log = logging.getLogger("edgellm.slots")
@@ -135,7 +135,7 @@ def model_identity(runner: "LlamaCppRunner") -> str:
     even where llama.cpp would load it without complaint (a same-shaped model, a larger context)."""
     import gguf  # the GGUF reader only where a pool is used
 
-    from .gguf_tokenizer import gguf_value
+    from edgellm_local.hub.gguf_tokenizer import gguf_value
 
     stat = runner.path.stat()
     template = runner.chat_template

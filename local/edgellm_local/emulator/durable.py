@@ -33,7 +33,7 @@ from edgellm.http import Request, Response
 from edgellm.ports import Deps
 from edgellm.state import IsolateState
 
-from .isolation import RequestContext, call_in, context_of
+from edgellm_local.emulator.isolation import RequestContext, call_in, context_of
 
 _END = object()
 DEFAULT_MAX_LIVE = 256

@@ -26,14 +26,14 @@ from edgellm.admission import admitted_tenant, fair_share
 from edgellm.config import Config
 from edgellm.ports import BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, ModelNotFound, with_public
 
-from . import structured
-from .isolation import OwnedStream
-from .llama_server import start_server
-from .slots import SlotLease, SlotPool, prompt_text, session_scope
-from .start_places import StartPlaces
-from .structured import ToolPlan
+from edgellm_local.llama import grammar as structured
+from edgellm_local.emulator.isolation import OwnedStream
+from edgellm_local.llama.embedded_server import start_server
+from edgellm_local.llama.slot_pool import SlotLease, SlotPool, prompt_text, session_scope
+from edgellm_local.llama.start_places import StartPlaces
+from edgellm_local.llama.grammar import ToolPlan
 
-from .control_tokens import defuse_messages, special_pattern, special_texts
+from edgellm_local.llama.control_tokens import defuse_messages, special_pattern, special_texts
 
 GGUF_MAGIC = b"GGUF"
 # The binding's published input schema, as data: inputs are checked the way Workers AI checks them,

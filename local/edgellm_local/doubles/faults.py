@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Mapping
 from edgellm.http import Response
 from edgellm.ports import AIBinding, BindingError, ModelNotFound
 
-from .hardening import ServerLimits, receive_body, refuse_head
+from edgellm_local.emulator.hardening import ServerLimits, receive_body, refuse_head
 
 KINDS = ("fail", "retired", "delay_first", "stall", "fail_mid")
 

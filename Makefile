@@ -115,7 +115,7 @@ vendor-wllama: public/vendor/wllama/.vendored
 # `edgellm pull` have something to serve; published once (the stamp), republishing is a no-op.
 STATE := .state
 $(STATE)/.published-smollm2-135m: | $(VENV)/.installed-local
-	$(BIN)/edgellm publish "$$($(BIN)/python -c 'from edgellm_local.llama.binding import default_model_path; print(default_model_path())')" \
+	$(BIN)/edgellm publish "$$($(BIN)/python -c 'from edgellm_local.llama.model_file import default_model_path; print(default_model_path())')" \
 	  --name smollm2-135m --state $(STATE)
 	touch $@
 

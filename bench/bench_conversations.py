@@ -46,7 +46,7 @@ from bench.edge_process import running_edge
 from edgellm.config import DEFAULT_MODEL
 from edgellm.sse import SSEDecoder
 from bench.peer_llama import ENV_VAR, find_llama_server, load, running_llama_server
-from edgellm_local.llama.binding import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 
 CTX = 8192
 SLOTS = 2

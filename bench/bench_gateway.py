@@ -35,7 +35,8 @@ import httpx
 from bench.edge_process import running_edge
 from bench.peer_llama import ENV_VAR, find_llama_server, load, running_llama_server
 from edgellm.config import DEFAULT_MODEL
-from edgellm_local.llama.binding import LlamaCppRunner, default_model_path
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import default_model_path
 
 PROMPTS = (
     "Write a long story about a lighthouse keeper during a storm.",

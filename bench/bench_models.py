@@ -245,7 +245,9 @@ async def _bounded(asked: Any, q: Question, show: bool) -> dict[str, Any]:
 
 def worker(name: str, threads: int, show: bool) -> dict[str, Any]:
     from edgellm.config import Config
-    from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner, check_gguf
+    from edgellm_local.llama.binding import LlamaCppAI
+    from edgellm_local.llama.runner import LlamaCppRunner
+    from edgellm_local.llama.model_file import check_gguf
     from edgellm_local.llama.stand_ins import STAND_INS
 
     stand_in = STAND_INS[name]

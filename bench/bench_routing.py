@@ -33,7 +33,7 @@ import httpx
 from bench.edge_process import running_edge
 from edgellm.config import Config
 from edgellm.routing.tokenizer import Tokenizer
-from edgellm_local.llama.binding import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 from edgellm_local.edge import EdgeSettings, build_deps
 from edgellm_local.doubles.faults import FaultPlan, FaultyAI
 from edgellm_local.emulator.server import EdgeApp, EdgeServer

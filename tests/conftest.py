@@ -14,7 +14,8 @@ import pytest
 from edgellm.config import Config
 from edgellm.ports import Clock, Deps, SystemClock
 from edgellm.state import IsolateState
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.emulator.assets import StaticAssets
 from edgellm_local.edge import DEFAULT_PUBLIC
 from edgellm_local.emulator.kv import SqliteKV

@@ -66,7 +66,7 @@ def edge_block_count(blocks: int, layers_at_centre: int) -> int:
 
 
 def default_model() -> Path:
-    from edgellm_local.llama.binding import default_model_path
+    from edgellm_local.llama.model_file import default_model_path
 
     return default_model_path()
 

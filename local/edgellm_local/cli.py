@@ -61,7 +61,7 @@ def _dev(args: argparse.Namespace) -> int:
 
 def _serve_dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
-    from edgellm_local.llama.binding import ModelFileError
+    from edgellm_local.llama.model_file import ModelFileError
     from edgellm_local.llama.stand_ins import StandInMissing, resolve_model
     from edgellm_local.edge import EdgeSettings, build_app, dev_stack
     from edgellm_local.doubles.faults import FaultPlan

@@ -12,7 +12,9 @@ from edgellm.config import Config
 from edgellm.ports import Clock, Deps, SystemClock
 from edgellm.state import IsolateState
 
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner, check_gguf
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import check_gguf
 from edgellm_local.llama.slot_pool import DEFAULT_DISK_BUDGET, SlotPool
 from edgellm_local.doubles.faults import FaultAdmin, FaultPlan, FaultyAI
 from edgellm_local.emulator.assets import StaticAssets

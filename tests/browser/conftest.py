@@ -22,7 +22,7 @@ import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
 from edgellm.ports import BlobStore
-from edgellm_local.llama.binding import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 from edgellm_local.emulator.r2 import FileR2
 from edgellm_local.emulator.server import EdgeServer
 

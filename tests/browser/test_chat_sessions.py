@@ -11,7 +11,8 @@ import pytest
 from playwright.async_api import Page, expect
 
 from edgellm.ports import Deps
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.emulator.server import EdgeServer
 from edgellm_local.llama.slot_pool import SlotPool
 

@@ -21,7 +21,9 @@ from playwright.async_api import Browser, BrowserContext, Page, Request, expect
 
 from edgellm.config import Config
 from edgellm.ports import BlobStore, R2Conditional, R2Object, R2Range
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner, default_model_path
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import default_model_path
 from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, DESKTOP, PUBLISHED_NAME, _shoot

@@ -19,7 +19,8 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.ports import BindingError, CapacityExceeded
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.emulator.server import EdgeServer
 from tests.conftest import target_headers
 from tests.support.fake_ai import FailingAI, RetiringAI

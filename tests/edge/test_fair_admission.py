@@ -16,7 +16,8 @@ import pytest
 
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.llama.slot_pool import SlotPool
 from tests.edge.test_budgets import WAIT, GatedAI
 

@@ -370,7 +370,8 @@ def test_message_count_and_length_are_limited(edge: EdgeServer) -> None:
 
 def test_a_full_inference_queue_is_a_503_with_retry_after(start_edge, make_deps, tiny_model: Path) -> None:
     """Misses beyond the runner's queue are refused at once (Workers AI's 3040), not left waiting."""
-    from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+    from edgellm_local.llama.binding import LlamaCppAI
+    from edgellm_local.llama.runner import LlamaCppRunner
 
     config = Config(open_access=True)
     runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, max_waiting=1, threads=1).load()

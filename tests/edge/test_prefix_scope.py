@@ -15,7 +15,8 @@ import pytest
 
 from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.llama.slot_pool import SlotPool
 
 SYSTEM = {"role": "system", "content": "You answer questions about the sea, briefly and politely, in plain words. "

@@ -21,7 +21,8 @@ from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
 from edgellm.conversations import conversation_of
 from edgellm.ports import Deps
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.emulator.conversation_sqlite import conversation_factory
 from edgellm_local.emulator.durable import DEFAULT_MAX_LIVE, LocalDurableObjectNamespace
 from edgellm_local.emulator.server import EdgeServer

@@ -25,7 +25,7 @@ import pytest
 import xllamacpp
 from tokenizers import Tokenizer
 
-from edgellm_local.llama.binding import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 from edgellm_local.llama.embedded_server import start_server
 from edgellm_local.hub.gguf_tokenizer import UnsupportedVocabulary, build_tokenizer, model_config, parity_warnings, spm_merges, tokenizer_config
 from tests.support import tiny_gguf

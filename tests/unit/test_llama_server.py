@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from edgellm.ports import BindingError
-from edgellm_local.llama.binding import LlamaCppRunner, RunnerStopping
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.errors import RunnerStopping
 
 ROOT = Path(__file__).resolve().parents[2]
 DROPS = 20  # unmitigated, about one drop in three hangs: 20 in a row pass by luck once in ~3000 runs

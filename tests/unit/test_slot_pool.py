@@ -11,7 +11,8 @@ from typing import Any, AsyncIterator, Iterator
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.llama.binding import LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.llama.slot_pool import SlotPool
 from tests.support.tiny_gguf import write_tiny_gguf
 

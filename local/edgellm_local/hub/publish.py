@@ -26,7 +26,7 @@ from edgellm.artifacts.names import JSON, OCTETS, validate_name
 from edgellm.errors import GatewayError
 from edgellm.ports import BindingError
 
-from edgellm_local.llama.binding import ModelFileError, check_gguf
+from edgellm_local.llama.model_file import ModelFileError, check_gguf
 from edgellm_local.hub.manifest import ArtifactFile, Manifest, ModelFile, Shard
 from edgellm_local.hub.sinks import CHUNK_SIZE, ArtifactSink, BlobStoreSink, Body, FileSlice, SinkError, WranglerSink, wrangler_bucket
 

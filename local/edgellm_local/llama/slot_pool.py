@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 import blake3
 
 if TYPE_CHECKING:
-    from edgellm_local.llama.binding import LlamaCppRunner
+    from edgellm_local.llama.runner import LlamaCppRunner
 
 DEFAULT_DISK_BUDGET = 2 * 1024**3
 log = logging.getLogger("edgellm.slots")

@@ -401,12 +401,12 @@ async def test_a_new_question_under_a_long_shared_system_prompt_goes_where_that_
 
 
 def test_prompt_text_matches_on_messages_in_order() -> None:
-    from edgellm_local.llama.slot_pool import _common_start, prompt_text
+    from edgellm_local.llama.slot_match import common_start, prompt_text
 
     one = prompt_text({"messages": [{"role": "user", "content": "hello"}]})
     two = prompt_text({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]})
-    assert two.startswith(one) and _common_start(one, two) == len(one)
-    assert _common_start("abcdef", "abcxyz") == 3 and _common_start("", "abc") == 0 and _common_start("abc", "abc") == 3
+    assert two.startswith(one) and common_start(one, two) == len(one)
+    assert common_start("abcdef", "abcxyz") == 3 and common_start("", "abc") == 0 and common_start("abc", "abc") == 3
     assert prompt_text({"prompt": "raw text"}) == "raw text"
 
 
@@ -527,7 +527,7 @@ async def test_a_new_conversation_starts_from_its_own_tenants_saved_or_kept_stat
 
 
 def test_a_sessions_tenant_is_the_admitted_one_only_where_its_name_agrees() -> None:
-    from edgellm_local.llama.slot_pool import session_scope
+    from edgellm_local.llama.slot_match import session_scope
 
     assert session_scope("acme:chat-1", "acme") == "acme"  # a keyed tenant's session
     assert session_scope("chat-1", "default") == "default"  # a keyless caller's bare name, under the default tenant

@@ -29,8 +29,11 @@ from edgellm_local.llama.event_streams import Prepended, leased, structured_even
 from edgellm_local.llama.grammar import ToolPlan
 from edgellm_local.llama.input_schema import InputSchema
 from edgellm_local.llama.runner import LlamaCppRunner
-from edgellm_local.llama.slot_pool import SlotLease, SlotPool, prompt_text, session_scope
+from edgellm_local.llama.slot_match import prompt_text, session_scope
+from edgellm_local.llama.slot_pool import SlotPool
+from edgellm_local.llama.slot_state import SlotLease
 from edgellm_local.llama.wire import to_llama_request
+
 
 @dataclass
 class LlamaCppAI:

@@ -23,7 +23,7 @@ async def stream_events(runner: LlamaCppRunner, kind: str, body: dict[str, Any],
     try:
         forget = runner.track(cancelled)  # a runner that stops stops this generation too
     except BaseException:
-        runner.release()
+        runner.release(tenant)
         if placed:
             runner.starts.release()
         raise

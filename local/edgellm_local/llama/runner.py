@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgellm.admission import fair_share
+from edgellm.admission import Admission, Ticket
+from edgellm.errors import GatewayError
 from edgellm.ports import BindingError, CapacityExceeded
 
 from edgellm_local.llama.control_tokens import special_pattern, special_texts
@@ -25,6 +26,12 @@ from edgellm_local.llama.start_places import StartPlaces
 
 # A user message's text, to find where the chat template puts it (never sent to the model).
 NEXT_TURN = "EDGELLM_NEXT_TURN_5f1c2a"
+# The runner's queue bound per llama.cpp slot, unless `max_waiting` says otherwise: generations in
+# flight or waiting for a slot. The gateway's admission (`Config.max_waiting_generations`, 32 per
+# isolate) is the same policy in front of it; this is the binding's own capacity, as Workers AI
+# has one (3040). With 8 per slot, misses admitted under bench_abuse's 200 clients on two busy
+# cores waited past a client's 120 s.
+QUEUE_PER_SLOT = 4
 
 
 @dataclass
@@ -38,15 +45,14 @@ class LlamaCppRunner:
     slot_dir: Path | None = None  # where llama.cpp saves slot states (a SlotPool manages them)
     cache_ram_mib: int | None = None  # llama.cpp's own RAM prompt cache; 0 turns it off
     chat_template: str | None = None  # overrides the GGUF's own template (llama.cpp's --chat-template)
-    # generations in flight or queued (default 4 per slot: with 8, misses admitted under bench_abuse's
-    # 200 clients on two busy cores waited past a client's 120 s; refused, they get a 503 + Retry-After)
+    # generations in flight or queued (default QUEUE_PER_SLOT per slot); refused, they get a 503 + Retry-After
     max_waiting: int | None = None
     # how long a request may wait for a slot before it is refused (503 + Retry-After): the
     # queue bounds how many wait, this how long (4 streams once waited 90 s without a byte)
     start_timeout: float = 30.0
     _server: Any = field(default=None, init=False, repr=False)
-    _active: int = field(default=0, init=False, repr=False)
-    _tenants: dict[str | None, int] = field(default_factory=dict, init=False, repr=False)  # places each tenant holds
+    _queue: Admission = field(default_factory=Admission, init=False, repr=False)  # the generations admitted (admit)
+    _tickets: dict[str | None, list[Ticket]] = field(default_factory=dict, init=False, repr=False)  # each tenant's places
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stopping: bool = field(default=False, init=False, repr=False)  # no new generations (cancel_generations)
     _closed: bool = field(default=False, init=False, repr=False)  # no server either (close)
@@ -171,23 +177,28 @@ class LlamaCppRunner:
     def admit(self, tenant: str | None = None) -> None:
         """Hold a place in this runner's queue, or refuse as Workers AI does when it is full
         (3040, a 503 with Retry-After): a flood of misses waits in a bounded line, not forever.
-        Each tenant holds at most its fair share of the places (`admission.fair_share`)."""
+        The queue is the core's own `Admission` (the same count and the same fair share per
+        tenant), bounded by this runner's `max_waiting`; only the refusal is the binding's."""
         with self._lock:
-            limit = self.max_waiting or 4 * max(1, self.n_parallel)
-            held = self._tenants.get(tenant, 0)
-            if self._active >= limit or held >= fair_share(limit, self._tenants, tenant):
-                raise CapacityExceeded("3040: Capacity temporarily exceeded, please try again.")
-            self._active += 1
-            self._tenants[tenant] = held + 1
+            try:
+                ticket = self._queue.admit(self.max_waiting or QUEUE_PER_SLOT * max(1, self.n_parallel), tenant)
+            except GatewayError:
+                raise CapacityExceeded("3040: Capacity temporarily exceeded, please try again.") from None
+            self._tickets.setdefault(tenant, []).append(ticket)
 
     def release(self, tenant: str | None = None) -> None:
+        """Give back a place `tenant` holds (none held: nothing to give back)."""
         with self._lock:
-            self._active = max(0, self._active - 1)
-            held = self._tenants.get(tenant, 0) - 1
-            if held > 0:
-                self._tenants[tenant] = held
-            else:
-                self._tenants.pop(tenant, None)
+            tickets = self._tickets.get(tenant)
+            if tickets:
+                tickets.pop().release()
+                if not tickets:
+                    del self._tickets[tenant]
+
+    @property
+    def _active(self) -> int:
+        """Places held now."""
+        return self._queue.active
 
     @property
     def slot_context(self) -> int:

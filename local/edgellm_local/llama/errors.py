@@ -27,7 +27,7 @@ def llama_exception(exc: BaseException) -> BindingError:
     """llama.cpp raises ValueError for input it refuses (its HTTP server answers those with 400,
     e.g. a chat ending in two assistant messages); anything else is the runner failing."""
     if isinstance(exc, ValueError):  # its text is llama.cpp's: the client reads the edge's own words (errors.binding_error)
-        refusal = refusal(f"5006: llama.cpp: {exc}")
+        refusal = refusal_of(f"5006: llama.cpp: {exc}")
         if isinstance(refusal, ContextWindowExceeded):
             return refusal  # the gateway says its figures
         return with_public(refusal, "the model's chat template refused the messages (e.g. a conversation that ends in two "
@@ -35,7 +35,7 @@ def llama_exception(exc: BaseException) -> BindingError:
     return BindingError(f"llama.cpp failed: {exc}")
 
 
-def refusal(message: str) -> InvalidModelInput:
+def refusal_of(message: str) -> InvalidModelInput:
     """llama.cpp's refusal of an input; a prompt past the slot's context ("the request (N tokens)
     exceeds the available context size (M tokens)") is the typed context error."""
     if "exceeds the available context size" in message:
@@ -48,4 +48,4 @@ def raise_llama_error(result: Any) -> None:
         error = result["error"]
         message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
         code = error.get("code") if isinstance(error, dict) else None
-        raise refusal(f"llama.cpp: {message}") if code == 400 else BindingError(f"llama.cpp: {message}")
+        raise refusal_of(f"llama.cpp: {message}") if code == 400 else BindingError(f"llama.cpp: {message}")

@@ -16,10 +16,11 @@ import pytest
 
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
+from edgellm_local.doubles.scripted import ScriptedAI
 from edgellm_local.llama.binding import LlamaCppAI
 from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.llama.slot_pool import SlotPool
-from tests.edge.test_budgets import WAIT, GatedAI
+from tests.edge.test_budgets import WAIT
 
 
 def body(text: str, stream: bool = False) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def body(text: str, stream: bool = False) -> dict[str, Any]:
 def tenants_edge(start_edge, make_deps, clock):
     def make(config: Config, ai: Any = None, **gate: Any):
         base = make_deps(config=config, clock=clock, **({"ai": ai} if ai is not None else {}))
-        gated = GatedAI(base.ai, **gate)
+        gated = ScriptedAI(base.ai, **gate)
         deps = replace(base, ai=gated)
         ring = KeyRing(deps.kv)
 
@@ -47,7 +48,7 @@ def tenants_edge(start_edge, make_deps, clock):
 class Clients:
     """Requests sent from threads; `statuses` fill as their answers (or stream heads) arrive."""
 
-    def __init__(self, server: Any, ai: GatedAI) -> None:
+    def __init__(self, server: Any, ai: ScriptedAI) -> None:
         self.server, self.ai, self.threads = server, ai, []
         self.statuses: list[tuple[str, int]] = []
 
@@ -66,7 +67,7 @@ class Clients:
 
     def wait(self, condition: Any) -> None:
         with self.ai.arrived:
-            assert self.ai.arrived.wait_for(condition, WAIT), (self.statuses, self.ai.calls, self.ai.stalls)
+            assert self.ai.arrived.wait_for(condition, WAIT), (self.statuses, self.ai.called, self.ai.stalls)
 
     def finish(self) -> None:
         self.ai.gate.set()
@@ -81,11 +82,11 @@ def test_the_workers_admission_keeps_a_share_for_another_tenant(tenants_edge) ->
     try:
         for i in range(4):  # Bob's burst: held at the binding once admitted
             clients.send(b, f"bob {i}")
-        clients.wait(lambda: ai.calls + len(clients.statuses) >= 4)
-        assert [s for _, s in clients.statuses] == [503] and ai.calls == 3  # Bob alone holds 3 of 4 places
+        clients.wait(lambda: ai.called + len(clients.statuses) >= 4)
+        assert [s for _, s in clients.statuses] == [503] and ai.called == 3  # Bob alone holds 3 of 4 places
         clients.send(a, "alice")
-        clients.wait(lambda: ai.calls == 4 or len(clients.statuses) == 2)
-        assert ai.calls == 4, clients.statuses  # Alice is admitted beside Bob's burst
+        clients.wait(lambda: ai.called == 4 or len(clients.statuses) == 2)
+        assert ai.called == 4, clients.statuses  # Alice is admitted beside Bob's burst
     finally:
         clients.finish()
     assert sorted(clients.statuses) == [("alice", 200), ("bob", 200), ("bob", 200), ("bob", 200), ("bob", 503)]
@@ -121,7 +122,7 @@ def test_a_request_that_cannot_start_in_time_is_a_503_with_retry_after(start_edg
                             start_timeout=1.0).load()
     inner = LlamaCppAI.for_config(config, runner)
     inner.slots = SlotPool(runner)
-    ai = GatedAI(inner, stall_after=1)
+    ai = ScriptedAI(inner, stall_after=1)
     server = start_edge(make_deps(config=config, ai=ai))
     holder = threading.Thread(target=lambda: httpx.post(server.url + "/v1/chat/completions", json=body("hold the slot", True),
                                                         headers={"cf-aig-skip-cache": "true"}, timeout=WAIT))
@@ -199,32 +200,6 @@ def test_the_workers_admission_answers_a_stream_that_cannot_start_with_a_503(sta
     assert httpx.post(server.url + "/v1/chat/completions", json=body("whole"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200
 
 
-class StalledRuns:
-    """A binding (the Worker's Workers AI, faked at the seam) whose whole-answer calls never
-    return: the stalled `ai.run` of item 15, which shows no moment it starts. `cancelled` is set
-    when the gateway gives up on a call."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.calls = inner, 0
-        self.calling, self.cancelled = threading.Event(), threading.Event()
-
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model)
-
-    async def run(self, model: str, inputs: Any, **options: Any) -> dict[str, Any]:
-        self.calls += 1
-        self.calling.set()
-        try:
-            await asyncio.Event().wait()  # never answers
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-        raise AssertionError("unreachable")
-
-    async def stream(self, model: str, inputs: Any, **options: Any) -> Any:
-        return await self.inner.stream(model, inputs, **options)
-
-
 ROUTES = {
     "chat": ("/v1/chat/completions", lambda text: body(text)),
     "responses": ("/v1/responses", lambda text: {"input": text, "max_output_tokens": 8, "temperature": 0, "store": False}),
@@ -244,7 +219,7 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
 
     config = Config(admin_token=ADMIN, start_timeout_seconds=0.5, run_min_tokens_per_second=1000)
     base = make_deps(config=config, clock=clock)
-    ai, usage = StalledRuns(base.ai), NotifyingUsage(SqliteUsage(tmp_path / "usage.sqlite3"))
+    ai, usage = ScriptedAI(base.ai, hold_runs=True), NotifyingUsage(SqliteUsage(tmp_path / "usage.sqlite3"))
     deps = replace(base, ai=ai, usage=usage)
     made = new_key("acme", clock.now(), requests_per_minute=0, token_budget=10_000)
     asyncio.run(KeyRing(deps.kv).put(made.record))
@@ -256,7 +231,7 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
         assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
         assert ai.cancelled.wait(WAIT), "the stalled call was never cancelled"
         ai.cancelled.clear()
-        assert ai.calls == attempt  # the second identical request reached the binding: nothing was cached
+        assert ai.called == attempt  # the second identical request reached the binding: nothing was cached
         error = waited.json()["errors"][0] if route == "workers-ai" else waited.json()["error"]
         if route == "workers-ai":
             assert "did not finish this answer" in error["message"]

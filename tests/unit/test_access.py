@@ -21,7 +21,7 @@ from edgellm.http import Request
 from edgellm.ports import BindingError, Deps
 from edgellm.state import AccessState
 from edgellm_local.emulator.kv import SqliteKV
-from tests.support.fake_ai import OpenStreamAI, ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 
 def test_request_window_refuses_then_recovers_on_the_clock(clock) -> None:
@@ -120,7 +120,7 @@ async def test_a_stream_closed_early_frees_its_admission_closes_the_binding_and_
     leaks every miss in the isolate is a 503), the binding keeps streaming, and nothing is recorded."""
     from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
-    ai, usage, background = OpenStreamAI(), SqliteUsage(tmp_path / "usage.sqlite3"), []
+    ai, usage, background = ScriptedAI(open_streams=True), SqliteUsage(tmp_path / "usage.sqlite3"), []
     deps = Deps(config=Config(open_access=True), ai=ai, kv=SqliteKV(clock=clock) if cached else None, clock=clock,
                 log=logging.getLogger("edgellm.test"), usage=usage, wait_until=background.append)
     body = {**STREAMED[path], "temperature": 0} if cached else STREAMED[path]

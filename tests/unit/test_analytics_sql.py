@@ -15,7 +15,7 @@ from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.http import Request
 from edgellm.ports import Deps, FetchResponse, UsageNotQueryable
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 ADMIN = "admin-secret"
 

@@ -17,7 +17,7 @@ from edgellm.http import Request
 from edgellm.ports import Deps
 from edgellm_local.emulator.kv import SqliteKV
 from tests.support import fake_pyodide as fp
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 

@@ -19,7 +19,7 @@ from edgellm.config import Config
 from edgellm.generation import Finish, Token, ToolCall, ToolCallDelta, Usage
 from edgellm.openai import parse_chat_request
 from edgellm.ports import Deps, ModelNotFound
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 from tests.unit.test_app import assert_error, body_json, post, sse_events
 
 HERMES = "@hf/nousresearch/hermes-2-pro-mistral-7b"  # JSON mode and tools, per Cloudflare's lists
@@ -45,8 +45,8 @@ class FunctionCallingAI(ScriptedAI):
         return result
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        self._call(model, inputs)
-        return self._tool_events() if self.tool_calls is not None else self._events()
+        self._arrive(model, inputs, None)
+        return self._tool_events() if self.tool_calls is not None else self._scripted()
 
     async def _tool_events(self) -> AsyncIterator[dict[str, Any]]:
         yield {"response": "", "tool_calls": self.tool_calls}

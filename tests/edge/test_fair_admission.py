@@ -27,6 +27,22 @@ def body(text: str, stream: bool = False) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 8, "stream": stream}
 
 
+SKIP_CACHE = {"cf-aig-skip-cache": "true"}
+
+
+def chat(server: Any, text: str, stream: bool = False, timeout: float = WAIT) -> httpx.Response:
+    """One chat completion past the answer cache (every request here must reach admission)."""
+    return httpx.post(server.url + "/v1/chat/completions", json=body(text, stream), headers=SKIP_CACHE, timeout=timeout)
+
+
+def assert_cannot_start_in_a_second(server: Any) -> None:
+    """JSON and stream alike: a 503 with Retry-After, `capacity_exceeded`, naming the 1 s deadline."""
+    for stream in (False, True):
+        waited = chat(server, f"wait {stream}", stream, timeout=20)
+        assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
+        assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+
+
 @pytest.fixture
 def tenants_edge(start_edge, make_deps, clock):
     def make(config: Config, ai: Any = None, **gate: Any):
@@ -54,7 +70,7 @@ class Clients:
 
     def send(self, key: NewKey, text: str, stream: bool = False) -> None:
         def run() -> None:
-            headers = {"authorization": f"Bearer {key.api_key}", "cf-aig-skip-cache": "true"}
+            headers = {"authorization": f"Bearer {key.api_key}", **SKIP_CACHE}
             with httpx.stream("POST", self.server.url + "/v1/chat/completions", json=body(text, stream), headers=headers, timeout=WAIT) as r:
                 with self.ai.arrived:
                     self.statuses.append((key.record.tenant, r.status_code))
@@ -124,20 +140,15 @@ def test_a_request_that_cannot_start_in_time_is_a_503_with_retry_after(start_edg
     inner.slots = SlotPool(runner)
     ai = ScriptedAI(inner, stall_after=1)
     server = start_edge(make_deps(config=config, ai=ai))
-    holder = threading.Thread(target=lambda: httpx.post(server.url + "/v1/chat/completions", json=body("hold the slot", True),
-                                                        headers={"cf-aig-skip-cache": "true"}, timeout=WAIT))
+    holder = threading.Thread(target=lambda: chat(server, "hold the slot", True))
     holder.start()
     try:
         assert ai.stalled.wait(WAIT)  # the only slot is held by a stream
-        for stream in (False, True):
-            waited = httpx.post(server.url + "/v1/chat/completions", json=body(f"wait {stream}", stream),
-                                headers={"cf-aig-skip-cache": "true"}, timeout=20)
-            assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
-            assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+        assert_cannot_start_in_a_second(server)
     finally:
         ai.gate.set()
         holder.join(WAIT)
-    assert httpx.post(server.url + "/v1/chat/completions", json=body("after"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200
+    assert chat(server, "after").status_code == 200
 
 
 def test_without_a_slot_pool_a_request_that_cannot_start_in_time_is_a_503(start_edge, make_deps, tiny_model: Path) -> None:
@@ -152,52 +163,29 @@ def test_without_a_slot_pool_a_request_that_cannot_start_in_time_is_a_503(start_
         server = start_edge(make_deps(config=config, ai=ai))
         asyncio.run(runner.starts.acquire(1))  # the busy slot
         try:
-            for stream in (False, True):
-                waited = httpx.post(server.url + "/v1/chat/completions", json=body(f"wait {stream}", stream),
-                                    headers={"cf-aig-skip-cache": "true"}, timeout=20)
-                assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
-                assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+            assert_cannot_start_in_a_second(server)
         finally:
             runner.starts.release()
         for stream in (False, True):
-            after = httpx.post(server.url + "/v1/chat/completions", json=body(f"after {stream}", stream),
-                               headers={"cf-aig-skip-cache": "true"}, timeout=WAIT)
+            after = chat(server, f"after {stream}", stream)
             assert after.status_code == 200, after.text
         assert runner.starts.free == 1  # every place came back
     finally:
         runner.close()
 
 
-class UnopenedStreams:
-    """A binding (the Worker's Workers AI, faked at the seam) whose streams never open: the
-    overloaded backend of item 15, seen from the Worker's own admission path."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.opening = inner, threading.Event()
-
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model)
-
-    async def run(self, model: str, inputs: Any, **options: Any) -> dict[str, Any]:
-        return await self.inner.run(model, inputs, **options)
-
-    async def stream(self, model: str, inputs: Any, **options: Any) -> Any:
-        self.opening.set()
-        await asyncio.Event().wait()  # never opens; cancelled when the deadline passes
-
-
 def test_the_workers_admission_answers_a_stream_that_cannot_start_with_a_503(start_edge, make_deps) -> None:
     config = Config(open_access=True, start_timeout_seconds=1.0)
     base = make_deps(config=config)
-    ai = UnopenedStreams(base.ai)
+    ai = ScriptedAI(base.ai, hold_streams=True)  # its streams never open; cancelled when the deadline passes
     server = start_edge(replace(base, ai=ai))
-    waited = httpx.post(server.url + "/v1/chat/completions", json=body("never opens", True), headers={"cf-aig-skip-cache": "true"}, timeout=20)
-    assert ai.opening.is_set()
+    waited = chat(server, "never opens", True, timeout=20)
+    assert ai.called == 1  # the stream call reached the binding
     assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
     error = waited.json()["error"]
     assert error["code"] == "start_timeout" and "1 s" in error["message"] and set(error) == {"message", "type", "param", "code"}
     assert server.app.deps.state.admission.active == 0  # its place came back
-    assert httpx.post(server.url + "/v1/chat/completions", json=body("whole"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200
+    assert chat(server, "whole").status_code == 200
 
 
 ROUTES = {
@@ -252,10 +240,9 @@ def test_the_local_binding_stalled_by_fault_injection_gets_the_whole_answer_dead
     base = make_deps(config=config)
     ai = FaultyAI(base.ai, FaultPlan(delay_first=1, delay_s=3600))
     server = start_edge(replace(base, ai=ai))
-    waited = httpx.post(server.url + "/v1/chat/completions", json=body("held"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT)
+    waited = chat(server, "held")
     assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
     assert waited.json()["error"]["code"] == "answer_timeout" and ai.injected["delay_first"] == 1
     ai.plan = FaultPlan()  # the fault gone, a stream over the same binding still answers
-    streamed = httpx.post(server.url + "/v1/chat/completions", json=body("free", stream=True), headers={"cf-aig-skip-cache": "true"},
-                          timeout=WAIT)
+    streamed = chat(server, "free", stream=True)
     assert streamed.status_code == 200 and "data: [DONE]" in streamed.text

@@ -59,7 +59,8 @@ class ScriptedAI:
     ("deprecated"), `fail` is raised at every call; `fail_after` makes a stream raise
     `mid_stream` instead of its event of that index (0-based).
     Gates (`gate`, opened by the test): `hold_calls` holds every call before it starts
-    (`waiting` counts the held); `hold_runs` holds a whole answer (`run`) after it arrived;
+    (`waiting` counts the held); `hold_runs` holds a whole answer (`run`) after it arrived,
+    `hold_streams` a stream before it opens;
     `stall_after` holds a stream after that many text events (`stalled`, `stalls`);
     `hold_after_first` holds a stream after its first event until it is closed.
     Counters: `calls` (model, inputs), `models`, `sessions`, `called`, `sent` (scripted tokens
@@ -81,6 +82,7 @@ class ScriptedAI:
     gate: threading.Event = field(default_factory=threading.Event)
     hold_calls: bool = False
     hold_runs: bool = False
+    hold_streams: bool = False
     stall_after: int | None = None
     hold_after_first: bool = False
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -147,6 +149,8 @@ class ScriptedAI:
     async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
         self._arrive(model, inputs, options.get("session"))
         await self._held_call()
+        if self.hold_streams:
+            await self._hold()
         if self.inner is None:
             if self.open_streams:
                 self.streams.append(OpenStream(self._script()))

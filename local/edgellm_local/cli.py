@@ -17,31 +17,11 @@ from typing import Any
 from edgellm.config import Config
 
 from edgellm_local.emulator.access_log import install as install_access_log
+from edgellm_local.cli_args import PORT, POSITIVE
 from edgellm_local.deploy_check import add_parser as add_deploy_check_parser
 from edgellm_local.keys_cli import add_parser as add_keys_parser
 from edgellm_local.hub.publish import add_parser as add_publish_parser
 from edgellm_local.llama.stand_ins import DEFAULT_STAND_IN, STAND_INS
-
-
-def _port(text: str) -> int:
-    """A TCP port (0 = any free one), refused by argparse with a message, not a traceback."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
-    return port
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -190,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
-    dev.add_argument("--port", type=_port, default=8787, help="TCP port (default: %(default)s)")
+    dev.add_argument("--port", type=PORT, default=8787, help="TCP port (default: %(default)s)")
     dev.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     dev.add_argument("--model", help="the model standing in for the configured one: a stand-in's name "
                                      f"({', '.join(STAND_INS)}; README, 'Stand-in models') or a GGUF path (default: {DEFAULT_STAND_IN})")
@@ -201,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
     dev.add_argument("--ctx-size", type=int, default=4096, help="llama.cpp context, shared by the slots (default: %(default)s)")
     dev.add_argument("--slots", type=int, default=2, help="llama.cpp slots: conversations computed at once (default: %(default)s)")
-    dev.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
+    dev.add_argument("--threads", type=POSITIVE, default=os.cpu_count() or 1,
                      help="llama.cpp threads for generation and prompts (default: the machine's cores, %(default)s)")
     dev.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                      help="skip the short generation at start-up that prints tokens/s")

@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8787
-# the model standing in for Workers AI: a stand-in's name (local/edgellm_local/stand_ins.py) or a GGUF path
+# the model standing in for Workers AI: a stand-in's name (local/edgellm_local/llama/stand_ins.py) or a GGUF path
 MODEL ?= smollm2-135m
 
 .PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split llama-server deploy-check deploy clean
@@ -115,7 +115,7 @@ vendor-wllama: public/vendor/wllama/.vendored
 # `edgellm pull` have something to serve; published once (the stamp), republishing is a no-op.
 STATE := .state
 $(STATE)/.published-smollm2-135m: | $(VENV)/.installed-local
-	$(BIN)/edgellm publish "$$($(BIN)/python -c 'from edgellm_local.ai import default_model_path; print(default_model_path())')" \
+	$(BIN)/edgellm publish "$$($(BIN)/python -c 'from edgellm_local.llama.model_file import default_model_path; print(default_model_path())')" \
 	  --name smollm2-135m --state $(STATE)
 	touch $@
 

@@ -39,7 +39,7 @@ import httpx
 
 from bench.bench_cache import percentile
 from bench.edge_process import running_edge
-from edgellm_local.ai import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 
 HIT_BODY = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 16}
 KINDS = (("hit", 50), ("miss", 4), ("stream", 4), ("bad_request", 15), ("bad_key", 12), ("artifact_range", 15))

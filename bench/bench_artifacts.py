@@ -50,8 +50,8 @@ from typing import Iterator
 
 
 from bench.edge_process import cpu_seconds, free_port, running_edge
-from edgellm_local.publish import parse_size
-from edgellm_local.r2 import FileR2
+from edgellm_local.hub.publish import parse_size
+from edgellm_local.emulator.r2 import FileR2
 from tests.support.tiny_gguf import write_tiny_gguf
 
 NAME = "bench-model"

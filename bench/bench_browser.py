@@ -27,7 +27,7 @@ from playwright.sync_api import sync_playwright
 from tokenizers import Tokenizer
 
 from bench.edge_process import running_edge
-from edgellm_local.ai import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 
 NAME = "smollm2-135m"
 CHROMIUM = "/usr/bin/chromium"

@@ -46,7 +46,7 @@ from bench.edge_process import load_average, running_edge
 from edgellm.config import DEFAULT_MODEL
 from edgellm.sse import SSEDecoder
 from bench.peer_llama import ENV_VAR, find_llama_server, running_llama_server
-from edgellm_local.ai import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 
 CTX = 8192
 SLOTS = 2

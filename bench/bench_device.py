@@ -37,7 +37,7 @@ import httpx
 from playwright.sync_api import Page, expect, sync_playwright
 
 from bench.edge_process import running_edge
-from edgellm_local.ai import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 
 NAME = "smollm2-135m"
 CHROMIUM = "/usr/bin/chromium"

@@ -35,7 +35,8 @@ import httpx
 from bench.edge_process import load_average, running_edge
 from bench.peer_llama import ENV_VAR, find_llama_server, running_llama_server
 from edgellm.config import DEFAULT_MODEL
-from edgellm_local.ai import LlamaCppRunner, default_model_path
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import default_model_path
 
 PROMPTS = (
     "Write a long story about a lighthouse keeper during a storm.",

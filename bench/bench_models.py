@@ -245,8 +245,10 @@ async def _bounded(asked: Any, q: Question, show: bool) -> dict[str, Any]:
 
 def worker(name: str, threads: int, show: bool) -> dict[str, Any]:
     from edgellm.config import Config
-    from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, check_gguf
-    from edgellm_local.stand_ins import STAND_INS
+    from edgellm_local.llama.binding import LlamaCppAI
+    from edgellm_local.llama.runner import LlamaCppRunner
+    from edgellm_local.llama.model_file import check_gguf
+    from edgellm_local.llama.stand_ins import STAND_INS
 
     stand_in = STAND_INS[name]
     path = check_gguf(stand_in.locate())
@@ -276,7 +278,7 @@ def worker(name: str, threads: int, show: bool) -> dict[str, Any]:
 # ---- the driver ---------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    from edgellm_local.stand_ins import STAND_INS, StandInMissing
+    from edgellm_local.llama.stand_ins import STAND_INS, StandInMissing
 
     parser = argparse.ArgumentParser(prog="bench.bench_models", description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(STAND_INS), help="comma-separated stand-in names (default: %(default)s)")

@@ -33,10 +33,10 @@ import httpx
 from bench.edge_process import load_average, running_edge
 from edgellm.config import Config
 from edgellm.tokenizer import Tokenizer
-from edgellm_local.ai import default_model_path
+from edgellm_local.llama.model_file import default_model_path
 from edgellm_local.edge import EdgeSettings, build_deps
-from edgellm_local.faults import FaultPlan, FaultyAI
-from edgellm_local.server import EdgeApp, EdgeServer
+from edgellm_local.doubles.faults import FaultPlan, FaultyAI
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 
 PROMPTS = ("Write a story about a lighthouse.", "Explain how a bicycle works.", "Describe a market at dawn.",
            "Give a recipe for bread.", "Tell me about the history of maps.")
@@ -84,7 +84,7 @@ def counting_cost(repeats: int) -> None:
 
     import gguf
 
-    from edgellm_local.gguf_tokenizer import build_tokenizer
+    from edgellm_local.hub.gguf_tokenizer import build_tokenizer
 
     spec = build_tokenizer(gguf.GGUFReader(default_model_path())).to_str()
     ours, hf = Tokenizer.from_json(json.loads(spec)), HFTokenizer.from_str(spec)

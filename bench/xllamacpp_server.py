@@ -18,7 +18,7 @@ import threading
 def main(argv: list[str]) -> int:
     import xllamacpp
 
-    from edgellm_local.llama_server import start_server
+    from edgellm_local.llama.embedded_server import start_server
 
     model, ctx, parallel, threads = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     params = xllamacpp.CommonParams()

@@ -15,12 +15,13 @@ from edgellm.config import Config
 from edgellm.ports import Clock
 from edgellm.deps import Deps, SystemClock
 from edgellm.state import IsolateState
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.assets import StaticAssets
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.emulator.assets import StaticAssets
 from edgellm_local.edge import DEFAULT_PUBLIC
-from edgellm_local.kv import SqliteKV
-from edgellm_local.r2 import FileR2
-from edgellm_local.server import EdgeApp, EdgeServer
+from edgellm_local.emulator.kv import SqliteKV
+from edgellm_local.emulator.r2 import FileR2
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 from tests.support.tiny_gguf import write_tiny_gguf
 
 

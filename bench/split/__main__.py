@@ -53,7 +53,7 @@ def model_layers(model: Path) -> int:
     import gguf
 
     reader = gguf.GGUFReader(str(model))
-    from edgellm_local.gguf_tokenizer import gguf_value
+    from edgellm_local.hub.gguf_tokenizer import gguf_value
 
     arch = gguf_value(reader, "general.architecture")
     return int(gguf_value(reader, f"{arch}.block_count"))
@@ -66,7 +66,7 @@ def edge_block_count(blocks: int, layers_at_centre: int) -> int:
 
 
 def default_model() -> Path:
-    from edgellm_local.ai import default_model_path
+    from edgellm_local.llama.model_file import default_model_path
 
     return default_model_path()
 

@@ -16,32 +16,12 @@ from typing import Any
 
 from edgellm.config import Config
 
-from .access_log import install as install_access_log
-from .deploy_check import add_parser as add_deploy_check_parser
-from .keys_cli import add_parser as add_keys_parser
-from .publish import add_parser as add_publish_parser
-from .stand_ins import DEFAULT_STAND_IN, STAND_INS
-
-
-def _port(text: str) -> int:
-    """A TCP port (0 = any free one), refused by argparse with a message, not a traceback."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
-    return port
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+from edgellm_local.emulator.access_log import install as install_access_log
+from edgellm_local.cli_args import PORT, POSITIVE
+from edgellm_local.deploy_check import add_parser as add_deploy_check_parser
+from edgellm_local.keys_cli import add_parser as add_keys_parser
+from edgellm_local.hub.publish import add_parser as add_publish_parser
+from edgellm_local.llama.stand_ins import DEFAULT_STAND_IN, STAND_INS
 
 
 def _dev(args: argparse.Namespace) -> int:
@@ -61,11 +41,11 @@ def _dev(args: argparse.Namespace) -> int:
 
 def _serve_dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
-    from .ai import ModelFileError
-    from .stand_ins import StandInMissing, resolve_model
-    from .edge import EdgeSettings, build_app, dev_stack
-    from .faults import FaultPlan
-    from .server import PortInUse, bind_socket, make_server
+    from edgellm_local.llama.model_file import ModelFileError
+    from edgellm_local.llama.stand_ins import StandInMissing, resolve_model
+    from edgellm_local.edge import EdgeSettings, build_app, dev_stack
+    from edgellm_local.doubles.faults import FaultPlan
+    from edgellm_local.emulator.server import PortInUse, bind_socket, make_server
 
     try:
         model, chat_template = resolve_model(args.model)
@@ -98,7 +78,7 @@ def _serve_dev(args: argparse.Namespace) -> int:
         return 2
     ai = app.deps.ai  # the runners' owner, closed on the way out (dev_stack wraps it)
     if args.warm_up:
-        from .warmup import warm_up
+        from edgellm_local.llama.warmup import warm_up
 
         print(warm_up(app.deps.ai.models[config.model]).line(), flush=True)  # type: ignore[attr-defined]
     app.zero_copy = args.sendfile
@@ -181,7 +161,7 @@ def serve_until_stopped(server: Any, sock: Any, ai: Any) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from .pull import run
+    from edgellm_local.hub.pull import run
 
     return run(args)
 
@@ -190,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
-    dev.add_argument("--port", type=_port, default=8787, help="TCP port (default: %(default)s)")
+    dev.add_argument("--port", type=PORT, default=8787, help="TCP port (default: %(default)s)")
     dev.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     dev.add_argument("--model", help="the model standing in for the configured one: a stand-in's name "
                                      f"({', '.join(STAND_INS)}; README, 'Stand-in models') or a GGUF path (default: {DEFAULT_STAND_IN})")
@@ -201,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
     dev.add_argument("--ctx-size", type=int, default=4096, help="llama.cpp context, shared by the slots (default: %(default)s)")
     dev.add_argument("--slots", type=int, default=2, help="llama.cpp slots: conversations computed at once (default: %(default)s)")
-    dev.add_argument("--threads", type=_positive, default=os.cpu_count() or 1,
+    dev.add_argument("--threads", type=POSITIVE, default=os.cpu_count() or 1,
                      help="llama.cpp threads for generation and prompts (default: the machine's cores, %(default)s)")
     dev.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                      help="skip the short generation at start-up that prints tokens/s")

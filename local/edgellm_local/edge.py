@@ -13,18 +13,20 @@ from edgellm.ports import Clock
 from edgellm.deps import Deps, SystemClock
 from edgellm.state import IsolateState
 
-from .ai import LlamaCppAI, LlamaCppRunner, check_gguf
-from .slots import DEFAULT_DISK_BUDGET, SlotPool
-from .faults import FaultAdmin, FaultPlan, FaultyAI
-from .assets import StaticAssets
-from .conversations import conversation_factory
-from .durable import LocalDurableObjectNamespace
-from .kv import SqliteKV
-from .origin_fetch import HttpxFetch
-from .r2 import FileR2
-from .request_log import RequestLog
-from .server import EdgeApp
-from .usage import SqliteUsage
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import check_gguf
+from edgellm_local.llama.slot_pool import DEFAULT_DISK_BUDGET, SlotPool
+from edgellm_local.doubles.faults import FaultAdmin, FaultPlan, FaultyAI
+from edgellm_local.emulator.assets import StaticAssets
+from edgellm_local.emulator.conversation_sqlite import conversation_factory
+from edgellm_local.emulator.durable import LocalDurableObjectNamespace
+from edgellm_local.emulator.kv import SqliteKV
+from edgellm_local.emulator.http_fetch import HttpxFetch
+from edgellm_local.emulator.r2 import FileR2
+from edgellm_local.emulator.request_log import RequestLog
+from edgellm_local.emulator.server import EdgeApp
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PUBLIC = PROJECT_ROOT / "public"
@@ -57,7 +59,7 @@ def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> C
     from edgellm.routing.counting import EdgeTokenizer
     from edgellm.tokenizer import Tokenizer, UnsupportedTokenizer
 
-    from .gguf_tokenizer import UnsupportedVocabulary, build_tokenizer, tokenizer_config
+    from edgellm_local.hub.gguf_tokenizer import UnsupportedVocabulary, build_tokenizer, tokenizer_config
 
     name = f"local:{model_path.name}"
     try:

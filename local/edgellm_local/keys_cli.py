@@ -26,7 +26,8 @@ from typing import Any
 
 from edgellm.access.keys import KeyRecord, KeyRing, new_key, rotated
 
-from .kv import SqliteKV
+from edgellm_local.cli_args import COUNT
+from edgellm_local.emulator.kv import SqliteKV
 
 
 def wrangler_put(record: KeyRecord, binding: str = "CACHE") -> str:
@@ -143,17 +144,6 @@ async def _rotate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(text: str) -> int:
-    """A limit: 0 (unlimited / none) or more; a negative one is refused, never read as unlimited."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (unlimited) or more, got {value}")
-    return value
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     keys = sub.add_parser("keys", help="manage API keys (local KV; prints the wrangler command for Cloudflare)")
     keys.add_argument("--state", default=".state", help="the local edge's state directory")
@@ -164,9 +154,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     create = actions.add_parser("create", help="make a key for a tenant", parents=[state])
     create.add_argument("--tenant", required=True)
     create.add_argument("--name", help="a label")
-    create.add_argument("--rpm", type=_count, default=60, help="requests per minute (0: unlimited)")
-    create.add_argument("--tpm", type=_count, default=0, help="tokens per minute (0: unlimited)")
-    create.add_argument("--budget", type=_count, default=0, help="lifetime token budget (0: none)")
+    create.add_argument("--rpm", type=COUNT, default=60, help="requests per minute (0: unlimited)")
+    create.add_argument("--tpm", type=COUNT, default=0, help="tokens per minute (0: unlimited)")
+    create.add_argument("--budget", type=COUNT, default=0, help="lifetime token budget (0: none)")
     create.add_argument("--model", action="append", help="a model the key may use (repeat; default: all)")
     create.add_argument("--share-cache", action="store_true", help="share cache entries with other tenants that share")
     create.set_defaults(run=lambda a: asyncio.run(_create(a)))

@@ -9,7 +9,7 @@ Worker does with `env.BINDING.get(env.BINDING.idFromName(name)).fetch(...)`.
 
 The object's logic is plain core code (a `DurableObject`); the runtime adapter hosts it (the
 Pyodide one in a `workers.DurableObject` class exported by `src/entry.py`, the local edge in
-`edgellm_local.durable`) and carries requests and responses across, bodies streamed.
+`edgellm_local.emulator.durable`) and carries requests and responses across, bodies streamed.
 """
 
 from __future__ import annotations

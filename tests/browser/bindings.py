@@ -2,17 +2,17 @@
 
 The tiny test model writes a whole answer in a few milliseconds, faster than a browser can show
 that it renders progressively; `PacedAI` spaces its stream events out, the way a real model's
-tokens arrive. `BreakingAI` fails a stream part-way, which the page must report with the API's
-own message.
+tokens arrive (a rate the page must show, not a gate: the library double,
+`edgellm_local.doubles.scripted.ScriptedAI`, fails a stream part-way with `fail_after`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
-from edgellm.ports import AIBinding, BindingError
+from edgellm.ports import AIBinding
 
 
 @dataclass
@@ -41,35 +41,4 @@ class PacedAI:
             finished = True
         finally:
             self.closed_early = not finished
-            await events.aclose()  # type: ignore[attr-defined]
-
-
-@dataclass
-class BreakingAI:
-    """Streams `good_events` events from the real binding, then fails as a dropped upstream would."""
-
-    inner: AIBinding
-    good_events: int = 3
-    message: str = "upstream connection reset"
-    calls: list[str] = field(default_factory=list)
-
-    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
-        return await self.inner.run(model, inputs, **options)
-
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model)
-
-    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
-        self.calls.append(model)
-        return self._breaking(await self.inner.stream(model, inputs, **options))
-
-    async def _breaking(self, events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        try:
-            sent = 0
-            async for event in events:
-                if sent == self.good_events:
-                    raise BindingError(self.message)
-                sent += 1
-                yield event
-        finally:
             await events.aclose()  # type: ignore[attr-defined]

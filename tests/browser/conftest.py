@@ -23,9 +23,9 @@ from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
 from edgellm.config import Config
 from edgellm.ports import BlobStore
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, default_model_path
-from edgellm_local.r2 import FileR2
-from edgellm_local.server import EdgeServer
+from edgellm_local.llama.model_file import default_model_path
+from edgellm_local.emulator.r2 import FileR2
+from edgellm_local.emulator.server import EdgeServer
 
 from .pages import DESKTOP, PHONE, Traffic, new_context
 from .publishing import TokenizerFiles, publish_model, published_tokenizer

@@ -16,8 +16,8 @@ from typing import Any, Coroutine, TypeVar
 from tokenizers import Tokenizer
 
 from edgellm.ports import BlobStore
-from edgellm_local.publish import PublishReport, publish
-from edgellm_local.sinks import BlobStoreSink
+from edgellm_local.hub.publish import PublishReport, publish
+from edgellm_local.hub.sinks import BlobStoreSink
 
 T = TypeVar("T")
 

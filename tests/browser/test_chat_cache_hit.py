@@ -9,7 +9,7 @@ import re
 
 from playwright.async_api import Page, expect
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP
 from .pages import answer_text, ask, open_chat, wait_state

@@ -13,10 +13,12 @@ from typing import Awaitable, Callable
 import httpx
 from playwright.async_api import Page, expect
 
+from edgellm.ports import BindingError
 from edgellm.deps import Deps
-from edgellm_local.server import EdgeServer
+from edgellm_local.doubles.scripted import ScriptedAI
+from edgellm_local.emulator.server import EdgeServer
 
-from .bindings import BreakingAI, PacedAI
+from .bindings import PacedAI
 from .conftest import BROWSER_LOOP
 from .pages import answer_text, ask, open_chat, send, wait_state
 
@@ -135,7 +137,7 @@ async def test_error_mid_stream_is_shown_as_the_api_wrote_it(
     page: Page, make_deps: Callable[..., Deps], start_edge: Callable[..., EdgeServer]
 ) -> None:
     deps = make_deps()
-    edge = start_edge(replace(deps, ai=BreakingAI(deps.ai, good_events=3, message="upstream connection reset")))
+    edge = start_edge(replace(deps, ai=ScriptedAI(deps.ai, fail_after=3, mid_stream=BindingError("upstream connection reset"))))
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50, "stream": True}
     with httpx.stream("POST", f"{edge.url}/v1/chat/completions", json=body) as response:
         assert response.status_code == 200

@@ -11,9 +11,10 @@ import pytest
 from playwright.async_api import Page, expect
 
 from edgellm.deps import Deps
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.server import EdgeServer
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.llama.slot_pool import SlotPool
 
 from .conftest import BROWSER_LOOP
 from .pages import open_chat, send, turn_note, wait_state

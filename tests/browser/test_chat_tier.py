@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 from playwright.async_api import Page, expect
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, shoot
 from .pages import LOAD_TIMEOUT, QUESTION, OpenContext, ask_greedy, edge_answer, open_chat, turn_note, wait_state

@@ -20,7 +20,10 @@ import pytest
 from playwright.async_api import Page, expect
 
 from edgellm.ports import BlobStore, R2Conditional, R2Object, R2Range
-from edgellm_local.server import EdgeServer
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import default_model_path
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, PUBLISHED_NAME, shoot
 from .pages import LOAD_TIMEOUT, MAX_TOKENS, QUESTION, OpenContext, ask_greedy, edge_answer, open_device, turn_note, wait_state

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Page
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP
 

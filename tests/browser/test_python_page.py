@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from playwright.async_api import Page, Request, expect
 
 from edgellm.ports import BlobStore
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, PUBLISHED_NAME
 

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from playwright.async_api import Page, expect
 
 from edgellm.ports import BlobStore, R2Conditional, R2Object, R2Range
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, PUBLISHED_NAME, TINY_NAME
 from .publishing import TokenizerFiles

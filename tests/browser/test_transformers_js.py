@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.async_api import Page, Request, Route
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, PUBLISHED_NAME, TINY_NAME
 from .publishing import TokenizerFiles

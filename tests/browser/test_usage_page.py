@@ -11,8 +11,8 @@ from playwright.async_api import Page, expect
 
 from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
-from edgellm_local.server import EdgeServer
-from edgellm_local.usage import SqliteUsage
+from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 from .conftest import BROWSER_LOOP
 

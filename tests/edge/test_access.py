@@ -12,7 +12,7 @@ import pytest
 
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
-from edgellm_local.usage import SqliteUsage
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 ADMIN = "admin-secret"
 Q = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 8}
@@ -238,7 +238,7 @@ def test_one_structured_record_per_request_without_prompt_text(keyed, caplog) ->
     import json as json_module
     import logging
 
-    from edgellm_local.access_log import AccessLineFormatter
+    from edgellm_local.emulator.access_log import AccessLineFormatter
 
     server, _, mint, _ = keyed
     key = mint("acme").api_key

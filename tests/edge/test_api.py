@@ -19,10 +19,11 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.ports import BindingError, CapacityExceeded
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.server import EdgeServer
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.emulator.server import EdgeServer
 from tests.conftest import target_headers
-from tests.support.fake_ai import FailingAI, RetiringAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 PRIMARY = "@cf/meta/llama-2-7b-chat-int8"
 FALLBACK = "@cf/meta/llama-2-7b-chat-hf-lora"
@@ -272,7 +273,7 @@ def test_the_default_edge_with_its_cache_answers_too(edge: EdgeServer) -> None:
 def test_a_failing_binding_is_502_or_503_json_with_retry_after(
     start_edge: Callable[..., EdgeServer], error: BindingError, status: int, path: str, streamed: bool
 ) -> None:
-    server = start_edge(ai=FailingAI(error), kv=None)
+    server = start_edge(ai=ScriptedAI(fail=error, description=None), kv=None)
     response = httpx.post(server.url + path, json=chat_body(stream=streamed), timeout=30)
     assert response.status_code == status
     assert response.headers["content-type"] == "application/json"
@@ -284,7 +285,7 @@ def test_a_failing_binding_is_502_or_503_json_with_retry_after(
 
 @pytest.mark.parametrize("streamed", [False, True])
 def test_falls_back_when_the_model_is_retired(start_edge: Callable[..., EdgeServer], tiny_runner: LlamaCppRunner, streamed: bool) -> None:
-    ai = RetiringAI(LlamaCppAI.for_config(Config(), tiny_runner), retired=frozenset({PRIMARY}))
+    ai = ScriptedAI(LlamaCppAI.for_config(Config(), tiny_runner), retired=frozenset({PRIMARY}))
     server = start_edge(ai=ai, kv=None)
     with httpx.Client(base_url=server.url, timeout=30) as client:
         if streamed:
@@ -296,4 +297,4 @@ def test_falls_back_when_the_model_is_retired(start_edge: Callable[..., EdgeServ
             assert response.json()["model"] == FALLBACK
             assert response.headers["x-edgellm-model"] == FALLBACK
             assert response.json()["usage"]["completion_tokens"] == 16
-    assert ai.calls == [PRIMARY, FALLBACK]
+    assert ai.models == [PRIMARY, FALLBACK]

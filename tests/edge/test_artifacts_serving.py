@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from edgellm.ports import BindingError, BlobStore, R2Conditional, R2Object, R2Range
-from edgellm_local.r2 import FileR2
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.r2 import FileR2
+from edgellm_local.emulator.server import EdgeServer
 
 DIGEST_BLOB = os.urandom(300_000)
 BLOB_HEX = hashlib.sha256(DIGEST_BLOB).hexdigest()

@@ -13,8 +13,9 @@ import pytest
 from edgellm.config import MAX_BODY_BYTES, Config
 from edgellm.deps import Deps
 from edgellm.validation import MAX_JSON_DEPTH
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.server import EdgeApp, EdgeServer
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 from tests.conftest import target_base_url
 
 CHAT = "/v1/chat/completions"

@@ -13,7 +13,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +21,8 @@ import pytest
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
 from edgellm.ports import UsageEvent
-from edgellm_local.usage import SqliteUsage
+from edgellm_local.doubles.scripted import ScriptedAI
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 ADMIN = "admin-secret"
 WAIT = 60  # seconds any event may take before the test fails (it never hangs)
@@ -56,61 +57,6 @@ class NotifyingUsage:
         return await self.inner.tokens_spent(key_id)
 
 
-@dataclass
-class GatedAI:
-    """The real binding, with faults: a stream stalls after `stall_after` text events (until it is
-    closed); a whole answer (`run`) waits for `gate` (never opened: the client leaves first).
-    `calls` counts the calls that reached the binding."""
-
-    inner: Any
-    stall_after: int | None = None
-    hold_runs: bool = False
-    calls: int = 0
-    stalls: int = 0
-    arrived: threading.Condition = field(default_factory=threading.Condition)
-    stalled: threading.Event = field(default_factory=threading.Event)
-    gate: threading.Event = field(default_factory=threading.Event)
-
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model)
-
-    def _arrive(self) -> None:
-        with self.arrived:
-            self.calls += 1
-            self.arrived.notify_all()
-
-    async def _hold(self) -> None:
-        while not self.gate.is_set():
-            await asyncio.to_thread(self.gate.wait, 0.05)
-
-    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
-        self._arrive()
-        if self.hold_runs:
-            await self._hold()
-        return await self.inner.run(model, inputs, **options)
-
-    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
-        self._arrive()
-        events = await self.inner.stream(model, inputs, **options)
-        return self._stalling(events) if self.stall_after is not None else events
-
-    async def _stalling(self, events: Any) -> AsyncIterator[dict[str, Any]]:
-        sent = 0
-        try:
-            async for event in events:
-                yield event
-                if event.get("response"):
-                    sent += 1
-                    if sent == self.stall_after:
-                        self.stalled.set()
-                        with self.arrived:
-                            self.stalls += 1
-                            self.arrived.notify_all()
-                        await self._hold()  # until the test opens the gate, or the consumer closes this stream
-        finally:
-            await events.aclose()
-
-
 @pytest.fixture
 def budget_edge(start_edge, make_deps, clock, tmp_path: Path, tiny_runner):
     """A keyed edge with usage rows the test can wait for, and the gated real binding."""
@@ -118,7 +64,7 @@ def budget_edge(start_edge, make_deps, clock, tmp_path: Path, tiny_runner):
     def make(**gate: Any):
         base = make_deps(config=Config(admin_token=ADMIN), clock=clock)
         usage = NotifyingUsage(SqliteUsage(tmp_path / "usage.sqlite3"))
-        ai = GatedAI(base.ai, **gate)
+        ai = ScriptedAI(base.ai, **gate)
         from dataclasses import replace
         deps = replace(base, ai=ai, usage=usage)
         ring = KeyRing(deps.kv)
@@ -169,7 +115,7 @@ def test_a_whole_answer_whose_client_left_is_recorded_and_logged(budget_edge, ca
         with socket.create_connection((server.host, server.port), timeout=WAIT) as sock:
             sock.sendall(request)
             with ai.arrived:
-                assert ai.arrived.wait_for(lambda: ai.calls == 1, WAIT)
+                assert ai.arrived.wait_for(lambda: ai.called == 1, WAIT)
         row = usage.wait_rows(1)[0]
         ai.gate.set()
         server.drain()
@@ -180,7 +126,7 @@ def test_a_whole_answer_whose_client_left_is_recorded_and_logged(budget_edge, ca
     assert not deps.state.access.reserved
 
 
-def _concurrent(server: Any, ai: GatedAI, key: NewKey, n: int) -> list[int]:
+def _concurrent(server: Any, ai: ScriptedAI, key: NewKey, n: int) -> list[int]:
     """`n` concurrent misses held at the binding until every one was either admitted (reached the
     binding) or refused; then released. Returns their statuses."""
     statuses: list[int] = []
@@ -197,7 +143,7 @@ def _concurrent(server: Any, ai: GatedAI, key: NewKey, n: int) -> list[int]:
     for thread in threads:
         thread.start()
     with ai.arrived:
-        assert ai.arrived.wait_for(lambda: ai.calls + len(statuses) >= n, WAIT)
+        assert ai.arrived.wait_for(lambda: ai.called + len(statuses) >= n, WAIT)
     ai.gate.set()
     for thread in threads:
         thread.join(WAIT)

@@ -7,8 +7,8 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Mapping
+from dataclasses import replace
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -16,76 +16,12 @@ import pytest
 from edgellm.config import Config
 from edgellm.ports import BindingError
 from edgellm.deps import Deps
-from edgellm_local.server import EdgeServer
+from edgellm_local.doubles.scripted import ScriptedAI
+from edgellm_local.emulator.server import EdgeServer
 
 TOKEN = "test-admin-token"
 CHAT = {"messages": [{"role": "user", "content": "Tell me about the edge."}], "temperature": 0, "max_tokens": 24}
 ADMIN = {"authorization": f"Bearer {TOKEN}"}
-
-
-@dataclass
-class CountingAI:
-    """Wraps the real local binding to count generations (tests that need requests to overlap
-    use `GatedAI`, which waits at a gate the test opens, never a sleep)."""
-
-    inner: Any
-    calls: int = 0
-
-    def describe(self, model: str) -> Any:
-        return self.inner.describe(model)
-
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        self.calls += 1
-        return await self.inner.run(model, inputs)
-
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        self.calls += 1
-        return await self.inner.stream(model, inputs)
-
-
-@dataclass
-class GatedAI:
-    """Wraps the real local binding: every generation waits at a gate the test opens, so that
-    concurrent requests are known to overlap (the test waits for the flight's subscriber count
-    or `waiting`, never for time). Counts calls, and streams the consumer closed. With
-    `hold_after_first`, a stream stops after its first event until it is closed, so that a test
-    knows the generation is still running when its clients leave (however fast the model is)."""
-
-    inner: Any
-    gate: threading.Event = field(default_factory=threading.Event)
-    hold_after_first: bool = False
-    calls: int = 0
-    waiting: int = 0
-    closed: int = 0
-
-    def describe(self, model: str) -> Any:
-        return self.inner.describe(model)
-
-    async def _wait(self) -> None:
-        self.calls += 1
-        self.waiting += 1
-        await asyncio.to_thread(self.gate.wait)
-        self.waiting -= 1
-
-    async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        await self._wait()
-        return await self.inner.run(model, inputs)
-
-    async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        await self._wait()
-        upstream = await self.inner.stream(model, inputs)
-
-        async def events() -> AsyncIterator[dict[str, Any]]:
-            try:
-                async for event in upstream:
-                    yield event
-                    if self.hold_after_first:
-                        await asyncio.Event().wait()  # ends only when the consumer cancels it
-            finally:
-                await upstream.aclose()
-                self.closed += 1
-
-        return events()
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
@@ -110,7 +46,7 @@ def is_stream(response: httpx.Response) -> bool:
     return response.headers["content-type"].startswith("text/event-stream")
 
 
-def run_clients(server: EdgeServer, bodies: list[dict], ready: Callable[[], bool], ai: GatedAI,
+def run_clients(server: EdgeServer, bodies: list[dict], ready: Callable[[], bool], ai: ScriptedAI,
                 headers: list[dict[str, str]] | None = None, before_release: Any = None) -> list[httpx.Response]:
     """Send the requests at once, wait until `ready()` (all are in), open the gate, collect them in order."""
     results: list[Any] = [None] * len(bodies)
@@ -145,9 +81,9 @@ class FailingKV:
 
 
 @pytest.fixture
-def cache_edge(start_edge, make_deps, clock) -> tuple[EdgeServer, Deps, CountingAI]:
+def cache_edge(start_edge, make_deps, clock) -> tuple[EdgeServer, Deps, ScriptedAI]:
     deps = make_deps(config=Config(admin_token=TOKEN, open_access=True), clock=clock)
-    ai = CountingAI(deps.ai)
+    ai = ScriptedAI(deps.ai)
     deps = type(deps)(**{**deps.__dict__, "ai": ai})
     return start_edge(deps), deps, ai
 
@@ -184,7 +120,7 @@ def test_hit_after_miss_is_the_same_answer_without_inference(cache_edge) -> None
     assert chat_text(first) == chat_text(second) and chat_text(first)
     assert second.json()["usage"] == first.json()["usage"]
     assert second.json()["model"] == first.json()["model"]
-    assert ai.calls == 1
+    assert ai.called == 1
 
 
 def test_stream_and_non_stream_share_one_entry(cache_edge) -> None:
@@ -200,7 +136,7 @@ def test_stream_and_non_stream_share_one_entry(cache_edge) -> None:
     assert payloads[-1] == "[DONE]" and len(payloads) > 4  # token by token, not one blob
     assert json.loads(payloads[-2])["usage"] == as_json.json()["usage"]
     assert stream_text(replayed) == stream_text(streamed)
-    assert ai.calls == 1
+    assert ai.called == 1
 
 
 def test_workers_ai_route_replays_in_its_own_formats(cache_edge) -> None:
@@ -215,7 +151,7 @@ def test_workers_ai_route_replays_in_its_own_formats(cache_edge) -> None:
     events = sse_payloads(as_sse)
     assert events[-1] == "[DONE]"
     assert "".join(json.loads(e)["response"] for e in events[:-1]) == chat_text(first)
-    assert ai.calls == 1
+    assert ai.called == 1
 
 
 def test_non_deterministic_requests_bypass(cache_edge) -> None:
@@ -226,7 +162,7 @@ def test_non_deterministic_requests_bypass(cache_edge) -> None:
     seeded = {**body, "temperature": 0.9, "seed": 7}
     assert post(server, seeded).headers["cf-aig-cache-status"] == "MISS"
     assert post(server, seeded).headers["cf-aig-cache-status"] == "HIT"
-    assert ai.calls == 3
+    assert ai.called == 3
 
 
 def test_control_headers(cache_edge, clock) -> None:
@@ -240,7 +176,7 @@ def test_control_headers(cache_edge, clock) -> None:
     assert post(server, CHAT).headers["age"] == "100"
     refreshed = post(server, CHAT, **{"cache-control": "no-cache"})
     assert refreshed.headers["cf-aig-cache-status"] == "MISS"                # not read, but rewritten
-    assert ai.calls == 5  # bypass, no-store, miss, bypass, no-cache
+    assert ai.called == 5  # bypass, no-store, miss, bypass, no-cache
     again = post(server, CHAT)
     assert again.headers["cf-aig-cache-status"] == "HIT" and again.headers["age"] == "0"
 
@@ -298,21 +234,7 @@ def test_aborted_stream_leaves_no_entry(cache_edge) -> None:
 def test_failing_generation_mid_stream_leaves_no_entry(start_edge, make_deps) -> None:
     deps = make_deps()
 
-    class BreaksMidStream(CountingAI):
-        async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-            upstream = await self.inner.stream(model, inputs)
-
-            async def events() -> AsyncIterator[dict[str, Any]]:
-                count = 0
-                async for event in upstream:
-                    count += 1
-                    if count == 3:
-                        await upstream.aclose()
-                        raise BindingError("InferenceUpstreamError: 3043: internal server error")
-                    yield event
-            return events()
-
-    server = start_edge(type(deps)(**{**deps.__dict__, "ai": BreaksMidStream(deps.ai)}))
+    server = start_edge(type(deps)(**{**deps.__dict__, "ai": ScriptedAI(deps.ai, fail_after=2, mid_stream=BindingError("InferenceUpstreamError: 3043: internal server error"))}))
     response = post(server, {**CHAT, "stream": True})
     payloads = sse_payloads(response)
     assert "[DONE]" not in payloads and "error" in json.loads(payloads[-1])
@@ -322,11 +244,11 @@ def test_failing_generation_mid_stream_leaves_no_entry(start_edge, make_deps) ->
 @pytest.mark.parametrize("clients", [2, 20])
 def test_concurrent_identical_misses_share_one_generation(start_edge, make_deps, clients: int) -> None:
     deps = make_deps()
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai))
     results = run_clients(server, [{**CHAT, "stream": i % 2 == 0} for i in range(clients)], lambda: subscribers(server) == clients, ai)
     server.drain()
-    assert ai.calls == 1
+    assert ai.called == 1
     assert {r.status_code for r in results} == {200}
     assert all(sse_payloads(r)[-1] == "[DONE]" for r in results if is_stream(r))
     texts = {stream_text(r) if is_stream(r) else chat_text(r) for r in results}
@@ -350,21 +272,21 @@ def leave_after_one_line(server: EdgeServer, body: dict) -> threading.Thread:
 
 def test_one_client_leaving_early_does_not_stop_the_others(start_edge, make_deps) -> None:
     deps = make_deps()
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai))
     body = {**CHAT, "stream": True}
     leaver = leave_after_one_line(server, body)
     results = run_clients(server, [body, CHAT], lambda: subscribers(server) == 3, ai)
     leaver.join()
     server.drain()
-    assert ai.calls == 1 and {r.status_code for r in results} == {200}
+    assert ai.called == 1 and {r.status_code for r in results} == {200}
     assert sse_payloads(results[0])[-1] == "[DONE]" and stream_text(results[0]) == chat_text(results[1])
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
 
 
 def test_every_client_leaving_stops_the_generation_and_writes_nothing(start_edge, make_deps) -> None:
     deps = make_deps()
-    ai = GatedAI(deps.ai, hold_after_first=True)
+    ai = ScriptedAI(deps.ai, hold_calls=True, hold_after_first=True)
     server = start_edge(replace(deps, ai=ai))
     long = {**CHAT, "max_tokens": 256, "stream": True}
     leavers = [leave_after_one_line(server, long) for _ in range(2)]
@@ -376,13 +298,13 @@ def test_every_client_leaving_stops_the_generation_and_writes_nothing(start_edge
     server.drain()
     [flight_object] = flight_objects(server)
     assert flight_object.current is None and flight_object.generations == 1
-    assert ai.calls == 1 and deps.state.admission.active == 0
+    assert ai.called == 1 and deps.state.admission.active == 0
     assert asyncio.run(deps.kv.list(prefix="cache/"))["keys"] == []
 
 
 def test_a_json_client_leaving_before_its_answer_stops_the_generation(start_edge, make_deps) -> None:
     deps = make_deps()
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai))
     body = json.dumps({**CHAT, "max_tokens": 256}).encode()
     with socket.create_connection((server.host, server.port)) as sock:
@@ -400,11 +322,11 @@ def test_a_json_client_leaving_before_its_answer_stops_the_generation(start_edge
 def test_without_the_flights_object_identical_misses_do_not_share(start_edge, make_deps) -> None:
     """No Durable Object binding: no coalescing at all (never sharing inside the isolate)."""
     deps = make_deps()
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai), coalesce=False)
     results = run_clients(server, [{**CHAT, "stream": True}, CHAT], lambda: ai.waiting == 2, ai)
     server.drain()
-    assert ai.calls == 2 and {r.status_code for r in results} == {200}
+    assert ai.called == 2 and {r.status_code for r in results} == {200}
     assert sse_payloads(results[0])[-1] == "[DONE]" and stream_text(results[0]) == chat_text(results[1])
     assert deps.state.cache.coalesced == 0
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"
@@ -483,10 +405,10 @@ def test_preload_then_hit_and_stats(cache_edge) -> None:
     assert [r["status"] for r in response.json()["results"]] == ["stored", "stored"] and response.json()["ttl"] == 86400
     again = httpx.post(server.url + "/admin/cache/preload", json={"requests": faq}, headers=ADMIN, timeout=60)
     assert [r["status"] for r in again.json()["results"]] == ["cached", "cached"]
-    calls = ai.calls
+    calls = ai.called
     for item in faq:
         assert post(server, item).headers["cf-aig-cache-status"] == "HIT"
-    assert ai.calls == calls == 2
+    assert ai.called == calls == 2
     not_cacheable = httpx.post(server.url + "/admin/cache/preload", json={"requests": [{"prompt": "x"}]}, headers=ADMIN)
     assert not_cacheable.status_code == 400 and not_cacheable.json()["error"]["code"] == "not_cacheable"
     for bad_class in ({}, ["faq"], 7):  # a 400 naming 'class', never a TypeError (found by the schema fuzzing)
@@ -498,18 +420,18 @@ def test_preload_then_hit_and_stats(cache_edge) -> None:
 
 def test_coalescing_never_lets_one_request_decide_another_ones_storage(start_edge, make_deps) -> None:
     deps = make_deps()
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai))
     results = run_clients(server, [CHAT, CHAT], lambda: ai.waiting == 2, ai, headers=[{"cache-control": "no-store"}, {}])
     server.drain()
-    assert ai.calls == 2 and len(flight_objects(server)) == 2  # different storage policies: two flights
+    assert ai.called == 2 and len(flight_objects(server)) == 2  # different storage policies: two flights
     assert chat_text(results[0]) == chat_text(results[1])
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "HIT"  # the plain request's answer was stored
 
 
 def test_admission_bound_answers_503_at_once_never_to_hits_and_recovers(start_edge, make_deps) -> None:
     deps = make_deps(config=Config(open_access=True, max_waiting_generations=2))
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai))
     ai.gate.set()
     assert post(server, CHAT).headers["cf-aig-cache-status"] == "MISS"  # an answer to HIT later
@@ -536,14 +458,14 @@ def test_a_herd_of_identical_misses_joins_one_flight_past_the_admission_bound(st
     all join the one flight (one place for the herd), none is refused."""
     clients = 5
     deps = make_deps(config=Config(open_access=True, max_waiting_generations=2))
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai))
     # all in: each is subscribed to the flight or was refused (the latter only without the fix)
     results = run_clients(server, [{**CHAT, "stream": i % 2 == 0} for i in range(clients)],
                           lambda: subscribers(server) + deps.state.admission.refused == clients, ai)
     server.drain()
     assert [r.status_code for r in results] == [200] * clients and deps.state.admission.refused == 0
-    assert ai.calls == 1 and deps.state.cache.coalesced == clients - 1
+    assert ai.called == 1 and deps.state.cache.coalesced == clients - 1
     texts = {stream_text(r) if is_stream(r) else chat_text(r) for r in results}
     assert len(texts) == 1 and texts != {""}
     assert deps.state.admission.active == 0 and deps.state.admission.shared == {}
@@ -553,7 +475,7 @@ def test_the_flights_an_isolate_starts_stay_bounded_while_joiners_pass(start_edg
     """Two different misses fill a bound of 2: a third different one is refused at once, while
     one identical to a running flight still joins it."""
     deps = make_deps(config=Config(open_access=True, max_waiting_generations=2))
-    ai = GatedAI(deps.ai)
+    ai = ScriptedAI(deps.ai, hold_calls=True)
     server = start_edge(replace(deps, ai=ai))
     first, second, third = ({**CHAT, "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(3))
     answers: dict[int, httpx.Response] = {}
@@ -576,5 +498,5 @@ def test_the_flights_an_isolate_starts_stay_bounded_while_joiners_pass(start_edg
         thread.join()
     server.drain()
     assert [answers[i].status_code for i in range(3)] == [200, 200, 200]
-    assert ai.calls == 2 and chat_text(answers[0]) == chat_text(answers[2])
+    assert ai.called == 2 and chat_text(answers[0]) == chat_text(answers[2])
     assert deps.state.admission.active == 0 and deps.state.admission.shared == {}

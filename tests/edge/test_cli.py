@@ -78,7 +78,7 @@ def test_dev_serves_the_model_and_stops_on_ctrl_c(running: tuple[subprocess.Pope
     assert "Traceback" not in err
     assert url in out and tiny_model.name in out  # the banner says where and what
     # `dev` lets uvicorn set up its loop: uvloop's, isolating requests as workerd does
-    assert "serving on the edgellm_local.isolation.IsolatingUVLoop event loop, on uvloop.Loop" in err
+    assert "serving on the edgellm_local.emulator.isolation.IsolatingUVLoop event loop, on uvloop.Loop" in err
 
 
 def test_dev_keeps_a_conversation_warm_behind_its_fault_injector(running: tuple[subprocess.Popen[str], str, Path]) -> None:

@@ -14,9 +14,10 @@ import pytest
 
 from edgellm.config import MAX_CHARS_PER_TOKEN, MIN_TOKENS_PER_MESSAGE, Config
 from edgellm.deps import Deps
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.origin_fetch import HttpxFetch
-from edgellm_local.server import EdgeServer
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.emulator.http_fetch import HttpxFetch
+from edgellm_local.emulator.server import EdgeServer
 from tests.edge.test_routing import origin, routed, routing_env  # noqa: F401  (the origin process, the routed edge)
 from tests.support.origin_process import OriginProcess
 

@@ -15,10 +15,10 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.deps import Deps
-from edgellm_local.conversations import conversation_factory
-from edgellm_local.durable import LocalDurableObjectNamespace
+from edgellm_local.doubles.scripted import ScriptedAI
+from edgellm_local.emulator.conversation_sqlite import conversation_factory
+from edgellm_local.emulator.durable import LocalDurableObjectNamespace
 from tests.conftest import ManualClock
-from tests.edge.test_budgets import GatedAI
 
 WAIT = 60
 NO_CACHE = {"cf-aig-skip-cache": "true"}
@@ -30,7 +30,7 @@ def conversing(start_edge, make_deps: Callable[..., Deps], tmp_path: Path):
         config = config or Config(open_access=True)
         clock = ManualClock()
         base = make_deps(config=config, clock=clock)
-        ai = GatedAI(base.ai, **gate)
+        ai = ScriptedAI(base.ai, **gate)
         namespace = LocalDurableObjectNamespace(conversation_factory(tmp_path / "conversations", config, clock), class_name="Conversation")
         return start_edge(replace(base, ai=ai, conversations=namespace)), ai
 
@@ -42,7 +42,7 @@ def create(server: Any, **body: Any) -> httpx.Response:
                       headers=NO_CACHE, timeout=WAIT)
 
 
-def _stream_until_stalled(server: Any, ai: GatedAI, on_stall: Callable[[str], None], **body: Any) -> list[dict[str, Any]]:
+def _stream_until_stalled(server: Any, ai: ScriptedAI, on_stall: Callable[[str], None], **body: Any) -> list[dict[str, Any]]:
     """Stream a response; once the binding stalls, call `on_stall(response id)`, open the gate,
     and read the stream to its end. Returns its events."""
     events, response_id = [], None

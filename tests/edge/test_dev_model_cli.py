@@ -1,4 +1,4 @@
-"""`edgellm dev --model NAME` as a user types it: a stand-in's name (local/edgellm_local/stand_ins.py)
+"""`edgellm dev --model NAME` as a user types it: a stand-in's name (local/edgellm_local/llama/stand_ins.py)
 serves its registry package's GGUF, found on disk with every network route closed; an unknown name
 stops at once with exit 2 and the list of names, not a "model file not found" about a file nobody meant."""
 
@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from edgellm_local.stand_ins import STAND_INS
+from edgellm_local.llama.stand_ins import STAND_INS
 
 from tests.edge.test_cli import dev, free_port, run_to_exit
 

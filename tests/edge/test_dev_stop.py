@@ -2,7 +2,7 @@
 on a machine whose cores are busy (a CPU hog this test starts and stops).
 
 An `xllamacpp.Server` dropped right after it started used to hang its process for ever (the
-destructor joins a loop that missed its stop: `edgellm_local.llama_server`), and a stop signal
+destructor joins a loop that missed its stop: `edgellm_local.llama.embedded_server`), and a stop signal
 arriving right after start-up is exactly that drop. So each round starts a fresh `edgellm dev`
 (the tiny GGUF loads in milliseconds), signals it as soon as it serves (idle) or once a stream
 is producing tokens (mid-generation), and times its exit.

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from edgellm.ports import BindingError
-from tests.support.fake_ai import FailingAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 SECRET = "/root/.secret/models/x.gguf"
 FAILURES = [BindingError(f"llama.cpp failed: std::runtime_error: mmap of {SECRET} failed"),
@@ -28,7 +28,7 @@ def test_a_bindings_own_text_stays_in_the_log(start_edge: Callable[..., object],
     """`cached`: a cacheable miss runs in the flights Durable Object (the local emulation), whose
     error crosses back to the Worker as a JSON line: the text must survive that crossing for the
     log, and only for the log."""
-    server = start_edge(ai=FailingAI(failure), **({} if cached else {"kv": None}))
+    server = start_edge(ai=ScriptedAI(fail=failure, description=None), **({} if cached else {"kv": None}))
     with caplog.at_level(logging.WARNING):
         response = httpx.post(server.url + "/v1/chat/completions", timeout=30,  # type: ignore[attr-defined]
                               json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": streamed,
@@ -64,7 +64,6 @@ def test_a_bindings_text_after_the_first_byte_is_logged_and_kept_out_of_the_erro
         start_edge: Callable[..., object], caplog: pytest.LogCaptureFixture, route: str, cached: bool) -> None:
     """After the first byte a failure can only be an SSE error event: the event carries the edge's
     words, the binding's own text (an internal path here) reaches the edge's log, on every stream."""
-    from tests.support.fake_ai import ScriptedAI
 
     ai = ScriptedAI(fail_after=2, mid_stream=BindingError(f"connection reset reading {SECRET}"))
     server = start_edge(ai=ai, **({} if cached else {"kv": None}))
@@ -108,10 +107,9 @@ def test_a_conversation_objects_own_text_stays_in_the_log(start_edge: Callable[.
     from dataclasses import replace
 
     from edgellm.config import Config
-    from edgellm_local.conversations import conversation_factory
-    from edgellm_local.durable import LocalDurableObjectNamespace
+    from edgellm_local.emulator.conversation_sqlite import conversation_factory
+    from edgellm_local.emulator.durable import LocalDurableObjectNamespace
     from tests.conftest import ManualClock
-    from tests.support.fake_ai import ScriptedAI
 
     config, clock = Config(open_access=True), ManualClock()
     build = conversation_factory(tmp_path / "conversations", config, clock)  # type: ignore[operator]

@@ -16,20 +16,38 @@ import pytest
 
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.slots import SlotPool
-from tests.edge.test_budgets import WAIT, GatedAI
+from edgellm_local.doubles.scripted import ScriptedAI
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.slot_pool import SlotPool
+from tests.edge.test_budgets import WAIT
 
 
 def body(text: str, stream: bool = False) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 8, "stream": stream}
 
 
+SKIP_CACHE = {"cf-aig-skip-cache": "true"}
+
+
+def chat(server: Any, text: str, stream: bool = False, timeout: float = WAIT) -> httpx.Response:
+    """One chat completion past the answer cache (every request here must reach admission)."""
+    return httpx.post(server.url + "/v1/chat/completions", json=body(text, stream), headers=SKIP_CACHE, timeout=timeout)
+
+
+def assert_cannot_start_in_a_second(server: Any) -> None:
+    """JSON and stream alike: a 503 with Retry-After, `capacity_exceeded`, naming the 1 s deadline."""
+    for stream in (False, True):
+        waited = chat(server, f"wait {stream}", stream, timeout=20)
+        assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
+        assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+
+
 @pytest.fixture
 def tenants_edge(start_edge, make_deps, clock):
     def make(config: Config, ai: Any = None, **gate: Any):
         base = make_deps(config=config, clock=clock, **({"ai": ai} if ai is not None else {}))
-        gated = GatedAI(base.ai, **gate)
+        gated = ScriptedAI(base.ai, **gate)
         deps = replace(base, ai=gated)
         ring = KeyRing(deps.kv)
 
@@ -46,13 +64,13 @@ def tenants_edge(start_edge, make_deps, clock):
 class Clients:
     """Requests sent from threads; `statuses` fill as their answers (or stream heads) arrive."""
 
-    def __init__(self, server: Any, ai: GatedAI) -> None:
+    def __init__(self, server: Any, ai: ScriptedAI) -> None:
         self.server, self.ai, self.threads = server, ai, []
         self.statuses: list[tuple[str, int]] = []
 
     def send(self, key: NewKey, text: str, stream: bool = False) -> None:
         def run() -> None:
-            headers = {"authorization": f"Bearer {key.api_key}", "cf-aig-skip-cache": "true"}
+            headers = {"authorization": f"Bearer {key.api_key}", **SKIP_CACHE}
             with httpx.stream("POST", self.server.url + "/v1/chat/completions", json=body(text, stream), headers=headers, timeout=WAIT) as r:
                 with self.ai.arrived:
                     self.statuses.append((key.record.tenant, r.status_code))
@@ -65,7 +83,7 @@ class Clients:
 
     def wait(self, condition: Any) -> None:
         with self.ai.arrived:
-            assert self.ai.arrived.wait_for(condition, WAIT), (self.statuses, self.ai.calls, self.ai.stalls)
+            assert self.ai.arrived.wait_for(condition, WAIT), (self.statuses, self.ai.called, self.ai.stalls)
 
     def finish(self) -> None:
         self.ai.gate.set()
@@ -80,11 +98,11 @@ def test_the_workers_admission_keeps_a_share_for_another_tenant(tenants_edge) ->
     try:
         for i in range(4):  # Bob's burst: held at the binding once admitted
             clients.send(b, f"bob {i}")
-        clients.wait(lambda: ai.calls + len(clients.statuses) >= 4)
-        assert [s for _, s in clients.statuses] == [503] and ai.calls == 3  # Bob alone holds 3 of 4 places
+        clients.wait(lambda: ai.called + len(clients.statuses) >= 4)
+        assert [s for _, s in clients.statuses] == [503] and ai.called == 3  # Bob alone holds 3 of 4 places
         clients.send(a, "alice")
-        clients.wait(lambda: ai.calls == 4 or len(clients.statuses) == 2)
-        assert ai.calls == 4, clients.statuses  # Alice is admitted beside Bob's burst
+        clients.wait(lambda: ai.called == 4 or len(clients.statuses) == 2)
+        assert ai.called == 4, clients.statuses  # Alice is admitted beside Bob's burst
     finally:
         clients.finish()
     assert sorted(clients.statuses) == [("alice", 200), ("bob", 200), ("bob", 200), ("bob", 200), ("bob", 503)]
@@ -120,22 +138,17 @@ def test_a_request_that_cannot_start_in_time_is_a_503_with_retry_after(start_edg
                             start_timeout=1.0).load()
     inner = LlamaCppAI.for_config(config, runner)
     inner.slots = SlotPool(runner)
-    ai = GatedAI(inner, stall_after=1)
+    ai = ScriptedAI(inner, stall_after=1)
     server = start_edge(make_deps(config=config, ai=ai))
-    holder = threading.Thread(target=lambda: httpx.post(server.url + "/v1/chat/completions", json=body("hold the slot", True),
-                                                        headers={"cf-aig-skip-cache": "true"}, timeout=WAIT))
+    holder = threading.Thread(target=lambda: chat(server, "hold the slot", True))
     holder.start()
     try:
         assert ai.stalled.wait(WAIT)  # the only slot is held by a stream
-        for stream in (False, True):
-            waited = httpx.post(server.url + "/v1/chat/completions", json=body(f"wait {stream}", stream),
-                                headers={"cf-aig-skip-cache": "true"}, timeout=20)
-            assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
-            assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+        assert_cannot_start_in_a_second(server)
     finally:
         ai.gate.set()
         holder.join(WAIT)
-    assert httpx.post(server.url + "/v1/chat/completions", json=body("after"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200
+    assert chat(server, "after").status_code == 200
 
 
 def test_without_a_slot_pool_a_request_that_cannot_start_in_time_is_a_503(start_edge, make_deps, tiny_model: Path) -> None:
@@ -150,78 +163,29 @@ def test_without_a_slot_pool_a_request_that_cannot_start_in_time_is_a_503(start_
         server = start_edge(make_deps(config=config, ai=ai))
         asyncio.run(runner.starts.acquire(1))  # the busy slot
         try:
-            for stream in (False, True):
-                waited = httpx.post(server.url + "/v1/chat/completions", json=body(f"wait {stream}", stream),
-                                    headers={"cf-aig-skip-cache": "true"}, timeout=20)
-                assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
-                assert waited.json()["error"]["code"] == "capacity_exceeded" and "1 s" in waited.json()["error"]["message"]
+            assert_cannot_start_in_a_second(server)
         finally:
             runner.starts.release()
         for stream in (False, True):
-            after = httpx.post(server.url + "/v1/chat/completions", json=body(f"after {stream}", stream),
-                               headers={"cf-aig-skip-cache": "true"}, timeout=WAIT)
+            after = chat(server, f"after {stream}", stream)
             assert after.status_code == 200, after.text
         assert runner.starts.free == 1  # every place came back
     finally:
         runner.close()
 
 
-class UnopenedStreams:
-    """A binding (the Worker's Workers AI, faked at the seam) whose streams never open: the
-    overloaded backend of item 15, seen from the Worker's own admission path."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.opening = inner, threading.Event()
-
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model)
-
-    async def run(self, model: str, inputs: Any, **options: Any) -> dict[str, Any]:
-        return await self.inner.run(model, inputs, **options)
-
-    async def stream(self, model: str, inputs: Any, **options: Any) -> Any:
-        self.opening.set()
-        await asyncio.Event().wait()  # never opens; cancelled when the deadline passes
-
-
 def test_the_workers_admission_answers_a_stream_that_cannot_start_with_a_503(start_edge, make_deps) -> None:
     config = Config(open_access=True, start_timeout_seconds=1.0)
     base = make_deps(config=config)
-    ai = UnopenedStreams(base.ai)
+    ai = ScriptedAI(base.ai, hold_streams=True)  # its streams never open; cancelled when the deadline passes
     server = start_edge(replace(base, ai=ai))
-    waited = httpx.post(server.url + "/v1/chat/completions", json=body("never opens", True), headers={"cf-aig-skip-cache": "true"}, timeout=20)
-    assert ai.opening.is_set()
+    waited = chat(server, "never opens", True, timeout=20)
+    assert ai.called == 1  # the stream call reached the binding
     assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
     error = waited.json()["error"]
     assert error["code"] == "start_timeout" and "1 s" in error["message"] and set(error) == {"message", "type", "param", "code"}
     assert server.app.deps.state.admission.active == 0  # its place came back
-    assert httpx.post(server.url + "/v1/chat/completions", json=body("whole"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT).status_code == 200
-
-
-class StalledRuns:
-    """A binding (the Worker's Workers AI, faked at the seam) whose whole-answer calls never
-    return: the stalled `ai.run` of item 15, which shows no moment it starts. `cancelled` is set
-    when the gateway gives up on a call."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.calls = inner, 0
-        self.calling, self.cancelled = threading.Event(), threading.Event()
-
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model)
-
-    async def run(self, model: str, inputs: Any, **options: Any) -> dict[str, Any]:
-        self.calls += 1
-        self.calling.set()
-        try:
-            await asyncio.Event().wait()  # never answers
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-        raise AssertionError("unreachable")
-
-    async def stream(self, model: str, inputs: Any, **options: Any) -> Any:
-        return await self.inner.stream(model, inputs, **options)
+    assert chat(server, "whole").status_code == 200
 
 
 ROUTES = {
@@ -239,11 +203,11 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
     rate): past it the binding's call is cancelled, the client gets a 503 with Retry-After, the key
     is charged its reservation (the binding may have made the whole answer) and nothing is cached."""
     from tests.edge.test_budgets import ADMIN, NotifyingUsage
-    from edgellm_local.usage import SqliteUsage
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
     config = Config(admin_token=ADMIN, start_timeout_seconds=0.5, run_min_tokens_per_second=1000)
     base = make_deps(config=config, clock=clock)
-    ai, usage = StalledRuns(base.ai), NotifyingUsage(SqliteUsage(tmp_path / "usage.sqlite3"))
+    ai, usage = ScriptedAI(base.ai, hold_runs=True), NotifyingUsage(SqliteUsage(tmp_path / "usage.sqlite3"))
     deps = replace(base, ai=ai, usage=usage)
     made = new_key("acme", clock.now(), requests_per_minute=0, token_budget=10_000)
     asyncio.run(KeyRing(deps.kv).put(made.record))
@@ -255,7 +219,7 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
         assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
         assert ai.cancelled.wait(WAIT), "the stalled call was never cancelled"
         ai.cancelled.clear()
-        assert ai.calls == attempt  # the second identical request reached the binding: nothing was cached
+        assert ai.called == attempt  # the second identical request reached the binding: nothing was cached
         error = waited.json()["errors"][0] if route == "workers-ai" else waited.json()["error"]
         if route == "workers-ai":
             assert "did not finish this answer" in error["message"]
@@ -270,16 +234,15 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
 def test_the_local_binding_stalled_by_fault_injection_gets_the_whole_answer_deadline(start_edge, make_deps) -> None:
     """The same deadline over the real llama.cpp binding, its whole answer held by the local edge's
     own fault injection (`FaultyAI`, `edgellm dev --fault delay_first=1:delay_s=...`)."""
-    from edgellm_local.faults import FaultPlan, FaultyAI
+    from edgellm_local.doubles.faults import FaultPlan, FaultyAI
 
     config = Config(open_access=True, start_timeout_seconds=10, run_min_tokens_per_second=1000)  # room for the stream below
     base = make_deps(config=config)
     ai = FaultyAI(base.ai, FaultPlan(delay_first=1, delay_s=3600))
     server = start_edge(replace(base, ai=ai))
-    waited = httpx.post(server.url + "/v1/chat/completions", json=body("held"), headers={"cf-aig-skip-cache": "true"}, timeout=WAIT)
+    waited = chat(server, "held")
     assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
     assert waited.json()["error"]["code"] == "answer_timeout" and ai.injected["delay_first"] == 1
     ai.plan = FaultPlan()  # the fault gone, a stream over the same binding still answers
-    streamed = httpx.post(server.url + "/v1/chat/completions", json=body("free", stream=True), headers={"cf-aig-skip-cache": "true"},
-                          timeout=WAIT)
+    streamed = chat(server, "free", stream=True)
     assert streamed.status_code == 200 and "data: [DONE]" in streamed.text

@@ -12,9 +12,9 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.deps import Deps, SystemClock
-from edgellm_local.conversations import conversation_factory
-from edgellm_local.durable import LocalDurableObjectNamespace
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.conversation_sqlite import conversation_factory
+from edgellm_local.emulator.durable import LocalDurableObjectNamespace
+from edgellm_local.emulator.server import EdgeServer
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"
 TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}

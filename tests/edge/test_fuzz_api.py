@@ -35,9 +35,9 @@ from schemathesis import GenerationMode
 from edgellm.config import Config
 from edgellm.sse import SSEDecoder
 from edgellm_local.edge import DEFAULT_PUBLIC
-from edgellm_local.manifest import Manifest, ModelFile, Shard
-from edgellm_local.server import EdgeServer
-from edgellm_local.usage import SqliteUsage
+from edgellm_local.hub.manifest import Manifest, ModelFile, Shard
+from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 DOC_URI = "urn:edgellm:openapi"
 ADMIN_TOKEN = "fuzz-admin-token"

@@ -21,7 +21,7 @@ from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, 
 from tokenizers import Tokenizer
 
 from edgellm_local.cli import main
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 from tests.support.tiny_gguf import write_tiny_gguf
 
 NAME = "tiny-hf"

@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.assets import StaticAssets
+from edgellm_local.emulator.assets import StaticAssets
 from edgellm_local.edge import DEFAULT_PUBLIC, dev_stack
-from edgellm_local.faults import FaultPlan
-from edgellm_local.hardening import ServerLimits
-from edgellm_local.server import EdgeApp, EdgeServer
+from edgellm_local.doubles.faults import FaultPlan
+from edgellm_local.emulator.hardening import ServerLimits
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 4}
 
@@ -280,7 +280,7 @@ def test_connections_over_the_cap_are_refused(serve: Callable[..., EdgeServer]) 
 def test_a_read_only_state_makes_admin_writes_503_not_500(start_edge, make_deps, tmp_path: Path) -> None:
     import sqlite3
 
-    from edgellm_local.kv import SqliteKV
+    from edgellm_local.emulator.kv import SqliteKV
 
     path = tmp_path / "ro" / "kv.sqlite3"
     SqliteKV(path).close()
@@ -370,7 +370,8 @@ def test_message_count_and_length_are_limited(edge: EdgeServer) -> None:
 
 def test_a_full_inference_queue_is_a_503_with_retry_after(start_edge, make_deps, tiny_model: Path) -> None:
     """Misses beyond the runner's queue are refused at once (Workers AI's 3040), not left waiting."""
-    from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
+    from edgellm_local.llama.binding import LlamaCppAI
+    from edgellm_local.llama.runner import LlamaCppRunner
 
     config = Config(open_access=True)
     runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, max_waiting=1, threads=1).load()

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from edgellm.access.keys import KeyRing, parse_api_key
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator.kv import SqliteKV
 
 EDGELLM = Path(sys.executable).with_name("edgellm")
 

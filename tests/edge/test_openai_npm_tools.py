@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .test_tool_loop import MODEL, default_edge, leaks, smollm2_runner  # noqa: F401 (fixtures)
 

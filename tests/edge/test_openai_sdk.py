@@ -8,9 +8,9 @@ import openai
 import pytest
 
 from edgellm.ports import CapacityExceeded
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 from tests.conftest import target_headers
-from tests.support.fake_ai import FailingAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"
 MESSAGES = [{"role": "user", "content": "Say hello"}]
@@ -67,7 +67,7 @@ def test_errors_surface_as_the_sdks_own_exceptions(client: openai.OpenAI) -> Non
 
 
 def test_an_overloaded_binding_is_the_sdks_internal_server_error(start_edge: Callable[..., EdgeServer]) -> None:
-    server = start_edge(ai=FailingAI(CapacityExceeded("3040: Capacity temporarily exceeded")), kv=None)
+    server = start_edge(ai=ScriptedAI(fail=CapacityExceeded("3040: Capacity temporarily exceeded"), description=None), kv=None)
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as sdk:
         with pytest.raises(openai.InternalServerError) as info:
             sdk.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]

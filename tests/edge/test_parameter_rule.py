@@ -10,7 +10,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"
 YES_NO = 'root ::= "yes" | "no"'

@@ -15,8 +15,9 @@ import pytest
 
 from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.slot_pool import SlotPool
 
 SYSTEM = {"role": "system", "content": "You answer questions about the sea, briefly and politely, in plain words. "
                                        "Name the sea, the coast and the season you mean, and say when you are not sure."

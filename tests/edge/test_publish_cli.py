@@ -14,8 +14,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from edgellm_local.cli import main
-from edgellm_local.gguf_tokenizer import build_tokenizer
-from edgellm_local.server import EdgeServer
+from edgellm_local.hub.gguf_tokenizer import build_tokenizer
+from edgellm_local.emulator.server import EdgeServer
 from tests.support.tiny_gguf import write_tiny_gguf
 
 

@@ -20,9 +20,9 @@ from edgellm.errors import RETRY_AFTER_SECONDS
 from edgellm.ports import BindingError, BlobStore, R2Object
 from edgellm.deps import Deps
 from edgellm_local.cli import main
-from edgellm_local.pull import Downloader
-from edgellm_local.server import EdgeServer
-from edgellm_local.streaming_transport import StreamingTransport
+from edgellm_local.hub.pull import Downloader
+from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.hub.streaming_transport import StreamingTransport
 from tests.support.tiny_gguf import write_tiny_gguf
 
 NAME = "tiny-pull"

@@ -21,11 +21,12 @@ from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
 from edgellm.conversations import conversation_of
 from edgellm.deps import Deps
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.conversations import conversation_factory
-from edgellm_local.durable import DEFAULT_MAX_LIVE, LocalDurableObjectNamespace
-from edgellm_local.server import EdgeServer
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.emulator.conversation_sqlite import conversation_factory
+from edgellm_local.emulator.durable import DEFAULT_MAX_LIVE, LocalDurableObjectNamespace
+from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.llama.slot_pool import SlotPool
 from tests.conftest import ManualClock
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"

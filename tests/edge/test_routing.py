@@ -21,11 +21,11 @@ import pytest
 
 from edgellm.config import Config
 from edgellm.deps import Deps
-from edgellm_local.faults import FaultPlan, FaultyAI
-from edgellm_local.origin_fetch import HttpxFetch
-from edgellm_local.publish import publish
-from edgellm_local.server import EdgeServer
-from edgellm_local.sinks import BlobStoreSink
+from edgellm_local.doubles.faults import FaultPlan, FaultyAI
+from edgellm_local.emulator.http_fetch import HttpxFetch
+from edgellm_local.hub.publish import publish
+from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.hub.sinks import BlobStoreSink
 from tests.conftest import ManualClock
 from tests.support.origin_process import OriginProcess
 

@@ -23,9 +23,9 @@ import pytest
 from edgellm.config import Config
 from edgellm.ports import AIBinding, BindingError, ModelNotFound
 from edgellm.deps import Deps
-from edgellm_local.faults import FaultPlan, FaultyAI
-from edgellm_local.origin_fetch import HttpxFetch
-from edgellm_local.server import EdgeServer
+from edgellm_local.doubles.faults import FaultPlan, FaultyAI
+from edgellm_local.emulator.http_fetch import HttpxFetch
+from edgellm_local.emulator.server import EdgeServer
 from tests.edge.test_routing import origin, routing_env  # noqa: F401  (the module-scoped origin process)
 from tests.support.origin_process import OriginProcess
 

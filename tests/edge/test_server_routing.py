@@ -12,9 +12,9 @@ import httpx
 from edgellm.app import ROUTES
 from edgellm.http import Request, Response
 from edgellm.deps import Deps
-from edgellm_local.assets import StaticAssets
+from edgellm_local.emulator.assets import StaticAssets
 from edgellm_local.edge import DEFAULT_PUBLIC
-from edgellm_local.server import EdgeApp, EdgeServer
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 
 
 @dataclass

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.slot_pool import SlotPool
 
 
 @pytest.fixture

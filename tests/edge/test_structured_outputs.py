@@ -13,8 +13,10 @@ import pytest
 from pydantic import BaseModel
 
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, default_model_path
-from edgellm_local.server import EdgeServer
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import default_model_path
+from edgellm_local.emulator.server import EdgeServer
 from tests.conftest import target_headers
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"

@@ -17,7 +17,7 @@ import pytest
 
 from edgellm.access.keys import KeyRing, NewKey, new_key
 from edgellm.config import Config
-from edgellm_local.usage import SqliteUsage
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 ADMIN = "admin-secret"
 EDGELLM = Path(sys.executable).with_name("edgellm")

@@ -17,8 +17,10 @@ import openai
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner, default_model_path
-from edgellm_local.server import EdgeServer
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import default_model_path
+from edgellm_local.emulator.server import EdgeServer
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"
 WEATHER_TOOL = {"type": "function", "function": {

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from edgellm.ports import UsageEvent
-from edgellm_local.usage import SqliteUsage
+from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
 Q = {"messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0, "max_tokens": 4}
 

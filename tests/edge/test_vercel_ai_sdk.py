@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from edgellm.deps import Deps
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .test_responses import MODEL, conversational, pooled_runner  # noqa: F401 (fixtures)
 

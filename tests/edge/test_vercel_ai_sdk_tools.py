@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 from .test_tool_loop import MODEL, default_edge, leaks, smollm2_runner  # noqa: F401 (fixtures)
 

@@ -20,8 +20,8 @@ from typing import Callable
 import httpx
 import pytest
 
-from edgellm_local.r2 import FileR2
-from edgellm_local.server import EdgeApp, EdgeServer
+from edgellm_local.emulator.r2 import FileR2
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 
 SIZE = 6 * 1024 * 1024 + 12345  # several MiB, not a multiple of any chunk size
 BIG = 64 * 1024 * 1024  # more than loopback's socket buffers hold: the sender must wait for room

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from edgellm_local.isolation import check_owner, current_request
+from edgellm_local.emulator.isolation import check_owner, current_request
 
 
 # --- pyodide.ffi -----------------------------------------------------------------------------
@@ -679,7 +679,7 @@ class FakeCacheStorage:
     edge's `MemoryEdgeCache` (a whole 200 stored, a Range answered with a 206 from it)."""
 
     def __init__(self) -> None:
-        from edgellm_local.edge_cache import MemoryEdgeCache
+        from edgellm_local.emulator.edge_cache import MemoryEdgeCache
 
         self.caches: dict[str, Any] = {}
         self._new = MemoryEdgeCache

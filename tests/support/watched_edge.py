@@ -32,9 +32,9 @@ DEFAULT_MEMORY_LIMIT = 3 * 1024**3  # address space: the tiny model's edge runs 
 def _serve(argv: list[str]) -> int:
     from edgellm.config import Config
     from edgellm_local.edge import EdgeSettings, build_app, dev_stack
-    from edgellm_local.faults import FaultPlan
-    from edgellm_local.hardening import ServerLimits
-    from edgellm_local.server import bind_socket, make_server
+    from edgellm_local.doubles.faults import FaultPlan
+    from edgellm_local.emulator.hardening import ServerLimits
+    from edgellm_local.emulator.server import bind_socket, make_server
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)

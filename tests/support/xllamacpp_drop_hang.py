@@ -11,7 +11,7 @@ thread does just *before* it enters `server_context::start_loop()`; `~Server` ca
 after `running` was cleared, or (re)arms its state on entry), and the process sits for ever: the
 main thread in `xllamacpp::Server::~Server` (joining), the init thread in
 `server_queue::start_loop` waiting for tasks. `--wait-ready` applies the mitigation the local
-edge uses (`edgellm_local.ai.wait_until_serving`): one request that goes through the task queue
+edge uses (`edgellm_local.llama.embedded_server.wait_until_serving`): one request that goes through the task queue
 (`handle_metrics`, a METRICS task) before the drop, so the loop is known to be running.
 
 Each try runs in a subprocess with a hard timeout of its own (then killed), so

@@ -21,8 +21,8 @@ from edgellm.http import Request
 from edgellm.ports import BindingError
 from edgellm.deps import Deps
 from edgellm.state import AccessState
-from edgellm_local.kv import SqliteKV
-from tests.support.fake_ai import OpenStreamAI, ScriptedAI
+from edgellm_local.emulator.kv import SqliteKV
+from edgellm_local.doubles.scripted import ScriptedAI
 
 
 def test_request_window_refuses_then_recovers_on_the_clock(clock) -> None:
@@ -119,9 +119,9 @@ async def test_a_stream_closed_early_frees_its_admission_closes_the_binding_and_
     between the body and the generation (the usage recorder, the Finish tap, the renderer) must
     pass the close on, or the admission ticket leaks (after `max_waiting_generations` such
     leaks every miss in the isolate is a 503), the binding keeps streaming, and nothing is recorded."""
-    from edgellm_local.usage import SqliteUsage
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
 
-    ai, usage, background = OpenStreamAI(), SqliteUsage(tmp_path / "usage.sqlite3"), []
+    ai, usage, background = ScriptedAI(open_streams=True), SqliteUsage(tmp_path / "usage.sqlite3"), []
     deps = Deps(config=Config(open_access=True), ai=ai, kv=SqliteKV(clock=clock) if cached else None, clock=clock,
                 log=logging.getLogger("edgellm.test"), usage=usage, wait_until=background.append)
     body = {**STREAMED[path], "temperature": 0} if cached else STREAMED[path]

@@ -7,7 +7,7 @@ import io
 import logging
 import threading
 
-from edgellm_local.access_log import BatchedLines
+from edgellm_local.emulator.access_log import BatchedLines
 
 
 def _record(i: int) -> logging.LogRecord:

@@ -16,7 +16,7 @@ from edgellm.config import Config
 from edgellm.http import Request
 from edgellm.ports import FetchResponse, UsageNotQueryable
 from edgellm.deps import Deps
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 ADMIN = "admin-secret"
 

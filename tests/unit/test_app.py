@@ -15,7 +15,7 @@ from edgellm.ports import BindingError, CapacityExceeded
 from edgellm.deps import Deps
 from edgellm.router import Router, route
 from edgellm.sse import SSEDecoder
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 PRIMARY = "@cf/meta/llama-2-7b-chat-int8"
 FALLBACK = "@cf/meta/llama-2-7b-chat-hf-lora"

@@ -100,7 +100,7 @@ def test_name_from_prefix(prefix: str, name: str | None) -> None:
 )
 def test_a_manifest_takes_exactly_the_names_the_routes_serve(name: str) -> None:
     """One model-name rule: `edgellm pull` never accepts a manifest the edge could not serve."""
-    from edgellm_local.manifest import Manifest, ManifestError, ModelFile
+    from edgellm_local.hub.manifest import Manifest, ManifestError, ModelFile
 
     try:
         validate_name(name)

@@ -12,8 +12,8 @@ import pytest
 
 from edgellm.artifacts.cached_store import CachedBlobStore, cache_url
 from edgellm.ports import CachedResponse, R2Conditional, R2Object, R2Range
-from edgellm_local.edge_cache import MemoryEdgeCache
-from edgellm_local.r2 import FileR2
+from edgellm_local.emulator.edge_cache import MemoryEdgeCache
+from edgellm_local.emulator.r2 import FileR2
 from tests.conftest import ManualClock
 
 DATA = bytes(range(256)) * 64  # 16 KiB, several 4 KiB chunks

@@ -18,12 +18,12 @@ from edgellm.generation import Finish, GenerationRequest, Token
 from edgellm.inference import start_generation
 from edgellm.ports import CapacityExceeded
 from edgellm.deps import Deps
-from edgellm_local import isolation
-from edgellm_local.durable import local_flights
-from edgellm_local.isolation import CrossRequestIOError, request_context
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator import isolation
+from edgellm_local.emulator.durable import local_flights
+from edgellm_local.emulator.isolation import CrossRequestIOError, request_context
+from edgellm_local.emulator.kv import SqliteKV
 from tests.conftest import ManualClock
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 ORDER = FlightOrder(GenerationRequest("@cf/meta/llama-2-7b-chat-int8", {"prompt": "hi", "temperature": 0}, stream=True),
                     "cache/v1/k", write=True, ttl=3600)

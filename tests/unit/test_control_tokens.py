@@ -7,7 +7,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from edgellm_local.control_tokens import JOINER, defuse, defuse_messages, special_pattern, special_texts
+from edgellm_local.llama.control_tokens import JOINER, defuse, defuse_messages, special_pattern, special_texts
 
 
 def test_the_fast_scan_finds_what_gguf_reader_finds(tiny_model: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from edgellm.conversations import ConversationObject, ConversationStore, StoredResponse, new_conversation_id, new_response_id
 from edgellm.errors import GatewayError
 from edgellm.http import Request
-from edgellm_local.conversations import SqliteSqlStorage
+from edgellm_local.emulator.conversation_sqlite import SqliteSqlStorage
 from tests.conftest import ManualClock
 
 

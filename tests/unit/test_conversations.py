@@ -16,7 +16,7 @@ from edgellm.conversations import (
 )
 from edgellm.config import Config
 from edgellm.http import Request, Response
-from edgellm_local.conversations import SqliteSqlStorage, conversation_factory
+from edgellm_local.emulator.conversation_sqlite import SqliteSqlStorage, conversation_factory
 from tests.conftest import ManualClock
 
 ORIGIN = "https://conversation.internal"

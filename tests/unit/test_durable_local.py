@@ -14,9 +14,9 @@ import pytest
 
 from edgellm.durable import DurableObjectNamespace
 from edgellm.http import Request, Response
-from edgellm_local import isolation
-from edgellm_local.durable import LocalDurableObjectNamespace
-from edgellm_local.isolation import CrossRequestIOError, current_request, request_context
+from edgellm_local.emulator import isolation
+from edgellm_local.emulator.durable import LocalDurableObjectNamespace
+from edgellm_local.emulator.isolation import CrossRequestIOError, current_request, request_context
 
 
 @dataclass

@@ -25,16 +25,9 @@ import pytest
 import xllamacpp
 from tokenizers import Tokenizer
 
-from edgellm_local.ai import default_model_path
-from edgellm_local.llama_server import start_server
-from edgellm_local.gguf_tokenizer import (
-    UnsupportedVocabulary,
-    build_tokenizer,
-    model_config,
-    parity_warnings,
-    spm_merges,
-    tokenizer_config,
-)
+from edgellm_local.llama.model_file import default_model_path
+from edgellm_local.llama.embedded_server import start_server
+from edgellm_local.hub.gguf_tokenizer import UnsupportedVocabulary, build_tokenizer, model_config, parity_warnings, spm_merges, tokenizer_config
 from tests.support import tiny_gguf
 from tests.support.tiny_gguf import write_tiny_gguf
 

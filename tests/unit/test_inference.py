@@ -15,7 +15,7 @@ from edgellm.generation import Finish, Generation, GenerationRequest, Token, Usa
 from edgellm.inference import apply_stop, binding_error, candidate_models, finish_reason, start_generation
 from edgellm.ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound
 from edgellm.deps import Deps
-from tests.support.fake_ai import OpenStreamAI, ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 PRIMARY = "@cf/meta/llama-2-7b-chat-int8"
 FALLBACK = "@cf/meta/llama-2-7b-chat-hf-lora"
@@ -140,7 +140,7 @@ async def test_a_failure_mid_stream_raises_a_gateway_error_after_the_tokens_sent
 async def test_closing_a_streamed_generation_closes_the_binding_stream_read_or_not(read: int, stop: tuple[str, ...]) -> None:
     """A client gone before the first token (read=0) or mid-answer: the binding's stream is
     closed at once, with or without stop sequences, not left to the garbage collector."""
-    ai = OpenStreamAI()
+    ai = ScriptedAI(open_streams=True)
     generation = await start_generation(deps_with(ai), request(stream=True, stop=stop))
     for _ in range(read):
         await anext(generation.events)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from edgellm_local import isolation
-from edgellm_local.ai import LlamaCppAI
-from edgellm_local.isolation import CrossRequestIOError, RequestContext, context_of, request_context
+from edgellm_local.emulator import isolation
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.emulator.isolation import CrossRequestIOError, RequestContext, context_of, request_context
 from tests.support.bounded import within
 
 

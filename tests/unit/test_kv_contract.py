@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from edgellm.ports import KVEntry, KVLimitError, KVRateLimited, KVStore
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator.kv import SqliteKV
 from tests.conftest import ManualClock
 from tests.support import fake_pyodide as fp
 

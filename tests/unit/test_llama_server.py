@@ -1,5 +1,5 @@
 """Every `xllamacpp.Server` this project starts can be dropped at once without hanging its process
-(`edgellm_local.llama_server`; the hang itself: tests/support/xllamacpp_drop_hang.py)."""
+(`edgellm_local.llama.embedded_server`; the hang itself: tests/support/xllamacpp_drop_hang.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from edgellm.ports import BindingError
-from edgellm_local.ai import LlamaCppRunner, RunnerStopping
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.errors import RunnerStopping
 
 ROOT = Path(__file__).resolve().parents[2]
 DROPS = 20  # unmitigated, about one drop in three hangs: 20 in a row pass by luck once in ~3000 runs
@@ -21,7 +22,7 @@ DROPS_DEADLINE_S = 120.0  # 20 starts of the tiny model on a loaded 2-core machi
 DROP_AT_ONCE = """
 import sys
 import xllamacpp
-from edgellm_local.llama_server import start_server
+from edgellm_local.llama.embedded_server import start_server
 for i in range(int(sys.argv[2])):
     params = xllamacpp.CommonParams()
     params.model.path = sys.argv[1]
@@ -56,8 +57,8 @@ def test_nothing_starts_an_xllamacpp_server_but_start_server() -> None:
     offenders = [f"{path.relative_to(ROOT)}:{n}" for folder in ("src", "local", "tests", "bench")
                  for path in (ROOT / folder).rglob("*.py") if path.name != "xllamacpp_drop_hang.py"  # the bare repro
                  for n, line in enumerate(path.read_text().splitlines(), 1)
-                 if re.search(r"xllamacpp\.Server\((?!\.\.\.)", line) and path.name != "llama_server.py"]
-    assert offenders == [], f"use edgellm_local.llama_server.start_server: {offenders}"
+                 if re.search(r"xllamacpp\.Server\((?!\.\.\.)", line) and path.name != "embedded_server.py"]
+    assert offenders == [], f"use edgellm_local.llama.embedded_server.start_server: {offenders}"
 
 
 def test_a_closed_runner_refuses_new_generations_and_stays_closed(tiny_model: Path) -> None:

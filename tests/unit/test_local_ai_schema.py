@@ -13,7 +13,9 @@ from edgellm.config import Config
 from edgellm.errors import GatewayError
 from edgellm.ports import InvalidModelInput
 from edgellm.workers_ai import SAMPLING, validate_inputs
-from edgellm_local.ai import InputSchema, LlamaCppAI, LlamaCppRunner
+from edgellm_local.llama.input_schema import InputSchema
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -17,7 +17,7 @@ from edgellm.config import Config
 from edgellm.errors import ErrorKind
 from edgellm.http import Request
 from edgellm.workers_ai import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, SAMPLING
-from edgellm_local.assets import StaticAssets
+from edgellm_local.emulator.assets import StaticAssets
 from edgellm_local.edge import DEFAULT_PUBLIC
 
 DOC_PATH = DEFAULT_PUBLIC / "openapi.json"

@@ -7,8 +7,8 @@ import gzip
 from pathlib import Path
 
 from edgellm.http import Request, Response
-from edgellm_local.assets import StaticAssets
-from edgellm_local.platform import encoded
+from edgellm_local.emulator.assets import StaticAssets
+from edgellm_local.emulator.edge_encoding import encoded
 
 
 def request(**headers: str) -> Request:

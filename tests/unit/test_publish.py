@@ -19,11 +19,11 @@ from tokenizers import Tokenizer
 
 from edgellm.ports import R2Object
 from edgellm_local.cli import main
-from edgellm_local.gguf_tokenizer import build_tokenizer
-from edgellm_local.manifest import Manifest
-from edgellm_local.publish import PublishError, hash_weights, parse_size, publish
-from edgellm_local.r2 import FileR2
-from edgellm_local.sinks import BlobStoreSink, FileSlice, SinkError, WranglerSink
+from edgellm_local.hub.gguf_tokenizer import build_tokenizer
+from edgellm_local.hub.manifest import Manifest
+from edgellm_local.hub.publish import PublishError, hash_weights, parse_size, publish
+from edgellm_local.emulator.r2 import FileR2
+from edgellm_local.hub.sinks import BlobStoreSink, FileSlice, SinkError, WranglerSink
 from tests.support.tiny_gguf import write_tiny_gguf
 
 KiB = 1024

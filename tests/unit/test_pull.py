@@ -14,10 +14,10 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 import pytest
 
-from edgellm_local.manifest import Manifest, ManifestError
-from edgellm_local.progress import Progress, format_bar
-from edgellm_local.pull import check_arguments, Downloader, PullError
-from edgellm_local.resume import ResumeState, RetryPolicy, parse_content_range, parse_retry_after, range_header
+from edgellm_local.hub.manifest import Manifest, ManifestError
+from edgellm_local.hub.progress import Progress, format_bar
+from edgellm_local.hub.pull import check_arguments, Downloader, PullError
+from edgellm_local.hub.resume import ResumeState, RetryPolicy, parse_content_range, parse_retry_after, range_header
 
 BASE = "http://edge.test"
 NAME = "tiny"
@@ -372,7 +372,7 @@ async def test_a_manifest_whose_shards_do_not_make_the_model_is_caught(tmp_path:
 
 async def test_every_byte_is_hashed_once_unless_verify_full(tmp_path: Path, model_and_objects: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each shard is checked as it arrives; only --verify-full reads the file back for a second hash."""
-    import edgellm_local.model_download as download_module
+    import edgellm_local.hub.model_download as download_module
 
     model, objects = model_and_objects
     reread: list[int] = []
@@ -613,7 +613,7 @@ async def test_memory_per_stream_is_bounded_by_the_chunk_size(tmp_path: Path, mo
     """Writes land in chunk-sized pieces however large the shard: nothing holds a shard."""
     model, objects = build_model(size=200_000, shard_size=100_000)
     h = harness(tmp_path, objects)
-    import edgellm_local.fetch as pull_module
+    import edgellm_local.hub.object_fetch as pull_module
 
     sizes: list[int] = []
     real = pull_module._write_and_hash

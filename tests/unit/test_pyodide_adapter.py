@@ -93,8 +93,8 @@ async def test_an_ai_stream_cut_before_done_is_a_stream_cut_error(adapter) -> No
 
 def test_a_stream_opened_by_one_request_fails_when_another_reads_it(adapter) -> None:
     """The stand-in runtime enforces request isolation as workerd does."""
-    from edgellm_local import isolation
-    from edgellm_local.isolation import CrossRequestIOError, request_context
+    from edgellm_local.emulator import isolation
+    from edgellm_local.emulator.isolation import CrossRequestIOError, request_context
 
     async def main() -> None:
         with request_context("A"):
@@ -494,7 +494,7 @@ async def test_r2_behind_the_cache_api_through_the_workers_adapters(adapter, tmp
     never reach the bucket."""
     from edgellm.artifacts.cached_store import CachedBlobStore
     from edgellm.ports import R2Conditional
-    from edgellm_local.r2 import FileR2
+    from edgellm_local.emulator.r2 import FileR2
     from tests.conftest import ManualClock
 
     data = bytes(range(256)) * 32

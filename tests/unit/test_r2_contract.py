@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 import pytest
 
 from edgellm.ports import BindingError, BlobStore, R2Conditional, R2Object, R2Range
-from edgellm_local.r2 import FileR2
+from edgellm_local.emulator.r2 import FileR2
 from tests.conftest import ManualClock
 from tests.support import fake_pyodide as fp
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm_local.r2 import FileBody
+from edgellm_local.emulator.r2 import FileBody
 
 SIZE = 3 * 65536 + 123
 

@@ -17,8 +17,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from edgellm.routing.counting import render_chat
 from edgellm.tokenizer import Tokenizer, UnsupportedTokenizer, gpt2_split
-from edgellm_local.ai import default_model_path
-from edgellm_local.gguf_tokenizer import build_tokenizer, tokenizer_config
+from edgellm_local.llama.model_file import default_model_path
+from edgellm_local.hub.gguf_tokenizer import build_tokenizer, tokenizer_config
 from tests.support.tiny_gguf import write_tiny_gguf
 from tests.unit.test_gguf_tokenizer import fuzz_corpus, special_texts
 

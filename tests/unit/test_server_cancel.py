@@ -13,8 +13,8 @@ import pytest
 from edgellm.config import Config
 from edgellm.http import Request
 from edgellm.deps import Deps
-from edgellm_local import isolation
-from edgellm_local.server import EdgeApp
+from edgellm_local.emulator import isolation
+from edgellm_local.emulator.server import EdgeApp
 from tests.support.bounded import within
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",

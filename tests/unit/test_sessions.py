@@ -15,9 +15,9 @@ from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.http import Request
 from edgellm.deps import Deps
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator.kv import SqliteKV
 from tests.support import fake_pyodide as fp
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 

@@ -11,8 +11,9 @@ from typing import Any, AsyncIterator, Iterator
 import pytest
 
 from edgellm.config import Config
-from edgellm_local.ai import LlamaCppAI, LlamaCppRunner
-from edgellm_local.slots import SlotPool
+from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.slot_pool import SlotPool
 from tests.support.tiny_gguf import write_tiny_gguf
 
 CONFIG = Config()
@@ -242,7 +243,7 @@ async def test_requests_without_a_session_reuse_their_own_tenants_prefix_never_a
 def test_requests_waiting_for_a_slot_share_no_io_under_request_isolation(pooled_runner: LlamaCppRunner) -> None:
     """Five requests from five sessions on 2 slots, each in its own request context on the local
     edge's isolating loop: three must wait, and are woken without one request resolving another's future."""
-    from edgellm_local.isolation import request_context, run
+    from edgellm_local.emulator.isolation import request_context, run
 
     async def main() -> list[int]:
         ai = LlamaCppAI({MODEL: pooled_runner}, CONFIG, slots=SlotPool(pooled_runner))
@@ -400,12 +401,12 @@ async def test_a_new_question_under_a_long_shared_system_prompt_goes_where_that_
 
 
 def test_prompt_text_matches_on_messages_in_order() -> None:
-    from edgellm_local.slots import _common_start, prompt_text
+    from edgellm_local.llama.slot_match import common_start, prompt_text
 
     one = prompt_text({"messages": [{"role": "user", "content": "hello"}]})
     two = prompt_text({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]})
-    assert two.startswith(one) and _common_start(one, two) == len(one)
-    assert _common_start("abcdef", "abcxyz") == 3 and _common_start("", "abc") == 0 and _common_start("abc", "abc") == 3
+    assert two.startswith(one) and common_start(one, two) == len(one)
+    assert common_start("abcdef", "abcxyz") == 3 and common_start("", "abc") == 0 and common_start("abc", "abc") == 3
     assert prompt_text({"prompt": "raw text"}) == "raw text"
 
 
@@ -526,7 +527,7 @@ async def test_a_new_conversation_starts_from_its_own_tenants_saved_or_kept_stat
 
 
 def test_a_sessions_tenant_is_the_admitted_one_only_where_its_name_agrees() -> None:
-    from edgellm_local.slots import session_scope
+    from edgellm_local.llama.slot_match import session_scope
 
     assert session_scope("acme:chat-1", "acme") == "acme"  # a keyed tenant's session
     assert session_scope("chat-1", "default") == "default"  # a keyless caller's bare name, under the default tenant
@@ -543,7 +544,7 @@ async def test_the_model_identity_is_read_off_the_event_loop(
     loop) waited for it. It is read in a thread from the pool's start."""
     import threading
 
-    from edgellm_local import slots
+    from edgellm_local.llama import slot_pool as slots
 
     loop_thread, readers = threading.current_thread(), []
     real = slots.model_identity

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgellm_local.stand_ins import DEFAULT_STAND_IN, STAND_INS, UnknownStandIn, resolve_model
+from edgellm_local.llama.stand_ins import DEFAULT_STAND_IN, STAND_INS, UnknownStandIn, resolve_model
 
 
 def smollm2_package_gguf() -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgellm.http import Request
-from edgellm_local.assets import StaticAssets
+from edgellm_local.emulator.assets import StaticAssets
 from tests.unit.test_ranges import NONE_MATCH
 
 

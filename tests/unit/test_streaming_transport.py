@@ -12,7 +12,7 @@ from typing import AsyncIterator
 import httpx
 import pytest
 
-from edgellm_local.streaming_transport import StreamingTransport
+from edgellm_local.hub.streaming_transport import StreamingTransport
 
 BIG = os.urandom(3 * 1024 * 1024 + 17)
 

@@ -20,7 +20,7 @@ from edgellm.generation import Finish, Token, ToolCall, ToolCallDelta, Usage
 from edgellm.openai import parse_chat_request
 from edgellm.ports import ModelNotFound
 from edgellm.deps import Deps
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 from tests.unit.test_app import assert_error, body_json, post, sse_events
 
 HERMES = "@hf/nousresearch/hermes-2-pro-mistral-7b"  # JSON mode and tools, per Cloudflare's lists
@@ -46,8 +46,8 @@ class FunctionCallingAI(ScriptedAI):
         return result
 
     async def stream(self, model: str, inputs: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        self._call(model, inputs)
-        return self._tool_events() if self.tool_calls is not None else self._events()
+        self._arrive(model, inputs, None)
+        return self._tool_events() if self.tool_calls is not None else self._scripted()
 
     async def _tool_events(self) -> AsyncIterator[dict[str, Any]]:
         yield {"response": "", "tool_calls": self.tool_calls}
@@ -166,7 +166,7 @@ async def test_an_entry_records_and_replays_tool_calls_and_logprobs() -> None:
 
 
 def test_the_local_tool_call_stream_yields_openai_fragments_as_generated() -> None:
-    from edgellm_local.structured import ToolCallStream
+    from edgellm_local.llama.grammar import ToolCallStream
 
     answer = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "a}\\"b", "n": [1, {"x": 2}]}}, {"name": "f", "arguments": {}}]}'
     stream, events = ToolCallStream(), []

@@ -19,7 +19,7 @@ from tests.support.tiny_gguf import VocabKind, write_tiny_gguf
 
 import xllamacpp
 
-from edgellm_local.llama_server import start_server
+from edgellm_local.llama.embedded_server import start_server
 
 VOCABS: tuple[VocabKind, ...] = ("bpe", "spm")
 MAX_TOKENS = 16

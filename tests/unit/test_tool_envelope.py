@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from edgellm_local import structured
-from edgellm_local.structured import ToolPlan, ToolCallStream
+from edgellm_local.llama import grammar as structured
+from edgellm_local.llama.grammar import ToolPlan, ToolCallStream
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

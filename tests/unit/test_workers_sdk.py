@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from edgellm_local.kv import SqliteKV
+from edgellm_local.emulator.kv import SqliteKV
 from tests.support import fake_pyodide as fp
 
 MODEL = "@cf/meta/llama-2-7b-chat-int8"

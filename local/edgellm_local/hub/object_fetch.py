@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, TextIO
 
 import httpx
 
-from .resume import RetryPolicy, parse_content_range, parse_retry_after, range_header
+from edgellm_local.hub.resume import RetryPolicy, parse_content_range, parse_retry_after, range_header
 
 CHUNK_SIZE = 1 << 20
 MAX_SMALL_BYTES = 16 << 20

@@ -34,7 +34,7 @@ from edgellm.deps import Deps
 from edgellm.state import IsolateState
 from edgellm.stream import close_source
 
-from .isolation import RequestContext, call_in, context_of
+from edgellm_local.emulator.isolation import RequestContext, call_in, context_of
 
 _END = object()
 DEFAULT_MAX_LIVE = 256

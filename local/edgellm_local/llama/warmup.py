@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .ai import LlamaCppRunner
+from edgellm_local.llama.runner import LlamaCppRunner
 
 WARM_UP_PROMPT = "The three primary colours are"
 

@@ -23,7 +23,7 @@ from edgellm.errors import ErrorKind, GatewayError, invalid
 from edgellm import workers_ai
 from edgellm.http import Response
 
-from .zero_copy import EXTENSION, ZeroCopySender, ZeroCopyStats
+from edgellm_local.emulator.zero_copy import EXTENSION, ZeroCopySender, ZeroCopyStats
 
 # RFC 3986 host (reg-name / IPv4 / bracketed IPv6) with an optional port
 _HOST = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252}))(?::(\d{1,5}))?$")

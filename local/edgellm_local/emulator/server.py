@@ -23,14 +23,14 @@ from edgellm.app import ROUTES, handle
 from edgellm.http import Request, Response
 from edgellm.deps import Deps
 
-from .assets import StaticAssets
-from .durable import local_flights
-from .isolation import as_runtime, request_context
-from .platform import encoded
-from .page_headers import HeaderRules
-from .hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
-from .r2 import FileBody
-from .zero_copy import EXTENSION, ZeroCopyStats
+from edgellm_local.emulator.assets import StaticAssets
+from edgellm_local.emulator.durable import local_flights
+from edgellm_local.emulator.isolation import as_runtime, request_context
+from edgellm_local.emulator.edge_encoding import encoded
+from edgellm_local.emulator.page_headers import HeaderRules
+from edgellm_local.emulator.hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
+from edgellm_local.emulator.r2 import FileBody
+from edgellm_local.emulator.zero_copy import EXTENSION, ZeroCopyStats
 
 
 _SCOPE: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("asgi_scope", default={})
@@ -233,8 +233,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 SERVER_KINDS = {
     # uvicorn's C parser and libuv loop: +21% cache-HIT throughput over the pure-Python pair
     # (both loops enforce request isolation, as workerd does: see `isolation`)
-    "fast": {"http": "httptools", "loop": "edgellm_local.isolation:new_uvloop"},
-    "baseline": {"http": "h11", "loop": "edgellm_local.isolation:new_event_loop"},  # for benchmarks: what the edge ran on before
+    "fast": {"http": "httptools", "loop": "edgellm_local.emulator.isolation:new_uvloop"},
+    "baseline": {"http": "h11", "loop": "edgellm_local.emulator.isolation:new_event_loop"},  # for benchmarks: what the edge ran on before
 }
 
 

@@ -68,134 +68,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import blake3
+from edgellm_local.llama.slot_match import SHARED_START, SIMILAR_START, common_start
+from edgellm_local.llama.slot_state import SavedState, SlotLease, SlotStats, model_identity, remove_state, state_digest
 
 if TYPE_CHECKING:
-    from .ai import LlamaCppRunner
+    from edgellm_local.llama.runner import LlamaCppRunner
 
 DEFAULT_DISK_BUDGET = 2 * 1024**3
 log = logging.getLogger("edgellm.slots")
-
-
-@dataclass(frozen=True)
-class SavedState:
-    """One conversation's slot state on disk, as recorded when llama.cpp wrote it, with the
-    tenant whose it is and the prompt (`prompt_text`) it was computed for, when known: what a
-    new conversation of that tenant is matched against (SHARED_START)."""
-
-    session: str
-    path: Path
-    digest: "concurrent.futures.Future[str]"  # BLAKE3, computed in the pool's hashing threads
-    size: int
-    model: str
-    tokens: int
-    scope: str | None = None
-    prompt: str = ""
-
-
-@dataclass(frozen=True)
-class SlotLease:
-    """A slot held for one generation. `restored` says a saved state was loaded for it;
-    `refused` that one existed but failed its checks (and was not used)."""
-
-    slot: int
-    session: str | None
-    warm: bool = False
-    restored: bool = False
-    refused: bool = False
-    shared: bool = False  # no state of its own: started from its tenant's sharing its prompt's start
-
-
-@dataclass
-class SlotStats:
-    warm: int = 0
-    saves: int = 0
-    restores: int = 0
-    refused: int = 0
-    prepared: int = 0  # slots made ready for their conversation's next turn as a generation ended
-    scoped: int = 0  # requests without a session that found their tenant's earlier prompt in the slot
-    dropped: int = 0  # saved states deleted to stay within the disk budget
-    shared: int = 0  # requests with no state of their own started from their tenant's state sharing their prompt's start
-    copied: int = 0  # of those, from a copy restored (a saved state, or an idle slot saved for it), not kept in place
-
-    def to_json(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-def _digest(path: Path) -> str:
-    # one thread: the other core is llama.cpp's, loading or computing
-    return blake3.blake3(max_threads=1).update_mmap(path).hexdigest()
-
-
-def model_identity(runner: "LlamaCppRunner") -> str:
-    """Everything a slot's KV state depends on: the GGUF (its path, size and modification time:
-    another file, or the same path rewritten), the context it was loaded with (n_ctx and how it is
-    split between slots) and the chat template the prompts were rendered with (the runner's
-    override, else the GGUF's own). A state saved under any other identity is refused at restore,
-    even where llama.cpp would load it without complaint (a same-shaped model, a larger context)."""
-    import gguf  # the GGUF reader only where a pool is used
-
-    from .gguf_tokenizer import gguf_value
-
-    stat = runner.path.stat()
-    template = runner.chat_template
-    if template is None:
-        template = gguf_value(gguf.GGUFReader(runner.path), "tokenizer.chat_template") or ""
-    digest = hashlib.sha256(str(template).encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return (f"{runner.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:n_ctx={runner.n_ctx}:"
-            f"n_parallel={runner.n_parallel}:template={digest}")
-
-
-# llama.cpp's server takes a slot whose cache holds at least `slot_prompt_similarity` (0.1) of a
-# prompt; it can afford to, since its RAM cache restores what that evicts. A pool has no such
-# cache (it would cross tenants), so it evicts a tenant's prompt for a mere similar one only when
-# that saves half of the new prompt; less than that, an empty slot keeps both.
-SIMILAR_START = 0.5
-
-# A request with no state of its own takes a copy of its tenant's state (a restore: a file read and
-# hashed, ~5 ms for 10 MiB here) when that shares at least this many more characters of its prompt
-# than the slot it got holds: ~40 tokens, more than a chat template's opening (which the slot
-# reuses in place anyway), less than any system prompt worth keeping (~1 s of prefill per 100
-# tokens for SmolLM2-135M on one loaded core, far more for larger models).
-SHARED_START = 160
-
-
-def session_scope(session: str, tenant: str | None) -> str | None:
-    """The tenant a session's states may be shared within, or None (shared with nothing): the
-    admitted `tenant` if the session's name agrees with it. A keyed tenant's sessions are named
-    `<tenant>:<name>` (`edgellm.sessions.tenant_session`; tenant names hold no ':'); a keyless
-    caller's (open mode, the admin token) keep their bare name, under the one default tenant. A
-    name that is neither (a keyless caller naming `acme:x`, or a generation started in another
-    request's context, such as a coalesced flight's) shares nothing."""
-    if tenant is None:
-        return None
-    if session.startswith(tenant + ":") or ":" not in session:
-        return tenant
-    return None
-
-
-def prompt_text(body: dict[str, Any]) -> str:
-    """What a sessionless prompt is matched on when a slot is chosen for it: its messages (role
-    and content, in order) or its raw prompt. Equal starts here are equal starts of the rendered
-    prompt, which is what llama.cpp's `cache_prompt` reuses."""
-    if "messages" in body:
-        return "".join(f"\x1e{m.get('role', '')}\x1f{m.get('content', '')!s}" for m in body["messages"] if isinstance(m, dict))
-    return str(body.get("prompt", ""))
-
-
-def _common_start(a: str, b: str) -> int:
-    """How many leading characters `a` and `b` share (os.path.commonprefix, without its list)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    low, high = 0, n  # binary search on slices: C-speed comparisons, not a Python loop per character
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[:mid] == b[:mid]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:
@@ -261,6 +141,12 @@ class SlotPool:
         identity = self._identity_of(self.runner)
         return identity.result() if identity.done() else await asyncio.to_thread(identity.result)
 
+    @property
+    def _contended(self) -> bool:
+        """Conversations have had to share slots: a conversation's state is saved (beyond the
+        tenants' kept prompts), so a slot's owner is written behind as its generation ends."""
+        return len(self._saved) > len(self._kept)
+
     def saved(self, session: str) -> SavedState | None:
         return self._saved.get(session)
 
@@ -325,7 +211,7 @@ class SlotPool:
                 return chosen
         if session is not None and scope is not None and session not in self._saved:
             # a new conversation: a free slot holding its tenant's prompt most like its own, kept in place
-            own = {s: _common_start(self._prompts[s], prompt) for s in free if self._scopes[s] == scope and self._prompts[s]}
+            own = {s: common_start(self._prompts[s], prompt) for s in free if self._scopes[s] == scope and self._prompts[s]}
             if own and max(own.values()) > 0:
                 return max(own, key=lambda s: (own[s], -self._used.get(s, -1)))
         return min(free or idle, key=lambda s: self._used.get(s, -1))
@@ -345,7 +231,7 @@ class SlotPool:
         continued = [s for s in own if self._prompts[s] and prompt.startswith(self._prompts[s])]
         if continued:
             return max(continued, key=lambda s: (len(self._prompts[s]), -self._used.get(s, -1)))
-        shared = {s: _common_start(self._prompts[s], prompt) for s in own}
+        shared = {s: common_start(self._prompts[s], prompt) for s in own}
         best = max(own, key=lambda s: (shared[s], -self._used.get(s, -1)), default=None)
         if best is not None and prompt and shared[best] >= SIMILAR_START * len(prompt):
             return best
@@ -360,7 +246,7 @@ class SlotPool:
         old = self._prompts[slot]
         kept = self._kept_prompt(scope, prompt) if session is None and scope is not None else None
         if previous is None and session is None and scope is not None and held == scope:
-            if kept is None or len(self._kept[kept][1]) <= _common_start(old, prompt):
+            if kept is None or len(self._kept[kept][1]) <= common_start(old, prompt):
                 if old and not prompt.startswith(old):
                     await self._keep_prompt(slot, held, old)  # about to be overwritten past the common start
                 self.stats.scoped += 1  # its tenant's own earlier prompt: llama.cpp reuses the common prefix
@@ -404,7 +290,7 @@ class SlotPool:
         more than the slot holds, else what the slot holds if it is the tenant's (not erased:
         llama.cpp reuses the common prefix, at least the chat template's opening). None: nothing
         of the tenant's to start from (the caller erases the slot)."""
-        here = _common_start(old, prompt) if held == scope and old else -1
+        here = common_start(old, prompt) if held == scope and old else -1
         source = self._shared_source(slot, scope, prompt, max(here, 0) + SHARED_START)
         state = await self._copy_of(source) if source is not None else None
         if state is not None:
@@ -428,12 +314,12 @@ class SlotPool:
         best_key = (least - 1, 0)
         for state in self._saved.values():
             if state.scope == scope and state.prompt:
-                key = (_common_start(state.prompt, prompt), 1)
+                key = (common_start(state.prompt, prompt), 1)
                 if key > best_key:
                     best, best_key = state, key
         for s in range(len(self._owners)):
             if s != slot and s not in self._busy and self._scopes[s] == scope and self._prompts[s]:
-                key = (_common_start(self._prompts[s], prompt), 0)
+                key = (common_start(self._prompts[s], prompt), 0)
                 if key > best_key:
                     best, best_key = s, key
         return best
@@ -458,7 +344,7 @@ class SlotPool:
         saved, in the background and outside any request; the slot is free once both are done."""
         owner = self._owners[slot]
         prepare = then if owner is not None and not self._queued else None
-        save = owner is not None and len(self._saved) > len(self._kept) and owner not in self._saved  # conversations' saves
+        save = owner is not None and self._contended and owner not in self._saved
         if prepare is None and not save:
             self._free(slot)
             return
@@ -513,12 +399,12 @@ class SlotPool:
             result = await self._action(slot, "save", path.name)
         except Exception as exc:
             log.warning("could not save the slot state of a conversation: %s", exc)
-            _remove(path)
+            remove_state(path)
             return
         if not path.is_file():
             return
         size = path.stat().st_size
-        state = SavedState(session, path, self._hashing.submit(_digest, path), size, await self._model_id(),
+        state = SavedState(session, path, self._hashing.submit(state_digest, path), size, await self._model_id(),
                            int(result.get("n_saved") or 0), scope, prompt)
         self._saved.pop(session, None)
         self._saved[session] = state
@@ -573,7 +459,7 @@ class SlotPool:
             ok = (intact is True and isinstance(loaded, dict)
                   and int(loaded.get("n_restored") or 0) == saved.tokens)
         if consume or not ok:
-            _remove(path)  # used once: the slot holds it now, and saves again on eviction
+            remove_state(path)  # used once: the slot holds it now, and saves again on eviction
         if not consume and not ok and self._saved.get(saved.session) is saved:
             self._drop(saved.session)
         if ok:
@@ -586,7 +472,7 @@ class SlotPool:
     def _intact(self, path: Path, saved: SavedState) -> bool:
         """In a thread: the file's digest is the one of the bytes llama.cpp wrote at save."""
         try:
-            return _digest(path) == saved.digest.result()
+            return state_digest(path) == saved.digest.result()
         except OSError:
             return False
 
@@ -600,12 +486,3 @@ class SlotPool:
             "disk_budget": self.disk_budget,
             **self.stats.to_json(),
         }
-
-
-def _remove(path: Path) -> None:
-    """Remove a state file, or whatever took its place (a directory made at its name is damage
-    too: refused like the others, never a 502 naming an internal path)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

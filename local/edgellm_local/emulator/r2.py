@@ -135,7 +135,7 @@ class FileBody:
     def sendfile_to(self, sock_fd: int, count: int, stop: threading.Event, stall_timeout: float) -> int:
         """Send the next `count` bytes to a socket with sendfile(2) (on a worker thread, for
         zero_copy.py), holding the lock, so the file is not closed under it."""
-        from .zero_copy import send_file_blocking
+        from edgellm_local.emulator.zero_copy import send_file_blocking
 
         with self._lock:
             if self._file is None or self._file.closed:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .fetch import Fetcher, FetchTarget, PullError, hash_range
-from .manifest import Manifest, Shard
-from .progress import MB, Progress
-from .resume import ResumeState
+from edgellm_local.hub.object_fetch import Fetcher, FetchTarget, PullError, hash_range
+from edgellm_local.hub.manifest import Manifest, Shard
+from edgellm_local.hub.progress import MB, Progress
+from edgellm_local.hub.resume import ResumeState
 
 STATE_SAVE_INTERVAL = 1.0
 

@@ -26,9 +26,9 @@ from edgellm.artifacts.names import JSON, OCTETS, validate_name
 from edgellm.errors import GatewayError
 from edgellm.ports import BindingError
 
-from .ai import ModelFileError, check_gguf
-from .manifest import ArtifactFile, Manifest, ModelFile, Shard
-from .sinks import CHUNK_SIZE, ArtifactSink, BlobStoreSink, Body, FileSlice, SinkError, WranglerSink, wrangler_bucket
+from edgellm_local.llama.model_file import ModelFileError, check_gguf
+from edgellm_local.hub.manifest import ArtifactFile, Manifest, ModelFile, Shard
+from edgellm_local.hub.sinks import CHUNK_SIZE, ArtifactSink, BlobStoreSink, Body, FileSlice, SinkError, WranglerSink, wrangler_bucket
 
 if TYPE_CHECKING:  # gguf, numpy and tokenizers cost ~0.4 s to import: only `publish` pays it
     import gguf
@@ -82,7 +82,7 @@ def encode_json(value: Any) -> bytes:
 
 
 def model_files(reader: gguf.GGUFReader) -> dict[str, bytes]:
-    from .gguf_tokenizer import build_tokenizer, model_config, tokenizer_config
+    from edgellm_local.hub.gguf_tokenizer import build_tokenizer, model_config, tokenizer_config
 
     return {
         "tokenizer.json": build_tokenizer(reader).to_str().encode(),
@@ -138,7 +138,7 @@ async def publish(
         raise PublishError(f"--shard-size {shard_size} is larger than this target accepts ({sink.max_object_size} bytes)")
     import gguf
 
-    from .gguf_tokenizer import UnsupportedVocabulary, parity_warnings
+    from edgellm_local.hub.gguf_tokenizer import UnsupportedVocabulary, parity_warnings
 
     try:
         reader = gguf.GGUFReader(check_gguf(model))
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                 raise PublishError("--target r2 needs --bucket (or an ARTIFACTS r2_bucket in wrangler.toml)")
             sink: ArtifactSink = WranglerSink(bucket)
         else:
-            from .r2 import FileR2
+            from edgellm_local.emulator.r2 import FileR2
 
             store = FileR2(Path(args.state) / "r2")
             sink = BlobStoreSink(store)

@@ -27,12 +27,12 @@ import httpx
 from edgellm.artifacts.names import validate_name
 from edgellm.errors import GatewayError
 
-from .fetch import CHUNK_SIZE, Fetcher, FetchTarget, PullError, RateLimit
-from .manifest import Manifest, ManifestError
-from .model_download import ModelDownload, PullResult, file_matches, preallocate
-from .progress import Progress
-from .resume import RetryPolicy, write_atomic
-from .streaming_transport import StreamingTransport
+from edgellm_local.hub.object_fetch import CHUNK_SIZE, Fetcher, FetchTarget, PullError, RateLimit
+from edgellm_local.hub.manifest import Manifest, ManifestError
+from edgellm_local.hub.model_download import ModelDownload, PullResult, file_matches, preallocate
+from edgellm_local.hub.progress import Progress
+from edgellm_local.hub.resume import RetryPolicy, write_atomic
+from edgellm_local.hub.streaming_transport import StreamingTransport
 
 __all__ = ["Downloader", "PullError", "PullResult", "make_client", "pull", "run"]
 
@@ -180,7 +180,7 @@ def run(args: Any) -> int:
 
 def parse_rate(text: str) -> float:
     """`--limit-rate`: bytes per second, `500K`, `10M`, `1G` (binary units, as curl's)."""
-    from .publish import PublishError, parse_size
+    from edgellm_local.hub.publish import PublishError, parse_size
 
     try:
         return float(parse_size(text))

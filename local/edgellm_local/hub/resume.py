@@ -16,7 +16,7 @@ from pathlib import Path
 from edgellm.artifacts.conditional import parse_content_range as parse_content_range  # one parser, the core's
 from edgellm.artifacts.conditional import range_header as core_range_header
 
-from .manifest import Manifest
+from edgellm_local.hub.manifest import Manifest
 
 
 @dataclass(frozen=True)

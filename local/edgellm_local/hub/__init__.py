@@ -1,0 +1,1 @@
+"""`edgellm publish` and `edgellm pull`: a GGUF into artifacts an edge serves, and back, verified."""

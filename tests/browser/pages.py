@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 import httpx
 from playwright.async_api import Browser, BrowserContext, Locator, Page, Request, expect
 
-from edgellm_local.server import EdgeServer
+from edgellm_local.emulator.server import EdgeServer
 
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}

@@ -12,7 +12,7 @@ from edgellm.app import handle
 from edgellm.config import Config
 from edgellm.deps import Deps
 from edgellm.http import Request, Response
-from edgellm_local.faults import FaultAdmin, FaultyAI
+from edgellm_local.doubles.faults import FaultAdmin, FaultyAI
 from tests.support.fake_ai import ScriptedAI
 
 ADMIN = "s3cret-admin"

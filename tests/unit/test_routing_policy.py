@@ -127,7 +127,7 @@ async def test_an_edge_cut_mid_answer_is_a_failure_for_the_breaker_even_when_no_
     from edgellm.ports import FetchError
     from edgellm.routing.breaker import OPEN
     from edgellm.routing.policy import routing_state, start_routed
-    from edgellm_local.faults import FaultPlan, FaultyAI
+    from edgellm_local.doubles.faults import FaultPlan, FaultyAI
 
     class DownFetch:
         async def post(self, *args: object) -> object:

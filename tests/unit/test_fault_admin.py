@@ -13,7 +13,7 @@ from edgellm.config import Config
 from edgellm.deps import Deps
 from edgellm.http import Request, Response
 from edgellm_local.doubles.faults import FaultAdmin, FaultyAI
-from tests.support.fake_ai import ScriptedAI
+from edgellm_local.doubles.scripted import ScriptedAI
 
 ADMIN = "s3cret-admin"
 

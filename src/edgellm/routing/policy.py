@@ -27,7 +27,7 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
-from ..errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, RetryAfter
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request
 from ..inference import apply_stop, start_generation
@@ -164,11 +164,11 @@ def refusal(deps: Deps, found: Candidates) -> GatewayError | None:
             f"Requests from region {region.name} must stay in it, and no origin inside it can take this one "
             f"({'the edge cannot' if edge_allowed else 'the edge is not allowed for this region'}; "
             f"origins outside: {', '.join(o.name for o in found.blocked)}). Nothing was sent.",
-            code="residency_unavailable", retry_after=60,
+            code="residency_unavailable", retry_after=RetryAfter.UNCONFIGURED,
         )
     if not edge_allowed:
         return GatewayError(ErrorKind.UNAVAILABLE, f"No route serves region {region.name if region else '?'}.",
-                            code="no_route", retry_after=60)
+                            code="no_route", retry_after=RetryAfter.UNCONFIGURED)
     if found.tokens is not None:
         counters.context_length_exceeded += 1
         return _context_error(found.tokens, found.out, config.context_window)
@@ -326,7 +326,7 @@ async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tup
     if last is not None:
         raise last
     raise GatewayError(ErrorKind.UNAVAILABLE, f"The edge is unavailable ({reason}) and no origin is configured for this request.",
-                       code="no_route", retry_after=30)
+                       code="no_route", retry_after=RetryAfter.NO_ROUTE)
 
 
 async def _tagged(events: AsyncIterator[Event], route: str) -> AsyncIterator[Event]:
@@ -398,7 +398,7 @@ async def _origin_continues(deps: Deps, gen_request: GenerationRequest, plan: Pl
     if unfinishable is not None:
         deps.log.warning("edge %s after %d tokens; %s", cut.reason, sent, unfinishable)
         raise GatewayError(ErrorKind.UPSTREAM, f"The edge failed mid-answer ({cut.reason}) and {unfinishable}.",
-                           code="upstream_error", retry_after=RETRY_AFTER_SECONDS)
+                           code="upstream_error", retry_after=RetryAfter.DEPENDENCY)
     stalled_at = deps.clock.now()
     state.counters.failovers_mid_stream += 1
     route = f"edge,origin; reason={cut.reason}"

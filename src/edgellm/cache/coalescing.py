@@ -28,7 +28,8 @@ from ..http import Request, Response, json_bytes
 from ..deps import Deps
 from ..inference import start_generation
 from ..routing.breaker import CircuitBreaker
-from ..routing.policy import Plan, first_token_budget, plan_route, routing_state, start_routed
+from ..routing.failover import start_routed
+from ..routing.plan import Plan, first_token_budget, plan_route, routing_state
 from ..routing.state import RoutingState
 from .entry import record
 from .store import store

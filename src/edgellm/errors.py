@@ -41,11 +41,6 @@ class RetryAfter(enum.IntEnum):
     UNCONFIGURED = 60  # nothing will change until an operator acts: a binding not bound, no route in a region, a bad manifest
 
 
-# The names the rest of the tree (and its tests) know these entries by.
-RETRY_AFTER_SECONDS = RetryAfter.DEPENDENCY
-KV_WRITE_INTERVAL_SECONDS = RetryAfter.KV_WRITE
-
-
 class ErrorKind(enum.Enum):
     """The one table from error kind to HTTP status, OpenAI error type and default `Retry-After`
     (llama.cpp's server table for the statuses; a 502/503 always says when to come back)."""
@@ -169,7 +164,7 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
     The failure's class decides the answer, never the call site: input the binding refused is the
     caller's 400; KV's one-write-per-second limit is a 429 to retry after that second; a
     `retryable` failure (overload, outage) is a 503, any other (a retired model included) a 502,
-    and every 5xx says `Retry-After: RETRY_AFTER_SECONDS`. `binding` names it in the message
+    and every 5xx says `Retry-After: RetryAfter.DEPENDENCY`. `binding` names it in the message
     ("R2", "The AI binding"), `code` in the error code (`{code}_error`, `{code}_unavailable`).
 
     The binding's own text never reaches the client (it may hold llama.cpp's or a runtime's words,
@@ -187,7 +182,7 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
 
     if isinstance(exc, KVRateLimited):
         return answer(ErrorKind.RATE_LIMITED, "Too soon: KV takes one write per second to a key; retry after a second.",
-                      "kv_rate_limited", KV_WRITE_INTERVAL_SECONDS)
+                      "kv_rate_limited", RetryAfter.KV_WRITE)
     if isinstance(exc, KVLimitError):
         return answer(ErrorKind.INVALID_REQUEST, f"KV refused the call: a key or value is past KV's limits{said}.", "kv_limit")
     if isinstance(exc, ContextWindowExceeded) or (isinstance(exc, InvalidModelInput) and is_context_refusal(str(exc))):
@@ -200,15 +195,15 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
         return answer(ErrorKind.INVALID_REQUEST, f"The model rejected the input{told}.", "invalid_model_input")
     if isinstance(exc, ModelNotFound):
         return answer(ErrorKind.UPSTREAM, f"No configured model is available ({where}: the model is unknown or retired).",
-                      "model_unavailable", RETRY_AFTER_SECONDS)
+                      "model_unavailable", RetryAfter.DEPENDENCY)
     if isinstance(exc, CapacityExceeded):
         return answer(ErrorKind.UNAVAILABLE, f"Capacity exceeded: {where}: it has no room for this request now{said}; retry shortly.",
-                      "capacity_exceeded", RETRY_AFTER_SECONDS)
+                      "capacity_exceeded", RetryAfter.DEPENDENCY)
     if exc.retryable:
         return answer(ErrorKind.UNAVAILABLE, f"{where}: it is unavailable for now{said}; retry shortly.", f"{code}_unavailable",
-                      RETRY_AFTER_SECONDS)
+                      RetryAfter.DEPENDENCY)
     return answer(ErrorKind.UPSTREAM, f"{where}{said or ' (the details are in the edge log)'}; retry shortly.", f"{code}_error",
-                  RETRY_AFTER_SECONDS)
+                  RetryAfter.DEPENDENCY)
 
 
 def dependency_error(exc: BaseException, kind: ErrorKind, message: str, code: str, retry_after: int = RetryAfter.DEPENDENCY,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from . import errors
-from .errors import RETRY_AFTER_SECONDS, ErrorKind, GatewayError
+from .errors import ErrorKind, GatewayError, RetryAfter
 from .capabilities import capabilities_of, missing
 from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from .ports import BindingError, ModelNotFound
@@ -87,7 +87,7 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
 def start_timeout(deps: Deps) -> GatewayError:
     """The 503 of a stream the binding did not open within the start deadline."""
     return GatewayError(ErrorKind.UNAVAILABLE, f"The model could not start this answer within {deps.config.start_timeout_seconds:g} s; "
-                        "retry shortly.", code="start_timeout", retry_after=errors.RETRY_AFTER_SECONDS)
+                        "retry shortly.", code="start_timeout", retry_after=RetryAfter.DEPENDENCY)
 
 
 async def _opened(deps: Deps, opening: Awaitable[AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
@@ -109,7 +109,7 @@ def answer_timeout(limit: float) -> GatewayError:
     of `errors.SPENT_CODES`: the binding may have generated all of it, so the request is charged
     its reservation, as one whose client left before its JSON answer."""
     return GatewayError(ErrorKind.UNAVAILABLE, f"The model did not finish this answer within {limit:g} s; retry shortly "
-                        "(or stream it, or ask for fewer max_tokens).", code="answer_timeout", retry_after=errors.RETRY_AFTER_SECONDS)
+                        "(or stream it, or ask for fewer max_tokens).", code="answer_timeout", retry_after=RetryAfter.DEPENDENCY)
 
 
 async def _answered(deps: Deps, running: Awaitable[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
@@ -146,7 +146,7 @@ async def _from_result(result: dict[str, Any], max_tokens: int) -> AsyncIterator
     text = response_text(result.get("response"))
     calls = tool_call_deltas(result.get("tool_calls"))
     if text is None and not calls:
-        raise GatewayError(ErrorKind.UPSTREAM, "The AI binding returned no text.", code="upstream_error", retry_after=RETRY_AFTER_SECONDS)
+        raise GatewayError(ErrorKind.UPSTREAM, "The AI binding returned no text.", code="upstream_error", retry_after=RetryAfter.DEPENDENCY)
     usage = Usage.from_json(result.get("usage"))
     logprobs = result.get("logprobs")
     if text or logprobs:

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 import pytest
 
-from edgellm.errors import RETRY_AFTER_SECONDS
+from edgellm.errors import RetryAfter
 from edgellm.ports import BindingError, BlobStore, R2Object
 from edgellm.deps import Deps
 from edgellm_local.cli import main
@@ -189,7 +189,7 @@ def test_an_edge_503_is_retried_after_the_time_it_asks_for(start_edge: Callable[
 
     transport = RecordingTransport()
     pull_with(edge, tmp_path / "pulled", transport, sleep=sleep)
-    assert sleeps == [float(RETRY_AFTER_SECONDS)] * 2  # the edge's Retry-After, for the manifest and for shard 2
+    assert sleeps == [float(RetryAfter.DEPENDENCY)] * 2  # the edge's Retry-After, for the manifest and for shard 2
     assert (tmp_path / "pulled" / "model.gguf").read_bytes() == model_file.read_bytes()
 
 

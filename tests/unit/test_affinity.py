@@ -15,7 +15,7 @@ from edgellm.deps import Deps
 from edgellm.routing.affinity import by_affinity, slot_for
 from edgellm.routing.config import OriginConfig, RoutingConfig
 from edgellm.routing.origin import OriginClient, origin_body
-from edgellm.routing.policy import plan_route
+from edgellm.routing.plan import plan_route
 from edgellm.state import IsolateState
 
 ORIGINS = tuple(OriginConfig(name=f"o{i}", url=f"http://o{i}") for i in range(4))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgellm.errors import KV_WRITE_INTERVAL_SECONDS, RETRY_AFTER_SECONDS, binding_error
+from edgellm.errors import RetryAfter, binding_error
 from edgellm.ports import (BindingError, CapacityExceeded, ContextWindowExceeded, InvalidModelInput, KVLimitError, KVRateLimited,
                            ModelNotFound, with_public)
 
@@ -21,10 +21,10 @@ def _retryable(message: str) -> BindingError:
 @pytest.mark.parametrize(
     ("failure", "status", "expected_code", "retry_after"),
     [
-        (BindingError("boom"), 502, "{code}_error", RETRY_AFTER_SECONDS),
-        (_retryable("(10043) unavailable"), 503, "{code}_unavailable", RETRY_AFTER_SECONDS),
-        (CapacityExceeded("3040: Capacity temporarily exceeded"), 503, "capacity_exceeded", RETRY_AFTER_SECONDS),
-        (ModelNotFound("5007: No such model"), 502, "model_unavailable", RETRY_AFTER_SECONDS),
+        (BindingError("boom"), 502, "{code}_error", RetryAfter.DEPENDENCY),
+        (_retryable("(10043) unavailable"), 503, "{code}_unavailable", RetryAfter.DEPENDENCY),
+        (CapacityExceeded("3040: Capacity temporarily exceeded"), 503, "capacity_exceeded", RetryAfter.DEPENDENCY),
+        (ModelNotFound("5007: No such model"), 502, "model_unavailable", RetryAfter.DEPENDENCY),
         (InvalidModelInput("5006: bad input"), 400, "invalid_model_input", None),
         # a prompt past the window, typed (the local runner) or as Workers AI words it (5021): OpenAI's code
         (ContextWindowExceeded("llama.cpp: request (4404 tokens) exceeds the available context size (2048 tokens)"), 400,
@@ -32,7 +32,7 @@ def _retryable(message: str) -> BindingError:
         (InvalidModelInput("AiError: 5021: The estimated number of input and maximum output tokens (9000) exceeded this "
                            "model context window limit (8192)."), 400, "context_length_exceeded", None),
         (KVLimitError("KV PUT failed: 414 key too long"), 400, "kv_limit", None),
-        (KVRateLimited("KV PUT failed: 429 Too Many Requests"), 429, "kv_rate_limited", KV_WRITE_INTERVAL_SECONDS),
+        (KVRateLimited("KV PUT failed: 429 Too Many Requests"), 429, "kv_rate_limited", RetryAfter.KV_WRITE),
     ],
 )
 def test_a_failure_is_answered_the_same_whichever_binding_failed(

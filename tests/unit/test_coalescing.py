@@ -226,7 +226,7 @@ def test_the_workers_breaker_and_counters_see_a_flights_failover() -> None:
 def test_an_open_breaker_in_the_worker_keeps_the_flight_off_the_edge() -> None:
     """The Worker's open breaker decides: the object, whose own state knows no failure, goes
     straight to the origin and never calls the edge."""
-    from edgellm.routing.policy import routing_state
+    from edgellm.routing.plan import routing_state
 
     async def main() -> None:
         ai = ScriptedAI()
@@ -248,7 +248,7 @@ def test_a_probe_decides_the_workers_half_open_breaker() -> None:
     """After the cool-down the Worker lets one flight probe the edge; its success, run in the
     object, closes the Worker's breaker."""
     from edgellm.routing.breaker import CLOSED, HALF_OPEN
-    from edgellm.routing.policy import routing_state
+    from edgellm.routing.plan import routing_state
 
     async def main() -> None:
         deps, fetch, background = routed(ScriptedAI())

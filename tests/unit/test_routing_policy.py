@@ -13,7 +13,7 @@ from edgellm.http import Request
 from edgellm.routing.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from edgellm.routing.config import BreakerConfig, RoutingConfig
 from edgellm.routing.origin import origin_body
-from edgellm.routing.policy import first_token_budget, resolve_region
+from edgellm.routing.plan import first_token_budget, resolve_region
 from edgellm.errors import GatewayError
 
 
@@ -89,7 +89,8 @@ async def test_a_probe_whose_client_leaves_before_the_first_token_frees_the_prob
     from dataclasses import replace as dc_replace
 
     from edgellm.deps import Deps
-    from edgellm.routing.policy import routing_state, start_routed
+    from edgellm.routing.failover import start_routed
+    from edgellm.routing.plan import routing_state
     from edgellm.state import IsolateState
 
     class SilentAI:
@@ -126,7 +127,8 @@ async def test_an_edge_cut_mid_answer_is_a_failure_for_the_breaker_even_when_no_
 
     from edgellm.ports import FetchError
     from edgellm.routing.breaker import OPEN
-    from edgellm.routing.policy import routing_state, start_routed
+    from edgellm.routing.failover import start_routed
+    from edgellm.routing.plan import routing_state
     from edgellm_local.doubles.faults import FaultPlan, FaultyAI
 
     class DownFetch:
@@ -152,7 +154,7 @@ async def test_a_request_only_an_origin_could_take_but_cannot_carry_is_refused_b
     import logging
 
     from edgellm.deps import Deps
-    from edgellm.routing.policy import plan_route
+    from edgellm.routing.plan import plan_route
     from edgellm.state import IsolateState
 
     class NoFetch:

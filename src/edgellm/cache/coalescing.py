@@ -28,7 +28,8 @@ from ..http import Request, Response, json_bytes
 from ..deps import Deps
 from ..inference import start_generation
 from ..routing.breaker import CircuitBreaker
-from ..routing.policy import Plan, first_token_budget, plan_route, routing_state, start_routed
+from ..routing.failover import start_routed
+from ..routing.plan import Plan, first_token_budget, plan_route, routing_state
 from ..routing.state import RoutingState
 from .entry import record
 from .store import store
@@ -337,10 +338,8 @@ class FlightObject:
         async def run() -> Generation:
             # on the Worker's plan (edge, origins, budgets); a stitched answer's Finish is not
             # cacheable, so `record` refuses it and the flight writes nothing
-            if plan is None:  # routing not configured: the edge-only gateway
-                generation = await start_generation(routing_deps, order.request)
-                generation.route = "edge; reason=primary"
-                return generation
+            if plan is None:  # routing not configured: the edge-only gateway (a new value, never a changed one)
+                return replace(await start_generation(routing_deps, order.request), route="edge; reason=primary")
             return await start_routed(routing_deps, Request("POST", FLIGHT_URL), order.request, plan, order.plan.first_token_s)
 
         self.current = RoutedFlight(routing=routing).start(run, on_done)  # type: ignore[assignment]

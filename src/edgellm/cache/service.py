@@ -12,7 +12,7 @@ from typing import AsyncIterator, Awaitable
 
 from ..generation import Event, Finish, Generation, GenerationRequest
 from ..http import Request
-from ..routing.policy import start_routed
+from ..routing.failover import start_routed
 from ..routing.regions import regional_cache
 from ..deps import Deps
 from ..stream import Stream

@@ -2,6 +2,7 @@
 
 `config` parses the policy from `[vars]`, `breaker` and `state` are plain per-isolate data,
 `origin` is the OpenAI client over the `HTTPFetch` port, `counting` counts prompt tokens with
-the pure-Python `edgellm.tokenizer`, and `policy` decides and fails over. Importing this package imports nothing else
+the pure-Python `edgellm.tokenizer`, `plan` decides where a request goes
+first and `failover` runs that plan, failing over to an origin. Importing this package imports nothing else
 (the state dataclasses are imported by `edgellm.state`).
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..cache.admin import require_admin
 from ..http import Request, Response, json_response
 from ..deps import Deps
-from .policy import routing_state
+from .plan import routing_state
 
 
 async def routing_stats(request: Request, deps: Deps) -> Response:

@@ -14,7 +14,7 @@ from ..cache.key import CacheScope
 from ..cache.policy import CachePolicy
 from ..http import Request
 from ..deps import Deps
-from .policy import resolve_region
+from .plan import resolve_region
 
 
 def regional_cache(deps: Deps, request: Request, policy: CachePolicy, scope: CacheScope) -> tuple[CachePolicy, CacheScope | None]:

@@ -30,7 +30,8 @@ ROUTES = Router((
     route("GET", "/v1/models", api.list_models),
     route("GET", "/v1/models/{model:path}", api.retrieve_model),
     route("POST", "/v1/responses", responses_api.create_response),
-    route(("GET", "DELETE"), "/v1/responses/{response_id}", responses_api.response_by_id),
+    route("GET", "/v1/responses/{response_id}", responses_api.get_response),
+    route("DELETE", "/v1/responses/{response_id}", responses_api.delete_response),  # one path, two entries: the router unions their methods for a 405
     route("GET", "/v1/responses/{response_id}/input_items", responses_api.list_input_items),
     route("POST", "/client/v4/accounts/{account_id}/ai/run/{model:path}", api.run_model, render_error=workers_ai.error_response),
     route("GET", "/client/v4/accounts/{account_id}/ai/models/search", model_catalog.search_models, render_error=workers_ai.error_response),

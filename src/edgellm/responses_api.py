@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import access, responses
+from . import access, responses_wire as wire
 from .api import enforce_capabilities, generation_headers
 from .cache.service import cached_generation
 from .conversations import ConversationStore, StoredResponse, conversation_of, new_conversation_id, new_response_id, not_found
@@ -34,7 +34,7 @@ def conversation_store(request: Request, deps: Deps) -> ConversationStore | None
     return ConversationStore(deps.conversations, scope)
 
 
-def fit_chain(chain: list[StoredResponse], parsed: responses.ResponsesRequest, max_messages: int) -> list[StoredResponse]:
+def fit_chain(chain: list[StoredResponse], parsed: wire.ResponsesRequest, max_messages: int) -> list[StoredResponse]:
     """The stored turns this turn continues, within the message cap: with `truncation: "auto"`
     the oldest turns are dropped until the conversation fits (OpenAI's rule); otherwise a
     conversation past the cap is the documented `conversation_too_large`, naming
@@ -55,7 +55,7 @@ def fit_chain(chain: list[StoredResponse], parsed: responses.ResponsesRequest, m
 
 async def create_response(request: Request, deps: Deps) -> Response:
     body = read_json(request, deps.config.max_body_bytes)
-    parsed = responses.parse_request(body, deps.config)
+    parsed = wire.parse_request(body, deps.config)
     session = request_session(request, body)
     store = conversation_store(request, deps)
     history: list[dict[str, str]] = []
@@ -78,19 +78,19 @@ async def create_response(request: Request, deps: Deps) -> Response:
     response_id = new_response_id(conversation)
     if parsed.store and store is not None:
         await store.begin(response_id)  # a DELETE while this is generated deletes it (it is then never stored)
-    meta = responses.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=responses.message_id_of(response_id))
+    meta = wire.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=wire.message_id_of(response_id))
     generation = await cached_generation(deps, request, gen_request)
     access.observe(request, generation)
 
     async def on_complete(text: str, finish: Finish) -> None:
         if parsed.store and store is not None:
-            await store.append(responses.stored_record(meta, generation.model, text, finish))
+            await store.append(wire.stored_record(meta, generation.model, text, finish))
 
     headers = generation_headers(generation)
     if parsed.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, Stream(responses.render_stream(generation, meta, on_complete, deps.log), generation.events))
-    return json_response(await responses.render_json(generation, meta, on_complete), headers=headers)
+        return Response(200, headers, Stream(wire.render_stream(generation, meta, on_complete, deps.log), generation.events))
+    return json_response(await wire.render_json(generation, meta, on_complete), headers=headers)
 
 
 async def get_response(request: Request, deps: Deps) -> Response:
@@ -98,11 +98,11 @@ async def get_response(request: Request, deps: Deps) -> Response:
     store = conversation_store(request, deps)
     if store is None:
         raise not_found(response_id)
-    return json_response(responses.render_stored(await store.get(response_id)))
+    return json_response(wire.render_stored(await store.get(response_id)))
 
 
 async def list_input_items(request: Request, deps: Deps) -> Response:
-    """`GET /v1/responses/{id}/input_items` (the SDK's `responses.input_items.list`): the turn's
+    """`GET /v1/responses/{id}/input_items` (the SDK's `wire.input_items.list`): the turn's
     own input messages as OpenAI's message items, newest first unless `order=asc`."""
     response_id = request.path_params["response_id"]
     store = conversation_store(request, deps)
@@ -118,7 +118,7 @@ async def list_input_items(request: Request, deps: Deps) -> Response:
         limit = 0
     if not 1 <= limit <= 100:
         raise invalid("'limit' must be an integer from 1 to 100.", "limit", "invalid_value")
-    items = responses.input_items(record)
+    items = wire.input_items(record)
     if order == "desc":
         items.reverse()
     after = request.query.get("after")
@@ -139,8 +139,3 @@ async def delete_response(request: Request, deps: Deps) -> Response:
         raise not_found(response_id)
     await store.delete(response_id)
     return json_response({"id": response_id, "object": "response", "deleted": True})
-
-
-async def response_by_id(request: Request, deps: Deps) -> Response:
-    """`GET` or `DELETE /v1/responses/{id}` (one route: the router's table has one entry per path)."""
-    return await (delete_response if request.method == "DELETE" else get_response)(request, deps)

@@ -39,8 +39,12 @@ def resolve(doc: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
 
 
 def router_table() -> dict[str, set[str]]:
-    """The router's templates with `{name:path}` written as OpenAPI's `{name}`."""
-    return {re.sub(r"\{(\w+):path\}", r"{\1}", r.template): set(r.methods) for r in ROUTES.routes}
+    """The router's templates with `{name:path}` written as OpenAPI's `{name}`, each with the
+    methods of every entry for it (one path may have an entry per method)."""
+    table: dict[str, set[str]] = {}
+    for r in ROUTES.routes:
+        table.setdefault(re.sub(r"\{(\w+):path\}", r"{\1}", r.template), set()).update(r.methods)
+    return table
 
 
 def doc_table(doc: dict[str, Any]) -> dict[str, set[str]]:

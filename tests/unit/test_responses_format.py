@@ -13,7 +13,7 @@ from edgellm.errors import GatewayError
 from edgellm.generation import Finish, Token, Usage
 from edgellm.inference import binding_error
 from edgellm.ports import BindingError
-from edgellm.responses import ResponseMeta, parse_request, render_json, render_stream, response_object
+from edgellm.responses_wire import ResponseMeta, parse_request, render_json, render_stream, response_object
 from edgellm.sse import SSEDecoder
 from tests.support.generations import scripted_generation
 

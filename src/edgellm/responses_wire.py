@@ -63,7 +63,7 @@ def _neutral(name: str, value: Any) -> bool:
         return value == {} or (isinstance(value, dict) and all(v is None for v in value.values()))
     if name == "background":
         return value is False
-    if name == "truncation":  # "auto" drops the oldest turns of a stored conversation to fit (responses_api)
+    if name == "truncation":  # "auto" drops the oldest turns of a stored conversation to fit (responses_api.fit_chain)
         return value in ("disabled", "auto")
     if name == "top_logprobs":
         return value == 0

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from . import errors
 from .errors import ErrorKind, GatewayError, RetryAfter
 from .capabilities import capabilities_of, missing
-from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
+from .generation import Event, Finish, Generation, GenerationRequest, Token, Usage
 from .ports import BindingError, ModelNotFound
 from .deps import Deps
 from .structured import response_text, tool_call_deltas

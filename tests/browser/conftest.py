@@ -23,7 +23,9 @@ from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
 from edgellm.config import Config
 from edgellm.ports import BlobStore
+from edgellm_local.llama.binding import LlamaCppAI
 from edgellm_local.llama.model_file import default_model_path
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.emulator.r2 import FileR2
 from edgellm_local.emulator.server import EdgeServer
 

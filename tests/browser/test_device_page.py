@@ -20,9 +20,6 @@ import pytest
 from playwright.async_api import Page, expect
 
 from edgellm.ports import BlobStore, R2Conditional, R2Object, R2Range
-from edgellm_local.llama.binding import LlamaCppAI
-from edgellm_local.llama.runner import LlamaCppRunner
-from edgellm_local.llama.model_file import default_model_path
 from edgellm_local.emulator.server import EdgeServer
 
 from .conftest import BROWSER_LOOP, PUBLISHED_NAME, shoot

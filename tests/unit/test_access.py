@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from edgellm.access.guard import SHARED_TENANT, Principal
+from edgellm.access.guard import Principal
+from edgellm.tenancy import SHARED_TENANT
 from edgellm.access.keys import KeyRecord, KeyRing, new_key, parse_api_key
 from edgellm.access.ratelimit import take_request
 from edgellm.app import handle

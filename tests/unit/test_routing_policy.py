@@ -86,7 +86,6 @@ def test_a_bad_request_timeout_header_is_a_400(value: str) -> None:
 async def test_a_probe_whose_client_leaves_before_the_first_token_frees_the_probe_slot() -> None:
     import asyncio
     import logging
-    from dataclasses import replace as dc_replace
 
     from edgellm.deps import Deps
     from edgellm.routing.failover import start_routed

@@ -18,7 +18,6 @@ from edgellm.capabilities import Capabilities, capabilities_of
 from edgellm.config import Config
 from edgellm.generation import Finish, Token, ToolCall, ToolCallDelta, Usage
 from edgellm.openai import parse_chat_request
-from edgellm.ports import ModelNotFound
 from edgellm.deps import Deps
 from edgellm_local.doubles.scripted import ScriptedAI
 from tests.unit.test_app import assert_error, body_json, post, sse_events

@@ -20,7 +20,6 @@ from .keys import KeyCache, KeyRecord, KeyRing, is_reserved_tenant, parse_api_ke
 from .ratelimit import check_tokens, rate_limited, ratelimit_headers, take_request
 from .reservation import reserve
 from ..caller import Principal  # here since the request names its type (also edgellm.access.Principal)
-from ..tenancy import SHARED_TENANT  # noqa: F401 - the shared pool's name, as it always was importable here
 OPEN_KEY_ID = "open"
 ADMIN_KEY_ID = "admin"
 

@@ -73,7 +73,7 @@ async def serve_generation(
     described = deps.ai.describe(gen_request.model)  # once: the capabilities and the fingerprint both read it
     enforce_capabilities(deps, gen_request, described)
     if gen_request.session is None and request.principal is not None:
-        gen_request = replace(gen_request, prefix_scope=request.principal.tenant)
+        gen_request = replace(gen_request, prefix_scope=request.principal.scope.prefix_scope)
     generation = await cached_generation(deps, request, gen_request)
     access.observe(request, generation)
     generation.system_fingerprint = system_fingerprint(deps, generation.model, described if generation.model == gen_request.model else None)

@@ -1,12 +1,12 @@
 """Whose a request's state is: one `TenantScope` per request, made with its principal.
 
-A tenant shows in five places, and each had worked it out on its own: the answer cache's keys
+A tenant shows in six places, and each had worked it out on its own: the answer cache's keys
 (the caller's tenant, or the shared pool for keys that both share), a custom cache key (always
 the caller's own: a name one tenant chose must never let another write under it), the
 Durable Object of a stored conversation (`<tenant>/<conversation>`), a session's name
-(`<tenant>:<name>` for a key's caller) and the usage row and admission share (the caller's own
-tenant). The scope names them all, so a rule changes in one place. Leaf module: it imports
-nothing of the core.
+(`<tenant>:<name>` for a key's caller), and the usage row, the admission share and prompt-prefix
+reuse (the caller's own tenant). The scope names them all, so a rule changes in one place. Leaf
+module: it imports nothing of the core.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ class TenantScope:
     @property
     def admission_tenant(self) -> str | None:
         """Whose share of the isolate's generation places a request takes (admission.fair_share)."""
+        return self.tenant
+
+    @property
+    def prefix_scope(self) -> str | None:
+        """Whose prompt prefixes a request without a session may reuse on the local slot pool
+        (issue 26): the caller's own tenant's, never another's (their reuse can be timed)."""
         return self.tenant
 
     @property

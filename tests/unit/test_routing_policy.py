@@ -91,22 +91,15 @@ async def test_a_probe_whose_client_leaves_before_the_first_token_frees_the_prob
     from edgellm.routing.failover import start_routed
     from edgellm.routing.plan import routing_state
     from edgellm.state import IsolateState
-
-    class SilentAI:
-        """Accepts the stream and never sends a token (the binding seam, a hung edge)."""
-
-        def describe(self, model: str) -> None:
-            return None
-
-        async def stream(self, model: str, inputs: object) -> object:
-            await asyncio.Event().wait()
+    from edgellm_local.doubles.scripted import ScriptedAI
 
     class NoFetch:
         async def post(self, *args: object) -> object:
             raise AssertionError("the origin must not be asked when the client left")
 
     config = Config.from_env({"ORIGINS": '["http://o"]', "BREAKER": '{"failures": 1, "cooldown_s": 0}'})
-    deps = Deps(config=config, ai=SilentAI(), fetch=NoFetch(), state=IsolateState(), log=logging.getLogger("test"))  # type: ignore[arg-type]
+    silent = ScriptedAI(hold_streams=True, description=None)  # accepts the stream, never sends a token (a hung edge)
+    deps = Deps(config=config, ai=silent, fetch=NoFetch(), state=IsolateState(), log=logging.getLogger("test"))  # type: ignore[arg-type]
     breaker = routing_state(deps).breaker
     breaker.failure(0)  # open, with no cool-down: the next request is the probe
     request = GenerationRequest(config.model, {"prompt": "hi", "max_tokens": 4, "temperature": 0.0}, stream=True)

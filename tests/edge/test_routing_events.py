@@ -10,20 +10,20 @@ whose request log says what reached it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 
 from edgellm.config import Config
-from edgellm.ports import AIBinding, BindingError, ModelNotFound
+from edgellm.ports import AIBinding, BindingError
 from edgellm.deps import Deps
 from edgellm_local.doubles.faults import FaultPlan, FaultyAI
+from edgellm_local.doubles.scripted import ScriptedAI
 from edgellm_local.emulator.http_fetch import HttpxFetch
 from edgellm_local.emulator.server import EdgeServer
 from tests.edge.test_routing import origin, routing_env  # noqa: F401  (the module-scoped origin process)
@@ -52,55 +52,6 @@ TOOL_FRAGMENTS = [
 ]
 
 
-@dataclass
-class ScriptedAI:
-    """The AI binding seam, scripted: each stream replays `script`, then ends, stalls until closed
-    (`then="stall"`) or fails (`then="fail"`); `fail_at_start` refuses the call, `retired` models
-    are unknown. `describe` is the real binding's (so capabilities are the real model's)."""
-
-    real: AIBinding
-    script: list[dict[str, Any]]
-    then: str = "end"
-    fail_at_start: bool = False
-    delay_first: bool = False
-    retired: tuple[str, ...] = ()
-    gate: threading.Event | None = None  # when set up: the stream waits for it after its first event
-    calls: list[str] = field(default_factory=list)
-    closed: int = 0
-
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.real.describe(model)
-
-    def _call(self, model: str) -> None:
-        self.calls.append(model)
-        if model in self.retired:
-            raise ModelNotFound(f"5007: model {model} has been deprecated (scripted)")
-        if self.fail_at_start:
-            raise BindingError("3043: internal server error (scripted)")
-
-    async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
-        raise AssertionError("with an origin configured the edge is always streamed")
-
-    async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
-        self._call(model)
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[dict[str, Any]]:
-        try:
-            if self.delay_first:
-                await asyncio.Event().wait()
-            for i, event in enumerate(self.script):
-                if i == 1 and self.gate is not None:
-                    await asyncio.to_thread(self.gate.wait, 60)
-                yield event
-            if self.then == "stall":
-                await asyncio.Event().wait()
-            if self.then == "fail":
-                raise BindingError("connection reset mid-stream (scripted)")
-        finally:
-            self.closed += 1
-
-
 @pytest.fixture
 def edge_with(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], origin: OriginProcess) -> Iterator[Callable[..., tuple[httpx.Client, Any, Deps]]]:  # noqa: F811
     clients: list[httpx.Client] = []
@@ -118,8 +69,15 @@ def edge_with(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., De
         client.close()
 
 
-def scripted(script: list[dict[str, Any]], **options: Any) -> Callable[[AIBinding], ScriptedAI]:
-    return lambda real: ScriptedAI(real, script, **options)
+def scripted(script: list[dict[str, Any]], then: str = "end", fail_at_start: bool = False, delay_first: bool = False,
+             retired: tuple[str, ...] = (), gate: threading.Event | None = None) -> Callable[[AIBinding], ScriptedAI]:
+    """The library's double over the real binding (so capabilities are the real model's): each
+    stream replays `script`, then ends, stalls until closed or fails; `fail_at_start` refuses the
+    call, `retired` models are unknown, `gate` holds the stream before its second event."""
+    fail = BindingError("3043: internal server error (scripted)") if fail_at_start else None
+    held = {"gate": gate, "hold_before": 1} if gate is not None else {}
+    return lambda real: ScriptedAI(inner=real, events=tuple(script), then=then, streams_only=True, fail=fail,
+                                   delay_first=delay_first, retired=frozenset(retired), **held)
 
 
 def ask(**extra: Any) -> dict[str, Any]:
@@ -341,9 +299,9 @@ def test_joiners_of_a_flight_get_every_event_kind(edge_with: Callable[..., Any])
     results: list[Seen] = []
     threads = [threading.Thread(target=lambda: results.append(post(client, body, True))) for _ in range(2)]
     threads[0].start()
+    with ai.arrived:  # the flight has started its generation
+        assert ai.arrived.wait_for(lambda: ai.calls, 60)
     deadline = time.monotonic() + 60
-    while not ai.calls and time.monotonic() < deadline:  # the flight has started its generation
-        threading.Event().wait(0.01)
     threads[1].start()
     while deps.state.cache.coalesced < 1 and time.monotonic() < deadline:  # the joiner is counted when the object answers it
         threading.Event().wait(0.01)

@@ -53,7 +53,10 @@ class ScriptedAI:
     """The AI binding seam, scripted or wrapping `inner`.
 
     Answers (without `inner`): every model answers `tokens` (a stream ends with a usage event
-    unless `usage` is None); `response` overrides `run`'s value; `open_streams` makes streams
+    unless `usage` is None); `events` replaces that stream with these events verbatim (tool-call
+    fragments, logprobs; with `inner` too, which then only describes the models), and `then` says
+    how it ends: "end", "stall" (until closed) or "fail" (`mid_stream`); `response` overrides
+    `run`'s value, and `streams_only` makes `run` an error (a route that must stream); `open_streams` makes streams
     `OpenStream`s kept in `streams` (to see a stream closed before its first read).
     Refusals: `unknown` models raise ModelNotFound ("No such model"), `retired` ones ModelNotFound
     ("deprecated"), `fail` is raised at every call; `fail_after` makes a stream raise
@@ -62,7 +65,9 @@ class ScriptedAI:
     (`waiting` counts the held); `hold_runs` holds a whole answer (`run`) after it arrived,
     `hold_streams` a stream before it opens;
     `stall_after` holds a stream after that many text events (`stalled`, `stalls`);
-    `hold_after_first` holds a stream after its first event until it is closed.
+    `hold_after_first` holds a stream after its first event until it is closed; `hold_before` holds
+    an `events` stream before its event of that index until the gate opens; `delay_first` holds an
+    opened `events` stream before its first event until it is closed (an edge that never starts).
     Counters: `calls` (model, inputs), `models`, `sessions`, `called`, `sent` (scripted tokens
     sent), `closed` (streams ended or closed); `arrived` is notified on every call and stall;
     `cancelled` is set when a held call or stream is cancelled.
@@ -72,6 +77,9 @@ class ScriptedAI:
     tokens: tuple[str, ...] = DEFAULT_TOKENS
     usage: dict[str, int] | None = field(default_factory=lambda: dict(DEFAULT_USAGE))
     response: Any = None
+    events: tuple[dict[str, Any], ...] | None = None
+    then: str = "end"  # how an `events` stream ends: "end", "stall" or "fail"
+    streams_only: bool = False
     description: dict[str, Any] | None = field(default_factory=lambda: dict(SCRIPTED))  # describe() without inner
     unknown: frozenset[str] = frozenset()
     retired: frozenset[str] = frozenset()
@@ -85,6 +93,8 @@ class ScriptedAI:
     hold_streams: bool = False
     stall_after: int | None = None
     hold_after_first: bool = False
+    hold_before: int | None = None
+    delay_first: bool = False
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     sessions: list[str | None] = field(default_factory=list)
@@ -135,6 +145,8 @@ class ScriptedAI:
             raise
 
     async def run(self, model: str, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        if self.streams_only:
+            raise AssertionError("this route streams: a whole-answer call was not expected")
         self._arrive(model, inputs, options.get("session"))
         await self._held_call()
         if self.hold_runs:
@@ -151,6 +163,8 @@ class ScriptedAI:
         await self._held_call()
         if self.hold_streams:
             await self._hold()
+        if self.events is not None:
+            return self._replayed()
         if self.inner is None:
             if self.open_streams:
                 self.streams.append(OpenStream(self._script()))
@@ -176,6 +190,23 @@ class ScriptedAI:
                 yield {"response": token}
             if self.usage is not None:
                 yield {"response": "", "usage": dict(self.usage)}
+        finally:
+            self.closed += 1
+
+    async def _replayed(self) -> AsyncIterator[dict[str, Any]]:
+        """`events` verbatim, held, stalled or failed as configured."""
+        try:
+            if self.delay_first:
+                await asyncio.Event().wait()  # ends only when the consumer closes the stream
+            for i, event in enumerate(self.events or ()):
+                if i == self.hold_before:
+                    await self._hold()
+                self.sent += 1
+                yield event
+            if self.then == "stall":
+                await asyncio.Event().wait()
+            if self.then == "fail":
+                raise self.mid_stream
         finally:
             self.closed += 1
 

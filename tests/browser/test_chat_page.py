@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from dataclasses import replace
 from typing import Awaitable, Callable
 
@@ -18,7 +17,6 @@ from edgellm.deps import Deps
 from edgellm_local.doubles.scripted import ScriptedAI
 from edgellm_local.emulator.server import EdgeServer
 
-from .bindings import PacedAI
 from .conftest import BROWSER_LOOP
 from .pages import answer_text, ask, open_chat, send, wait_state
 
@@ -37,7 +35,7 @@ WATCH_ANSWER = """() => {
 
 async def test_streams_a_reply_as_tokens_arrive(page: Page, make_deps: Callable[..., Deps], start_edge: Callable[..., EdgeServer]) -> None:
     deps = make_deps()
-    paced = PacedAI(deps.ai, delay=0.04)
+    paced = ScriptedAI(inner=deps.ai, pace=0.04)
     edge = start_edge(replace(deps, ai=paced))
     await open_chat(page, edge)
     await page.evaluate(WATCH_ANSWER)
@@ -91,7 +89,7 @@ async def test_deterministic_question_is_a_miss_then_a_hit(page: Page, edge: Edg
 
 async def test_stop_button_ends_the_stream(page: Page, make_deps: Callable[..., Deps], start_edge: Callable[..., EdgeServer]) -> None:
     deps = make_deps()
-    paced = PacedAI(deps.ai, delay=0.05)  # 400 tokens would take 20 s
+    paced = ScriptedAI(inner=deps.ai, pace=0.05)  # 400 tokens would take 20 s
     edge = start_edge(replace(deps, ai=paced))
     await open_chat(page, edge)
 
@@ -107,13 +105,10 @@ async def test_stop_button_ends_the_stream(page: Page, make_deps: Callable[..., 
     # Not "nothing arrived in the next 0.5 s" (under load nothing would, Stop or not): the edge
     # closing its stream early is what says the browser let go of the response, and the answer
     # can only grow over that response; so once it is closed, compare.
-    deadline = time.monotonic() + 30
-    while not paced.closed_early and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert paced.closed_early, "the edge kept generating after the browser stopped reading"
+    assert await asyncio.to_thread(paced.cut_short.wait, 30), "the edge kept generating after the browser stopped reading"
     await page.evaluate("() => new Promise(resolve => setTimeout(resolve, 0))")  # the page ran every task queued so far
     assert await answer_text(page) == stopped_at, "text kept arriving after Stop"
-    assert paced.events_sent < 100
+    assert paced.relayed < 100
 
 
 async def test_api_error_is_shown_as_the_api_wrote_it(page: Page, edge: EdgeServer, screenshot: Callable[[str], Awaitable[None]]) -> None:

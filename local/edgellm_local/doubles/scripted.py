@@ -68,7 +68,10 @@ class ScriptedAI:
     `hold_after_first` holds a stream after its first event until it is closed; `hold_before` holds
     an `events` stream before its event of that index until the gate opens; `delay_first` holds an
     opened `events` stream before its first event until it is closed (an edge that never starts).
-    Counters: `calls` (model, inputs), `models`, `sessions`, `called`, `sent` (scripted tokens
+    Pace: `pace` spaces out the events of `inner`'s streams (seconds before each), the rate a real
+    model's tokens arrive at, for pages that must show an answer growing (a rate, not a gate).
+    Counters: `relayed` (events of `inner` passed on), `cut_short` (set when such a stream is
+    closed before its end: the consumer let go), `calls` (model, inputs), `models`, `sessions`, `called`, `sent` (scripted tokens
     sent), `closed` (streams ended or closed); `arrived` is notified on every call and stall;
     `cancelled` is set when a held call or stream is cancelled.
     """
@@ -94,6 +97,7 @@ class ScriptedAI:
     stall_after: int | None = None
     hold_after_first: bool = False
     hold_before: int | None = None
+    pace: float = 0.0
     delay_first: bool = False
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
@@ -103,6 +107,8 @@ class ScriptedAI:
     sent: int = 0
     waiting: int = 0
     stalls: int = 0
+    relayed: int = 0
+    cut_short: threading.Event = field(default_factory=threading.Event)
     arrived: threading.Condition = field(default_factory=threading.Condition)
     stalled: threading.Event = field(default_factory=threading.Event)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -171,7 +177,7 @@ class ScriptedAI:
                 return self.streams[-1]
             return self._scripted()
         upstream = await self.inner.stream(model, inputs, **options)
-        if self.hold_calls or self.hold_after_first or self.stall_after is not None or self.fail_after is not None:
+        if self.hold_calls or self.hold_after_first or self.stall_after is not None or self.fail_after is not None or self.pace:
             return self._watched(upstream)
         return upstream
 
@@ -213,11 +219,15 @@ class ScriptedAI:
     async def _watched(self, upstream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         """`inner`'s events, failed, held or stalled as configured; `upstream` closed at the end."""
         index = texts = 0
+        ended = False
         try:
             async for event in upstream:
                 if self.fail_after is not None and index == self.fail_after:
                     raise self.mid_stream
                 index += 1
+                if self.pace:
+                    await asyncio.sleep(self.pace)  # the model's rate, not a synchronisation
+                self.relayed += 1
                 yield event
                 if self.hold_after_first:
                     await asyncio.Event().wait()  # ends only when the consumer closes the stream
@@ -229,6 +239,9 @@ class ScriptedAI:
                             self.stalls += 1
                             self.arrived.notify_all()
                         await self._hold()  # until the test opens the gate, or the consumer closes this stream
+            ended = True
         finally:
+            if not ended:
+                self.cut_short.set()
             await upstream.aclose()  # type: ignore[attr-defined]
             self.closed += 1

@@ -231,7 +231,7 @@ def test_a_resident_region_refuses_rather_than_send_anything_abroad(routed: Call
     client, faulty, _ = routed(REGIONS=json.dumps(regions))
     before = len(origin.requests())
     response = client.post("/v1/chat/completions", json=chat("a private question"), headers={"cf-ipcountry": "DE", "cf-ipcontinent": "EU"})
-    assert response.status_code == 503 and response.headers["retry-after"]
+    assert response.status_code == 503 and response.headers["retry-after"] == "60"  # an operator must act
     assert response.json()["error"]["code"] == "residency_unavailable" and "EU" in response.json()["error"]["message"]
     assert faulty.calls == 0 and len(origin.requests()) == before  # the origin's own log: nothing left
     # the control: a request from a region that is not resident does reach the same origin

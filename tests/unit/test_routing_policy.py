@@ -160,3 +160,39 @@ async def test_a_request_only_an_origin_could_take_but_cannot_carry_is_refused_b
         await plan_route(deps, Request("POST", "http://x/"), request)
     assert (info.value.status, info.value.code, info.value.param) == (400, "unsupported_parameter", "lora")
     assert "too long for the edge" in info.value.message
+
+
+async def test_the_routing_refusals_say_how_long_to_wait_by_their_cause() -> None:
+    """No route for a region, or a resident region with nothing inside it, changes only when an
+    operator acts (60 s); a request past what the edge takes with no origin for it may find a
+    route once one recovers (30 s)."""
+    import logging
+
+    from edgellm.deps import Deps
+    from edgellm.routing.failover import start_routed
+    from edgellm.routing.plan import plan_route
+    from edgellm.state import IsolateState
+    from edgellm_local.doubles.scripted import ScriptedAI
+
+    class NoFetch:  # an origin configured, never asked: every case is refused before anything is sent
+        async def post(self, *args: object) -> object:
+            raise AssertionError("nothing may be sent")
+
+    def deps_for(env: dict[str, str], ai: Any = None) -> Deps:
+        return Deps(config=Config.from_env(env), ai=ai or ScriptedAI(), fetch=NoFetch(), state=IsolateState(),  # type: ignore[arg-type]
+                    log=logging.getLogger("test"))
+
+    chat = GenerationRequest("@cf/meta/llama-2-7b-chat-int8", {"prompt": "hi", "max_tokens": 4}, stream=True)
+    eu = Request("POST", "http://x/", headers={"cf-ipcountry": "DE", "cf-ipcontinent": "EU"}, cf={"country": "DE", "continent": "EU"})
+    central = '[{"name": "central", "url": "http://o"}]'
+    elsewhere = '[{"name": "central", "url": "http://o", "models": {"@cf/other": "org/other"}}]'  # serves another model only
+    for origins, regions, code in ((elsewhere, {"EU": {"edge": False}}, "no_route"),
+                                   (central, {"EU": {"resident": True, "edge": False}, "US": {"origin": "central"}}, "residency_unavailable")):
+        with pytest.raises(GatewayError) as refused:
+            await plan_route(deps_for({"ORIGINS": origins, "REGIONS": json.dumps(regions)}), eu, chat)
+        assert (refused.value.status, refused.value.code, refused.value.retry_after) == (503, code, 60)
+        assert refused.value.to_response().headers["retry-after"] == "60"
+    too_long = deps_for({"ORIGINS": elsewhere, "EDGE_MAX_OUTPUT_TOKENS": "2"})  # past the edge's output limit, no origin for it
+    with pytest.raises(GatewayError) as unrouted:
+        await start_routed(too_long, Request("POST", "http://x/"), chat)
+    assert (unrouted.value.status, unrouted.value.code, unrouted.value.retry_after) == (503, "no_route", 30)

@@ -1,0 +1,60 @@
+"""`cache.service.decoded`: a HIT's entry is decoded once per tenant's key and bytes, never
+across tenants, and a corrupt entry is never remembered (each read of it is a miss again)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from edgellm.cache.entry import CachedAnswer, CorruptEntry
+from edgellm.cache.key import CacheKey, CacheScope
+from edgellm.cache.service import decoded
+from edgellm.generation import Usage
+
+DIGEST = "0" * 64
+ANSWER = CachedAnswer("m", ("Hel", "lo"), "stop", Usage(3, 2), 1.0)
+
+
+def kv_key(tenant: str) -> str:
+    return CacheKey(CacheScope(tenant, "default"), DIGEST).kv_key
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """Every real decode made, in order (the memo emptied first)."""
+    made: list[bytes] = []
+    real = CachedAnswer.decode.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[CachedAnswer], data: bytes) -> CachedAnswer:
+        made.append(data)
+        return real(cls, data)
+
+    monkeypatch.setattr(CachedAnswer, "decode", classmethod(counted))
+    decoded.cache_clear()
+    yield made
+    decoded.cache_clear()
+
+
+def test_an_entry_is_decoded_once_for_its_key_and_bytes(decodes: list[bytes]) -> None:
+    data = ANSWER.encode()
+    assert decoded(kv_key("a"), data) == ANSWER
+    assert decoded(kv_key("a"), data) is decoded(kv_key("a"), data)
+    assert decodes == [data]
+    other = CachedAnswer("m", ("Bye",), "stop", Usage(3, 1), 2.0)
+    assert decoded(kv_key("a"), other.encode()) == other  # new bytes under the same key: decoded anew
+    assert decodes == [data, other.encode()]
+
+
+def test_another_tenant_never_finds_a_decode_warm(decodes: list[bytes]) -> None:
+    data = ANSWER.encode()
+    decoded(kv_key("a"), data)
+    decoded(kv_key("b"), data)  # the same bytes: its own decode, not tenant a's
+    assert decodes == [data, data]
+
+
+def test_a_corrupt_entry_is_never_remembered(decodes: list[bytes]) -> None:
+    for _ in range(2):
+        with pytest.raises(CorruptEntry):
+            decoded(kv_key("a"), b'{"v": 1, "model": "m"')
+    assert len(decodes) == 2  # read again each time: a miss each time

@@ -85,11 +85,28 @@ async def serve_generation(
     return json_response(body, headers=generation_headers(generation))
 
 
+def parsed_body(request: Request, deps: Deps, chat: bool,
+                parse: Callable[[Any, Any], GenerationRequest]) -> tuple[Any, GenerationRequest]:
+    """The body and its `GenerationRequest`, from the tenant's recent identical body when there
+    is one (`state.ParsedBodies`): parsing and checking the same bytes gives the same result."""
+    memo = deps.state.parsed
+    if len(request.body) > memo.max_body:
+        body = read_json(request, deps.config.max_body_bytes)
+        return body, parse(body, deps.config)
+    key = (request.tenant_scope, chat, request.header("content-length"), request.body)
+    known = memo.get(key, deps.config)
+    if known is not None:
+        return known  # type: ignore[return-value]
+    body = read_json(request, deps.config.max_body_bytes)
+    gen_request = parse(body, deps.config)
+    memo.put(key, deps.config, body, gen_request)
+    return body, gen_request
+
+
 async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Response:
     parse = openai.parse_chat_request if chat else openai.parse_completion_request
     render_json = openai.render_chat_json if chat else openai.render_completion_json
-    body = read_json(request, deps.config.max_body_bytes)
-    gen_request = parse(body, deps.config)
+    body, gen_request = parsed_body(request, deps, chat, parse)
     session = request_session(request, body)
     if session is not None or gen_request.session is not None:
         gen_request = replace(gen_request, session=session)

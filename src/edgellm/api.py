@@ -93,7 +93,7 @@ def parsed_body(request: Request, deps: Deps, chat: bool,
     if len(request.body) > memo.max_body:
         body = read_json(request, deps.config.max_body_bytes)
         return body, parse(body, deps.config)
-    key = (request.tenant_scope, chat, request.header("content-length"), request.body)
+    key = (request.tenant_scope, chat, request.header("content-length"), bytes(request.body))  # bytes: hashable whatever the adapter gave
     known = memo.get(key, deps.config)
     if known is not None:
         return known  # type: ignore[return-value]

@@ -9,7 +9,7 @@ import pytest
 
 from edgellm.cache.entry import CachedAnswer, CorruptEntry
 from edgellm.cache.key import CacheKey, CacheScope
-from edgellm.cache.service import decoded
+from edgellm.cache.service import MEMO_MAX_ENTRY_BYTES, decoded, lookup
 from edgellm.generation import Usage
 
 DIGEST = "0" * 64
@@ -58,3 +58,28 @@ def test_a_corrupt_entry_is_never_remembered(decodes: list[bytes]) -> None:
         with pytest.raises(CorruptEntry):
             decoded(kv_key("a"), b'{"v": 1, "model": "m"')
     assert len(decodes) == 2  # read again each time: a miss each time
+
+
+async def test_a_large_entry_is_decoded_every_time_never_kept(decodes: list[bytes]) -> None:
+    """The memo's memory is bounded in bytes: an entry past MEMO_MAX_ENTRY_BYTES is decoded on
+    each HIT and never held by the memo (a KV value may be 25 MiB, an isolate has 128 MB)."""
+    import logging
+    from types import SimpleNamespace
+
+    from edgellm.ports import KVEntry
+
+    big = CachedAnswer("m", ("x" * 100,) * (MEMO_MAX_ENTRY_BYTES // 100 + 1), "stop", Usage(3, 2), 1.0).encode()
+    small = ANSWER.encode()
+    assert len(big) > MEMO_MAX_ENTRY_BYTES >= len(small)
+    values = {kv_key("a"): big, kv_key("b"): small}
+
+    class KV:
+        async def get(self, key: str) -> KVEntry:
+            return KVEntry(values[key], {})
+
+    deps = SimpleNamespace(kv=KV(), log=logging.getLogger("test"))
+    for tenant in ("a", "a", "b", "b"):
+        answer, size = await lookup(deps, CacheKey(CacheScope(tenant, "default"), DIGEST))  # type: ignore[arg-type]
+        assert answer is not None and size == len(values[kv_key(tenant)])
+    assert decodes == [big, big, small]  # the large one twice, the small one once
+    assert decoded.cache_info().currsize == 1

@@ -66,10 +66,17 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
     if entry is None:
         return None, 0
     try:
-        return decoded(key.kv_key, bytes(entry.value)), len(entry.value)
+        value = bytes(entry.value)
+        answer = decoded(key.kv_key, value) if len(value) <= MEMO_MAX_ENTRY_BYTES else CachedAnswer.decode(value)
+        return answer, len(value)
     except CorruptEntry as exc:
         deps.log.warning("corrupt cache entry %s treated as a miss: %s", key.kv_key, exc)
         return None, 0
+
+
+# Entries the decode memo keeps at most (256 of them): its memory is bounded in bytes, not only in
+# count (a KV value may be 25 MiB; a Worker isolate has 128 MB). A few hundred tokens fit.
+MEMO_MAX_ENTRY_BYTES = 8 * 1024
 
 
 @lru_cache(maxsize=256)

@@ -94,12 +94,12 @@ def parsed_body(request: Request, deps: Deps, chat: bool,
         body = read_json(request, deps.config.max_body_bytes)
         return body, parse(body, deps.config)
     key = (request.tenant_scope, chat, request.header("content-length"), bytes(request.body))  # bytes: hashable whatever the adapter gave
-    known = memo.get(key, deps.config)
+    known = memo.parsed(key, deps.config)
     if known is not None:
         return known  # type: ignore[return-value]
     body = read_json(request, deps.config.max_body_bytes)
     gen_request = parse(body, deps.config)
-    memo.put(key, deps.config, body, gen_request)
+    memo.keep(key, deps.config, body, gen_request)
     return body, gen_request
 
 

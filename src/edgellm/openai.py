@@ -16,7 +16,7 @@ from .errors import LOG, ErrorKind, GatewayError, invalid, streamed_error
 from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
 from .parameters import check_chat_fields, parse_grammar
 from .structured import parse_extensions, refuse_chat_only
-from .validation import as_bool, as_int, as_str
+from .validation import as_bool, as_int
 from .workers_ai import validate_messages, validate_options, validate_sampling
 
 MAX_STOP_SEQUENCES = 4

@@ -6,7 +6,7 @@ a Durable Object (`edgellm.durable`), never here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Hashable
 
 from .admission import Admission
 from .config import Config
@@ -42,30 +42,44 @@ class AccessState:
 
 
 @dataclass
-class ParsedBodies:
+class RecentMemo:
+    """A few recent values by key, the oldest dropped first: per isolate (passed in through
+    `Deps.state`, never a module global), plain data only, bounded by `limit`. What is kept is
+    shared by every request that finds it: read, never changed."""
+
+    limit: int = 256
+    entries: dict[Hashable, Any] = field(default_factory=dict)
+
+    def get(self, key: Hashable) -> Any:
+        return self.entries.get(key)
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if key not in self.entries and len(self.entries) >= self.limit:
+            del self.entries[next(iter(self.entries))]
+        self.entries[key] = value
+
+
+@dataclass
+class ParsedBodies(RecentMemo):
     """The last request bodies parsed, per tenant: an identical body (a client repeating a
     cacheable question) skips its JSON parse and its checks. Keyed by the caller's tenant
     scope, so one tenant's request never finds another's parse warm (no timing tells it what
     another asked), by the route's wire format and by everything `read_json` reads (the bytes
     and the declared length); an entry holds the Config it was parsed under and serves only
     that one. Only accepted bodies are kept (a refusal raises before it is stored), small ones
-    (`max_body`), at most `limit` of them, the oldest dropped first. What is kept is shared by
-    the tenant's identical requests: read, never changed (the cache key and routing copy)."""
+    (`max_body`). What is kept is shared by the tenant's identical requests: read, never changed
+    (the cache key and routing copy)."""
 
-    limit: int = 256
     max_body: int = 4096
-    entries: dict[tuple[object, ...], tuple[Config, object, object]] = field(default_factory=dict)
 
-    def get(self, key: tuple[object, ...], config: Config) -> tuple[object, object] | None:
-        entry = self.entries.get(key)
+    def parsed(self, key: Hashable, config: Config) -> tuple[Any, Any] | None:
+        entry = self.get(key)
         if entry is None or entry[0] is not config:
             return None
         return entry[1], entry[2]
 
-    def put(self, key: tuple[object, ...], config: Config, body: object, parsed: object) -> None:
-        if len(self.entries) >= self.limit:
-            del self.entries[next(iter(self.entries))]
-        self.entries[key] = (config, body, parsed)
+    def keep(self, key: Hashable, config: Config, body: Any, parsed: Any) -> None:
+        self.put(key, (config, body, parsed))
 
 
 @dataclass
@@ -74,6 +88,7 @@ class IsolateState:
     generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # (tenant, namespace) -> (purge generation, read at)
     cache: CacheCounters = field(default_factory=CacheCounters)
     parsed: ParsedBodies = field(default_factory=ParsedBodies)  # recent request bodies, parsed, per tenant
+    answers: RecentMemo = field(default_factory=RecentMemo)  # recent cache entries, decoded, by (tenant's KV key, bytes)
     admission: Admission = field(default_factory=Admission)  # generations in progress in this isolate
     access: AccessState = field(default_factory=AccessState)
     routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.async_api import Page, Request, Route
+from playwright.async_api import Page, Request
 
 from edgellm_local.emulator.server import EdgeServer
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import stat
 from pathlib import Path
 from typing import Callable, Iterator
 from urllib.parse import urljoin, urlsplit

@@ -28,7 +28,7 @@ import sys
 import traceback
 import types
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from edgellm_local.emulator.isolation import check_owner, current_request

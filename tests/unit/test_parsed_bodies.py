@@ -83,5 +83,5 @@ def test_the_memo_is_bounded_oldest_first() -> None:
     memo = ParsedBodies(limit=2)
     config = Config()
     for i in range(3):
-        memo.put(("k", i), config, {}, i)
-    assert memo.get(("k", 0), config) is None and memo.get(("k", 2), config) == ({}, 2) and len(memo.entries) == 2
+        memo.keep(("k", i), config, {}, i)
+    assert memo.parsed(("k", 0), config) is None and memo.parsed(("k", 2), config) == ({}, 2) and len(memo.entries) == 2

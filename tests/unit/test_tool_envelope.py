@@ -5,7 +5,6 @@ plain text."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 

@@ -8,7 +8,6 @@ the flights Durable Object (`cache.coalescing`); without it every miss generates
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import AsyncIterator, Awaitable
 
 from ..generation import Event, Finish, Generation, GenerationRequest
@@ -67,25 +66,29 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
         return None, 0
     try:
         value = bytes(entry.value)
-        answer = decoded(key.kv_key, value) if len(value) <= MEMO_MAX_ENTRY_BYTES else CachedAnswer.decode(value)
-        return answer, len(value)
+        return decoded(deps, key.kv_key, value), len(value)
     except CorruptEntry as exc:
         deps.log.warning("corrupt cache entry %s treated as a miss: %s", key.kv_key, exc)
         return None, 0
 
 
-# Entries the decode memo keeps at most (256 of them): its memory is bounded in bytes, not only in
-# count (a KV value may be 25 MiB; a Worker isolate has 128 MB). A few hundred tokens fit.
+# The largest entry the decode memo keeps: its memory is bounded in bytes, not only in count (a
+# KV value may be 25 MiB; a Worker isolate has 128 MB). A few hundred tokens fit.
 MEMO_MAX_ENTRY_BYTES = 8 * 1024
 
 
-@lru_cache(maxsize=256)
-def decoded(kv_key: str, value: bytes) -> CachedAnswer:
-    """`CachedAnswer.decode`, remembered for the entries HIT most (a pure function of the bytes;
-    a corrupt entry raises, and an exception is never remembered). The tenant's own KV key is
-    part of the memo's key, so one tenant's HIT never finds another's decode warm (no timing
-    tells it what another tenant asked). An entry is frozen: a HIT reads it, never changes it."""
-    return CachedAnswer.decode(value)
+def decoded(deps: Deps, kv_key: str, value: bytes) -> CachedAnswer:
+    """`CachedAnswer.decode`, remembered for the entries HIT most (`IsolateState.answers`; a pure
+    function of the bytes, so a HIT reads the entry it would have decoded). The tenant's own KV
+    key is part of the memo's key, so one tenant's HIT never finds another's decode warm (no
+    timing tells it what another tenant asked); a corrupt entry raises, so it is never kept."""
+    memo = deps.state.answers
+    answer = memo.get((kv_key, value))
+    if answer is None:
+        answer = CachedAnswer.decode(value)
+        if len(value) <= MEMO_MAX_ENTRY_BYTES:
+            memo.put((kv_key, value), answer)
+    return answer
 
 
 @dataclass(frozen=True)

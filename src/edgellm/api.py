@@ -16,7 +16,9 @@ from . import access, openai, workers_ai
 from .capabilities import capabilities_of, enforce
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
+from .caller import Observation
 from .http import Request, Response, json_response
+from .kept_json import JSONShape, KeptJSON
 from .stream import Stream
 from .cache.service import cached_generation
 from .deps import Deps
@@ -67,38 +69,62 @@ def _fingerprint(model: str, backend: str, build: str) -> str:
 
 
 async def serve_generation(
-    request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer
+    request: Request, deps: Deps, gen_request: GenerationRequest, as_json: JSONRenderer, as_stream: StreamRenderer,
+    shape: JSONShape | None = None,
 ) -> Response:
+    """`shape`: how the route's JSON answer is kept for a stored entry's next HITs (`kept_json`)."""
     await access.admit_generation(request, deps, gen_request)
     described = deps.ai.describe(gen_request.model)  # once: the capabilities and the fingerprint both read it
     enforce_capabilities(deps, gen_request, described)
-    if gen_request.session is None and request.principal is not None:
+    if gen_request.session is None and request.principal is not None and gen_request.prefix_scope != request.principal.scope.prefix_scope:
         gen_request = replace(gen_request, prefix_scope=request.principal.scope.prefix_scope)
     generation = await cached_generation(deps, request, gen_request)
-    access.observe(request, generation)
     generation.system_fingerprint = system_fingerprint(deps, generation.model, described if generation.model == gen_request.model else None)
+    memo_key = (shape.name, generation.model, generation.system_fingerprint) if shape is not None else None
+    if memo_key is not None and generation.rendered is not None and not gen_request.stream and memo_key in generation.rendered:
+        return _kept_answer(request, generation, shape, generation.rendered[memo_key])  # type: ignore[arg-type]
+    access.observe(request, generation)
     if gen_request.stream:
         headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
         return Response(200, headers, Stream(as_stream(generation), generation.events))
     body = await as_json(generation)  # first: a failover while collecting changes the route header
-    return json_response(body, headers=generation_headers(generation))
+    response = json_response(body, headers=generation_headers(generation))
+    if generation.rendered is not None and shape is not None and request.observed is not None and request.observed.finished:
+        kept = shape.kept(body, bytes(response.body))
+        if kept is not None:  # the next HITs of this entry: these bytes, and this usage
+            generation.rendered[memo_key] = (kept, request.observed.copy())
+    return response
+
+
+def _kept_answer(request: Request, generation: Generation, shape: JSONShape, kept: tuple[KeptJSON, Observation]) -> Response:
+    """A HIT of an entry whose JSON answer was rendered before (`kept_json`): the same bytes but
+    its own leading fields, the same headers as rendering gives, and the usage then observed
+    (the events are never read, so nothing else would observe it)."""
+    body, observed = kept
+    request.observed = observed.copy()
+    return Response(200, {"content-type": "application/json", **generation_headers(generation)}, shape.fill(body))
 
 
 def parsed_body(request: Request, deps: Deps, chat: bool,
                 parse: Callable[[Any, Any], GenerationRequest]) -> tuple[Any, GenerationRequest]:
     """The body and its `GenerationRequest`, from the tenant's recent identical body when there
-    is one (`state.ParsedBodies`): parsing and checking the same bytes gives the same result."""
+    is one (`state.ParsedBodies`): parsing and checking the same bytes gives the same result.
+    The request carries its tenant's prefix scope already (`serve_generation` would set it), so
+    the one the memo shares keeps what is derived from it (its cache key) across requests."""
     memo = deps.state.parsed
     if len(request.body) > memo.max_body:
         body = read_json(request, deps.config.max_body_bytes)
         return body, parse(body, deps.config)
-    key = (request.tenant_scope, chat, request.header("content-length"), bytes(request.body))  # bytes: hashable whatever the adapter gave
+    scope = request.tenant_scope
+    key = (scope, chat, request.header("content-length"), bytes(request.body))  # bytes: hashable whatever the adapter gave
     known = memo.parsed(key, deps.config)
     if known is not None:
         return known  # type: ignore[return-value]
     body = read_json(request, deps.config.max_body_bytes)
     gen_request = parse(body, deps.config)
+    if request.principal is not None and gen_request.prefix_scope != scope.prefix_scope:
+        gen_request = replace(gen_request, prefix_scope=scope.prefix_scope)
     memo.keep(key, deps.config, body, gen_request)
     return body, gen_request
 
@@ -108,14 +134,15 @@ async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Res
     render_json = openai.render_chat_json if chat else openai.render_completion_json
     body, gen_request = parsed_body(request, deps, chat, parse)
     session = request_session(request, body)
-    if session is not None or gen_request.session is not None:
-        gen_request = replace(gen_request, session=session)
+    if session is not None or gen_request.session is not None:  # a session's request reuses its session's prefix alone
+        gen_request = replace(gen_request, session=session, prefix_scope=None if session is not None else gen_request.prefix_scope)
     created = int(deps.clock.now())
     return await serve_generation(
         request, deps, gen_request,
         lambda g: render_json(g, created),
         lambda g: openai.render_stream(g, created, chat=chat, include_usage=gen_request.include_usage,
                                        tools=bool(gen_request.inputs.get("tools")), log=deps.log),
+        JSONShape("openai.chat" if chat else "openai.completion", openai.HEAD_FIELDS, lambda: openai.answer_head(chat, created)),
     )
 
 
@@ -134,7 +161,8 @@ async def run_model(request: Request, deps: Deps) -> Response:
         raise GatewayError(ErrorKind.NOT_FOUND, f"No such model {model}; GET /v1/models lists the models served.", param="model", code="model_not_found")
     inputs, stream = workers_ai.validate_inputs(read_json(request, deps.config.max_body_bytes), deps.config)
     gen_request = GenerationRequest(model, inputs, stream=stream)
-    return await serve_generation(request, deps, gen_request, workers_ai.render_json, lambda g: workers_ai.render_stream(g, deps.log))
+    return await serve_generation(request, deps, gen_request, workers_ai.render_json, lambda g: workers_ai.render_stream(g, deps.log),
+                                  JSONShape("workers-ai"))
 
 
 async def list_models(request: Request, deps: Deps) -> Response:

@@ -7,7 +7,7 @@ binding call produced them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from .stream import close_source
@@ -124,6 +124,10 @@ class GenerationRequest:
     # Without a session: whose earlier prompts the model may reuse the prefix of (the caller's
     # tenant: reuse is timing-visible, so never across tenants); never part of the cache key
     prefix_scope: str | None = None
+    # Values other modules compute from this request (its cache key's digest per scope), kept
+    # with it: the request is immutable, so they never go stale, and `replace` starts a new one
+    # empty. A request the parse memo shares (`state.ParsedBodies`) computes them once.
+    derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def max_tokens(self) -> int:
@@ -141,6 +145,10 @@ class Generation:
     cache_key: str | None = None
     system_fingerprint: str | None = None
     route: str | None = None  # the `x-edgellm-route` value: "edge|origin|edge,origin; reason=..."
+    # A HIT: the stored entry's memo, where the JSON answer rendered from it is kept for the
+    # entry's next HITs (`kept_json`); shared by the tenant's HITs of that entry, so only what
+    # is a pure function of the entry goes in.
+    rendered: dict[Any, Any] | None = None
 
     async def collect(self) -> tuple[str, Finish]:
         answer = await self.collect_answer()

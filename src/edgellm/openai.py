@@ -153,6 +153,17 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+HEAD_FIELDS = ("id", "object", "created")
+
+
+def answer_head(chat: bool, created: int) -> dict[str, Any]:
+    """The fields of an OpenAI answer that name this answer, first in its object (so a HIT's
+    kept body writes them and appends the rest: `kept_json`)."""
+    if chat:
+        return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": created}
+    return {"id": new_id("cmpl"), "object": "text_completion", "created": created}
+
+
 async def render_chat_json(generation: Generation, created: int) -> dict[str, Any]:
     answer = await generation.collect_answer()
     message: dict[str, Any] = {"role": "assistant", "content": answer.text}
@@ -161,9 +172,7 @@ async def render_chat_json(generation: Generation, created: int) -> dict[str, An
         message["tool_calls"] = [call.to_json() for call in answer.tool_calls]
     logprobs = {"content": list(answer.logprobs), "refusal": None} if answer.logprobs is not None else None
     return {
-        "id": new_id("chatcmpl"),
-        "object": "chat.completion",
-        "created": created,
+        **answer_head(True, created),
         "model": generation.model,
         "system_fingerprint": generation.system_fingerprint,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": answer.finish.finish_reason}],
@@ -174,9 +183,7 @@ async def render_chat_json(generation: Generation, created: int) -> dict[str, An
 async def render_completion_json(generation: Generation, created: int) -> dict[str, Any]:
     text, finish = await generation.collect()
     return {
-        "id": new_id("cmpl"),
-        "object": "text_completion",
-        "created": created,
+        **answer_head(False, created),
         "model": generation.model,
         "system_fingerprint": generation.system_fingerprint,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish.finish_reason}],

@@ -14,6 +14,7 @@ from .routing.state import RoutingState
 
 if TYPE_CHECKING:  # a type only: importing it runs access/__init__, whose guard needs Deps, which holds this state
     from .access.keys import KeyCache
+    from .cache.key import CacheScope
 
 
 @dataclass
@@ -85,7 +86,7 @@ class ParsedBodies(RecentMemo):
 @dataclass
 class IsolateState:
     config: Config | None = None  # the Worker's parsed Config, set on the isolate's first request
-    generations: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)  # (tenant, namespace) -> (purge generation, read at)
+    generations: dict[tuple[str, str], tuple[CacheScope, float]] = field(default_factory=dict)  # (tenant, namespace) -> (scope at its purge generation, read at)
     cache: CacheCounters = field(default_factory=CacheCounters)
     parsed: ParsedBodies = field(default_factory=ParsedBodies)  # recent request bodies, parsed, per tenant
     answers: RecentMemo = field(default_factory=RecentMemo)  # recent cache entries, decoded, by (tenant's KV key, bytes)

@@ -87,3 +87,19 @@ def test_key_stays_under_kv_limit_for_longest_scope_and_huge_input() -> None:
 def test_scope_names_are_checked(bad: str) -> None:
     with pytest.raises(ValueError):
         CacheScope(bad, "default")
+
+
+def test_a_requests_digest_is_kept_with_it_per_scope_and_never_outlives_a_change() -> None:
+    """The digest is computed once per request and scope (kept on the immutable request: a HIT
+    on a request the parse memo shares hashes nothing), and a changed copy computes its own."""
+    from dataclasses import replace
+
+    request = parse_chat_request(BASE, CONFIG)
+    first = build_cache_key(request, SCOPE)
+    other_scope = build_cache_key(request, CacheScope("other", "default"))
+    assert build_cache_key(request, SCOPE) == first and other_scope.digest != first.digest  # per scope, not one for all
+    assert build_cache_key(parse_chat_request(BASE, CONFIG), SCOPE) == first  # what a fresh request computes
+    changed = replace(request, inputs={**request.inputs, "max_tokens": 7})
+    assert build_cache_key(changed, SCOPE).digest != first.digest
+    assert build_cache_key(changed, SCOPE) == build_cache_key(parse_chat_request({**BASE, "max_tokens": 7}, CONFIG), SCOPE)
+    assert request.derived and not replace(request, stream=True).derived  # a copy starts with nothing kept

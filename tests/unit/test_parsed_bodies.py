@@ -4,6 +4,7 @@ body under another Config, a changed byte or a refused body is parsed (or refuse
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -47,8 +48,9 @@ def test_a_tenants_identical_body_is_parsed_once(parses: list[Any]) -> None:
     deps = Deps(config=Config(), ai=ScriptedAI())
     first = parsed_body(request(), deps, True, counting(parses))
     again = parsed_body(request(), deps, True, counting(parses))
-    assert len(parses) == 1 and again == first
-    assert first[1] == openai.parse_chat_request(json.loads(BODY), deps.config)
+    assert len(parses) == 1 and again == first and again[1] is first[1]  # the same object: what is derived from it is kept
+    # the parse, with the tenant's prefix scope (so the shared request never needs a copy)
+    assert first[1] == replace(openai.parse_chat_request(json.loads(BODY), deps.config), prefix_scope="a")
     parsed_body(request(BODY.replace(b"Hi", b"Ho")), deps, True, counting(parses))  # one byte changed
     assert len(parses) == 2
 
@@ -67,7 +69,7 @@ def test_another_config_parses_anew(parses: list[Any]) -> None:
     parsed_body(request(), deps, True, counting(parses))
     other = Deps(config=Config(model=Config().fallback_models[0]), ai=ScriptedAI(), state=deps.state)
     _, theirs = parsed_body(request(), other, True, counting(parses))
-    assert len(parses) == 2 and theirs.model == other.config.model and theirs == openai.parse_chat_request(json.loads(BODY), other.config)
+    assert len(parses) == 2 and theirs.model == other.config.model and theirs == replace(openai.parse_chat_request(json.loads(BODY), other.config), prefix_scope="a")
 
 
 def test_a_refused_body_is_refused_every_time_and_never_kept(parses: list[Any]) -> None:

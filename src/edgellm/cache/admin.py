@@ -175,7 +175,7 @@ async def _purge_namespace(deps: Deps, namespace: Any, tenant: str) -> Response:
         raise binding_error(exc, "KV", "kv") from exc
     generation = (int(current.value) if current is not None else 0) + 1
     await _kv_write(deps.kv.put(kv_key, str(generation).encode()))
-    deps.state.generations[(tenant, namespace)] = (generation, deps.clock.now())
+    deps.state.generations[(tenant, namespace)] = (CacheScope(tenant, namespace, generation), deps.clock.now())
     return json_response({"object": "cache.purge", "purged": "namespace", "namespace": namespace, "generation": generation})
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..generation import Event, Finish, Token, ToolCall, ToolCallDelta, Usage, merge_tool_calls
@@ -27,6 +27,9 @@ class CachedAnswer:
     # logprobs, one tuple per token. Both are absent from plain entries, which read as before.
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[tuple[dict[str, Any], ...] | None, ...] | None = None
+    # What is made from this entry and kept with it while the isolate keeps the entry decoded
+    # (`cache.service.decoded`): the JSON answers rendered from it (`Generation.rendered`).
+    derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def text(self) -> str:

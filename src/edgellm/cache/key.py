@@ -91,7 +91,14 @@ def _digest(payload: Any) -> str:
 
 
 def build_cache_key(request: GenerationRequest, scope: CacheScope) -> CacheKey:
-    return CacheKey(scope, _digest({"scope": [scope.tenant, scope.namespace], "request": canonical_request(request)}))
+    """A pure function of the request and the scope's tenant and namespace: its digest is kept
+    on the request (`GenerationRequest.derived`), so a HIT on a request the parse memo shares
+    (a client repeating a question) hashes nothing."""
+    memo = ("cache-digest", scope.tenant, scope.namespace)
+    digest = request.derived.get(memo)
+    if digest is None:
+        digest = request.derived[memo] = _digest({"scope": [scope.tenant, scope.namespace], "request": canonical_request(request)})
+    return CacheKey(scope, digest)
 
 
 def build_custom_key(custom: str, scope: CacheScope) -> CacheKey:

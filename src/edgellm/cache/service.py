@@ -37,7 +37,7 @@ async def current_scope(deps: Deps, tenant: str | None = None) -> CacheScope:
     now = deps.clock.now()
     memo = generations.get(memo_key)
     if memo is not None and now - memo[1] < GENERATION_REFRESH_SECONDS:
-        return CacheScope(tenant, config.cache_namespace, memo[0])
+        return memo[0]  # the scope itself: its names were checked when it was made
     if deps.kv is None:
         return CacheScope(tenant, config.cache_namespace, 0)
     try:
@@ -48,9 +48,10 @@ async def current_scope(deps: Deps, tenant: str | None = None) -> CacheScope:
         # the guess: the next request asks KV again rather than undoing a purge for 30 s.
         deps.log.warning("cache generation read failed: %s", exc)
         counters_of(deps).read_errors += 1
-        return CacheScope(tenant, config.cache_namespace, memo[0] if memo else 0)
-    generations[memo_key] = (generation, now)
-    return CacheScope(tenant, config.cache_namespace, generation)
+        return CacheScope(tenant, config.cache_namespace, memo[0].generation if memo else 0)
+    scope = CacheScope(tenant, config.cache_namespace, generation)
+    generations[memo_key] = (scope, now)
+    return scope
 
 
 async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
@@ -132,7 +133,8 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             counters.hits += 1
             counters.bytes_served += size
             age = max(0, int(deps.clock.now() - answer.created))
-            return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest)
+            kept = answer.derived if size <= MEMO_MAX_ENTRY_BYTES else None  # an entry the isolate keeps decoded keeps its renderings
+            return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest, rendered=kept)
     counters.misses += 1
     if deps.flights is not None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))

@@ -1,0 +1,60 @@
+"""A JSON answer encoded once and served again: the HITs of one stored cache entry.
+
+A HIT's JSON body is the same bytes every time except for the fields that name the answer itself
+(OpenAI's `id` and `created`, the first keys of its object). Rendering it anew meant replaying
+the entry's events, building the dict and encoding it, per request: the largest part of a HIT
+after the KV read. The first HIT of an entry renders it as every answer is rendered; what it
+produced is kept with the entry (`Generation.rendered`, the decoded entry's memo) as the bytes
+after those leading fields, and later HITs write the leading fields and append the rest. So a
+kept body is byte-for-byte what rendering would give (a test holds it to that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .http import json_bytes
+
+
+@dataclass(frozen=True)
+class JSONShape:
+    """How a route's JSON answer is kept: `name` tells the route's formats apart (part of the
+    memo's key); `head` makes the `leading` fields, which differ per answer (none: no fields do)."""
+
+    name: str
+    leading: tuple[str, ...] = ()
+    head: Callable[[], dict[str, Any]] | None = None
+
+    def kept(self, data: dict[str, Any], encoded: bytes) -> "KeptJSON | None":
+        return KeptJSON.of(data, encoded, self.leading)
+
+    def fill(self, kept: "KeptJSON") -> bytes:
+        return kept.fill(self.head() if self.head is not None else None)
+
+
+@dataclass(frozen=True)
+class KeptJSON:
+    """An encoded answer: `leading` fields written per answer, then `rest` as it was encoded."""
+
+    leading: tuple[str, ...]
+    rest: bytes
+
+    @classmethod
+    def of(cls, data: dict[str, Any], encoded: bytes, leading: tuple[str, ...]) -> "KeptJSON | None":
+        """The encoding `encoded` of `data` kept after its first `leading` keys; None if those
+        are not the object's first keys, or their encoding is not where it should be."""
+        if not leading:
+            return cls((), encoded)
+        if tuple(data)[:len(leading)] != leading or len(data) == len(leading):
+            return None
+        head = json_bytes({name: data[name] for name in leading})[:-1] + b","  # `{"id":...,"created":N,`
+        if not encoded.startswith(head):
+            return None
+        return cls(leading, encoded[len(head) - 1:])  # from the comma on
+
+    def fill(self, head: dict[str, Any] | None) -> bytes:
+        if not self.leading:
+            return self.rest
+        assert head is not None and tuple(head) == self.leading, "a kept answer's leading fields, in their order"
+        return json_bytes(head)[:-1] + self.rest

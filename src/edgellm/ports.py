@@ -105,9 +105,12 @@ class KVEntry:
 
 
 class KVStore(Protocol):
-    """Workers KV with its real limits: keys <= 512 bytes, TTL >= 60 s, eventually consistent."""
+    """Workers KV with its real limits: keys <= 512 bytes, TTL >= 60 s, eventually consistent.
 
-    async def get(self, key: str) -> KVEntry | None: ...
+    `cache_ttl` is KV's `cacheTtl` (>= 60): the read may be answered from the location's cache
+    of an earlier read for that long, so a write made elsewhere may go unseen until then."""
+
+    async def get(self, key: str, *, cache_ttl: int | None = None) -> KVEntry | None: ...
 
     async def put(
         self,

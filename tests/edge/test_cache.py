@@ -67,7 +67,7 @@ def run_clients(server: EdgeServer, bodies: list[dict], ready: Callable[[], bool
 class FailingKV:
     """A KV namespace that is down: every call raises, as a JsException would on the Worker."""
 
-    async def get(self, key: str) -> Any:
+    async def get(self, key: str, **kwargs: Any) -> Any:
         raise BindingError("KV GET failed: 503 Service Unavailable")
 
     async def put(self, key: str, value: bytes, **kwargs: Any) -> None:

@@ -565,10 +565,15 @@ class JsKVNamespace:
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    async def getWithMetadata(self, key: str, kind: str) -> Any:  # noqa: N802 (JS name)
-        assert kind == "arrayBuffer", "the adapter reads values as bytes"
+    async def getWithMetadata(self, key: str, kind: Any) -> Any:  # noqa: N802 (JS name)
+        # the type as a string, or an options object {type, cacheTtl} (workers-runtime.md: cacheTtl >= 60)
+        options = {"type": kind} if isinstance(kind, str) else to_plain(require_js_object(kind))
+        assert options["type"] == "arrayBuffer", "the adapter reads values as bytes"
+        cache_ttl = options.get("cacheTtl")
+        if cache_ttl is not None and cache_ttl < 60:
+            raise _js_error(ValueError(f"KV GET failed: 400 Invalid cache_ttl of {cache_ttl}. Cache TTL must be at least 60."))
         try:
-            entry = await self.store.get(key)
+            entry = await self.store.get(key, cache_ttl=cache_ttl)
         except Exception as exc:
             raise _js_error(exc) from exc
         if entry is None:

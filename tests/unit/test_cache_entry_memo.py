@@ -5,7 +5,7 @@ is a miss again)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -82,7 +82,7 @@ async def test_a_large_entry_is_decoded_every_time_never_kept(decodes: list[byte
     values = {kv_key("a"): big, kv_key("b"): small}
 
     class KV:
-        async def get(self, key: str) -> KVEntry:
+        async def get(self, key: str, **kwargs: Any) -> KVEntry:
             return KVEntry(values[key], {})
 
     deps = SimpleNamespace(kv=KV(), log=logging.getLogger("test"), state=IsolateState())

@@ -241,3 +241,48 @@ async def test_a_refused_key_names_the_operation(kv: SqliteKV, operation: str) -
     calls = {"GET": lambda: kv.get("a" * 513), "PUT": lambda: kv.put("a" * 513, b"v"), "DELETE": lambda: kv.delete("a" * 513)}
     with pytest.raises(KVLimitError, match=f"^KV {operation} failed: 414 "):
         await calls[operation]()
+
+
+# --- a read's cacheTtl -------------------------------------------------------------------------
+
+
+async def test_a_read_with_cache_ttl_sees_its_own_namespaces_writes_at_once(kv: SqliteKV, clock: ManualClock) -> None:
+    """KV's `cacheTtl` (>= 60) may answer from an earlier read, but never hides this namespace's
+    own write or delete, nor an expired value."""
+    with pytest.raises(KVLimitError, match="at least 60"):
+        await kv.get("k", cache_ttl=30)
+    await kv.put("k", b"v1", expiration_ttl=120)
+    assert (await kv.get("k", cache_ttl=60)).value == b"v1"  # type: ignore[union-attr]
+    clock.advance(1)
+    await kv.put("k", b"v2", expiration_ttl=120)
+    assert (await kv.get("k", cache_ttl=60)).value == b"v2"  # type: ignore[union-attr]
+    clock.advance(119.5)  # within the read's 60 s? no: past them; and the value expires at 121
+    assert (await kv.get("k", cache_ttl=60)).value == b"v2"  # type: ignore[union-attr]
+    clock.advance(1)
+    assert await kv.get("k", cache_ttl=60) is None  # expired, even though read 1 s ago
+    await kv.put("d", b"x")
+    assert (await kv.get("d", cache_ttl=60)).value == b"x"  # type: ignore[union-attr]
+    await kv.delete("d")
+    assert await kv.get("d", cache_ttl=60) is None
+
+
+async def test_a_read_with_cache_ttl_may_miss_another_connections_write_for_that_long(tmp_path: Path, clock: ManualClock) -> None:
+    """As a write from another location: another process writing the same file (a second
+    connection) is seen once the read's cacheTtl has passed, at once by a read without it."""
+    path = tmp_path / "kv.sqlite3"
+    here, there = SqliteKV(path, clock=clock), SqliteKV(path, clock=clock)
+    await here.put("k", b"old")
+    assert (await here.get("k", cache_ttl=60)).value == b"old"  # type: ignore[union-attr]
+    clock.advance(1)
+    await there.put("k", b"new")
+    assert (await here.get("k", cache_ttl=60)).value == b"old"  # type: ignore[union-attr]  # the cached read
+    assert (await here.get("k")).value == b"new"  # type: ignore[union-attr]  # no cacheTtl: the file
+    clock.advance(60)
+    assert (await here.get("k", cache_ttl=60)).value == b"new"  # type: ignore[union-attr]
+    big = b"x" * (64 * 1024)  # past what the read cache holds: always from the file
+    await here.put("big", big)
+    assert (await here.get("big", cache_ttl=60)).value == big  # type: ignore[union-attr]
+    clock.advance(1)
+    await there.put("big", b"small")
+    assert (await here.get("big", cache_ttl=60)).value == b"small"  # type: ignore[union-attr]
+    here.close(), there.close()

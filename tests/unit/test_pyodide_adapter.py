@@ -129,9 +129,10 @@ async def test_a_client_leaving_closes_the_cores_body(adapter) -> None:
 class FakeKVBinding:
     def __init__(self) -> None:
         self.data: dict[str, tuple[bytes, Any]] = {}
+        self.kinds: list[Any] = []  # what each read asked for: "arrayBuffer", or {type, cacheTtl}
 
-    async def getWithMetadata(self, key: str, kind: str) -> Any:  # noqa: N802 (JS name)
-        assert kind == "arrayBuffer"
+    async def getWithMetadata(self, key: str, kind: Any) -> Any:  # noqa: N802 (JS name)
+        self.kinds.append(kind if isinstance(kind, str) else fp.require_js_object(kind))
         if key not in self.data:
             return SimpleNamespace(value=fp.jsnull, metadata=fp.jsnull)
         value, metadata = self.data[key]
@@ -151,6 +152,14 @@ async def test_kv_miss_is_jsnull_and_values_round_trip(adapter) -> None:
     await kv.put("k", b"\x00value", expiration_ttl=60, metadata={"model": "m"})
     entry = await kv.get("k")
     assert entry.value == b"\x00value" and entry.metadata == {"model": "m"}
+
+
+async def test_kv_cache_ttl_goes_as_the_options_object_kv_reads(adapter) -> None:
+    binding = FakeKVBinding()
+    kv = adapter.kv.WorkersKV(binding)
+    await kv.put("k", b"v", expiration_ttl=60)
+    assert (await kv.get("k", cache_ttl=60)).value == b"v" and (await kv.get("k")).value == b"v"
+    assert binding.kinds == [{"type": "arrayBuffer", "cacheTtl": 60}, "arrayBuffer"]  # unasked: the bare type, as before
 
 
 async def test_kv_limit_errors_are_translated(adapter) -> None:

@@ -3,7 +3,11 @@ here does not fail on Cloudflare (a 30 s TTL, a 600-byte key, 2 KB of metadata, 
 to the same key within a second all fail there).
 
 Not emulated: KV's eventual consistency (a write is visible at once here, up to 60 s later
-elsewhere); code must never rely on read-after-write, and the core does not.
+elsewhere); code must never rely on read-after-write, and the core does not. Emulated: a read's
+`cacheTtl` (`get(key, cache_ttl=N)`), as the location's cache of reads answers it: a value read
+with it is answered from memory for N seconds (its expiration still holds), so a write through
+another connection to the file (another process) may be unseen that long, as a write from
+another location would be; this namespace's own writes and deletes are seen at once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ MAX_METADATA_BYTES = 1024
 MIN_TTL_SECONDS = 60
 MAX_LIST_LIMIT = 1000
 MIN_SECONDS_BETWEEN_WRITES = 1.0  # KV allows one write per second to the same key
+MIN_CACHE_TTL = 60  # a read's cacheTtl floor (workers-runtime.md)
+READ_CACHE_ENTRIES = 1024  # values the read cache holds at most, the oldest dropped first
+READ_CACHE_MAX_VALUE = 16 * 1024  # larger values are read from the file every time (the cache stays under 16 MiB)
 
 
 class KVUnavailable(BindingError):
@@ -53,6 +60,7 @@ class SqliteKV:
     _db: sqlite3.Connection = field(init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _last_write: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _reads: dict[str, tuple[KVEntry, float | None, float]] = field(default_factory=dict, init=False, repr=False)  # key -> (entry, expiration, read at)
 
     def __post_init__(self) -> None:
         if str(self.path) != ":memory:":
@@ -66,8 +74,15 @@ class SqliteKV:
     def close(self) -> None:
         self._db.close()
 
-    async def get(self, key: str) -> KVEntry | None:
+    async def get(self, key: str, *, cache_ttl: int | None = None) -> KVEntry | None:
         check_key(key, "GET")
+        if cache_ttl is not None:
+            if isinstance(cache_ttl, bool) or int(cache_ttl) < MIN_CACHE_TTL:
+                raise KVLimitError(f"KV GET failed: 400 Invalid cache_ttl of {cache_ttl}. Cache TTL must be at least {MIN_CACHE_TTL}.")
+            now = self.clock.now()
+            kept = self._reads.get(key)
+            if kept is not None and now - kept[2] < cache_ttl and (kept[1] is None or kept[1] > now):
+                return kept[0]
         with self._lock:
             row = self._db.execute("SELECT value, metadata, expiration FROM kv WHERE key = ?", (key,)).fetchone()
             if row is None:
@@ -75,8 +90,19 @@ class SqliteKV:
             value, metadata, expiration = row
             if expiration is not None and expiration <= self.clock.now():
                 self._db.execute("DELETE FROM kv WHERE key = ? AND expiration = ?", (key, expiration))
+                self._reads.pop(key, None)
                 return None
-        return KVEntry(bytes(value), json.loads(metadata) if metadata else None)
+            entry = KVEntry(bytes(value), json.loads(metadata) if metadata else None)
+            if cache_ttl is not None and len(entry.value) <= READ_CACHE_MAX_VALUE:
+                self._keep_read(key, entry, expiration)  # under the lock: a write cannot land between the read and this
+        return entry
+
+    def _keep_read(self, key: str, entry: KVEntry, expiration: float | None) -> None:
+        reads = self._reads
+        reads.pop(key, None)
+        if len(reads) >= READ_CACHE_ENTRIES:
+            del reads[next(iter(reads))]
+        reads[key] = (entry, expiration, self.clock.now())
 
     async def put(
         self, key: str, value: bytes, *, expiration_ttl: int | None = None, metadata: dict[str, Any] | None = None,
@@ -117,11 +143,14 @@ class SqliteKV:
                 )
             except sqlite3.Error as exc:  # a read-only or full state directory: KV is down, not a bug
                 raise KVUnavailable(f"KV PUT failed: 503 {exc}") from exc
+            finally:
+                self._reads.pop(key, None)  # this namespace's own write is seen at once
             self._last_write[key] = now
 
     async def delete(self, key: str) -> None:
         check_key(key, "DELETE")
         with self._lock:
+            self._reads.pop(key, None)
             try:
                 self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
             except sqlite3.Error as exc:

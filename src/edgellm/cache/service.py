@@ -26,6 +26,10 @@ __all__ = ["cached_generation", "counters_of", "current_scope", "lookup", "store
 
 GENERATION_KEY = "cache-meta/{tenant}/{namespace}/generation"
 GENERATION_REFRESH_SECONDS = 30.0
+# KV's `cacheTtl` on an entry's read (its default, said out loud): an entry's key names its
+# request and purge generation, and it is written once, so a HIT may be read from the location's
+# cache of an earlier read; KV's floor is 60 s (the runtime notes).
+ENTRY_READ_CACHE_SECONDS = 60
 
 
 async def current_scope(deps: Deps, tenant: str | None = None) -> CacheScope:
@@ -58,7 +62,7 @@ async def lookup(deps: Deps, key: CacheKey) -> tuple[CachedAnswer | None, int]:
     """(answer, bytes read) or (None, 0) on a miss, a corrupt entry or a KV failure."""
     assert deps.kv is not None
     try:
-        entry = await deps.kv.get(key.kv_key)
+        entry = await deps.kv.get(key.kv_key, cache_ttl=ENTRY_READ_CACHE_SECONDS)
     except Exception as exc:
         deps.log.warning("cache read failed for %s: %s", key.kv_key, exc)
         counters_of(deps).read_errors += 1

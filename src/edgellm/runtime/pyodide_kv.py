@@ -30,9 +30,11 @@ def kv_error(exc: BaseException) -> BindingError:
 class WorkersKV:
     binding: Any
 
-    async def get(self, key: str) -> KVEntry | None:
+    async def get(self, key: str, *, cache_ttl: int | None = None) -> KVEntry | None:
+        # the type alone as a string, or with `cacheTtl` as an options object (KV's two forms)
+        kind = "arrayBuffer" if cache_ttl is None else js_options({"type": "arrayBuffer", "cacheTtl": cache_ttl})
         try:
-            result = await self.binding.getWithMetadata(key, "arrayBuffer")
+            result = await self.binding.getWithMetadata(key, kind)
         except JsException as exc:
             raise kv_error(exc) from exc
         if is_missing(result) or is_missing(result.value):

@@ -49,7 +49,11 @@ def enforce_capabilities(deps: Deps, gen_request: GenerationRequest, described: 
     model = gen_request.model
     if described is None:
         described = deps.ai.describe(model)
-    enforce(model, capabilities_of(model, deps.config.model_capabilities, described), gen_request.inputs)
+    capabilities = capabilities_of(model, deps.config.model_capabilities, described)
+    if gen_request.derived.get("capable") == capabilities:  # checked before: a pure function of the two
+        return
+    enforce(model, capabilities, gen_request.inputs)
+    gen_request.derived["capable"] = capabilities
 
 
 def system_fingerprint(deps: Deps, model: str, described: dict[str, Any] | None = None) -> str | None:

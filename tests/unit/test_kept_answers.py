@@ -131,6 +131,19 @@ async def test_a_streamed_hit_another_fingerprint_or_route_is_rendered_anew(cloc
     assert after.headers["cf-aig-cache-status"] == "HIT" and json.loads(after.body)["system_fingerprint"] not in (None, before)
 
 
+@pytest.mark.parametrize("head", [
+    {"id": "chatcmpl-0a1b", "object": "chat.completion", "created": 1_800_000_000},
+    {"id": "cmpl-x", "object": "text_completion", "created": 0},
+    {"id": "é \"quoted\"", "object": "o", "created": -1},  # not plain: through the encoder
+    {"id": "x", "object": "o", "created": True},  # a bool is no whole number here
+    {"id": "x", "object": None, "created": 1.5},
+])
+def test_the_leading_fields_are_written_as_the_encoder_writes_them(head: dict[str, Any]) -> None:
+    from edgellm.kept_json import _head_json
+
+    assert _head_json(head) == json_bytes(head)[:-1]
+
+
 def test_kept_json_writes_its_leading_fields_and_keeps_the_rest() -> None:
     data = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "text": "Grüß \ud800"}
     kept = KeptJSON.of(data, json_bytes(data), ("id", "object", "created"))

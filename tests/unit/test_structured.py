@@ -213,3 +213,22 @@ async def test_prompt_requests_refuse_chat_only_parameters_by_name() -> None:
         error = assert_error(await handle(post(path, body), deps(ai, model=HERMES)), 400, "unsupported_parameter")
         assert error["param"] in ("tools", "response_format")
     assert ai.calls == []
+
+
+def test_a_request_checked_against_one_models_capabilities_is_checked_again_against_others() -> None:
+    """`enforce_capabilities` keeps a pass on the (shared, immutable) request, for those
+    capabilities only: the backend saying less later refuses the same request object."""
+    from types import SimpleNamespace
+
+    from edgellm.api import enforce_capabilities
+    from edgellm.config import Config
+    from edgellm.errors import GatewayError
+    from edgellm.openai import parse_chat_request
+
+    config = Config()
+    request = parse_chat_request({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, config)
+    deps = SimpleNamespace(config=config, ai=None)
+    enforce_capabilities(deps, request, {"capabilities": ["json_mode"]})  # type: ignore[arg-type]
+    enforce_capabilities(deps, request, {"capabilities": ["json_mode"]})  # type: ignore[arg-type]
+    with pytest.raises(GatewayError, match="response_format"):
+        enforce_capabilities(deps, request, {"capabilities": []})  # type: ignore[arg-type]

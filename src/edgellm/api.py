@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import hashlib
 
 from . import access, openai, workers_ai
-from .capabilities import capabilities_of, enforce
+from .capabilities import capabilities_of, enforce, required_capabilities
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
 from .caller import Observation
@@ -46,14 +46,15 @@ def generation_headers(generation: Generation) -> dict[str, str]:
 def enforce_capabilities(deps: Deps, gen_request: GenerationRequest, described: dict[str, Any] | None = None) -> None:
     """A 400 naming the parameter the model cannot honour, before any inference (or cache).
     `described`: the backend's `describe` of the model, when the caller has it already."""
+    needs = gen_request.derived.get("needs")  # kept on the immutable request, as its cache digest is
+    if needs is None:
+        needs = gen_request.derived["needs"] = tuple(required_capabilities(gen_request.inputs))
+    if not needs:  # plain text generation: every model has it
+        return
     model = gen_request.model
     if described is None:
         described = deps.ai.describe(model)
-    capabilities = capabilities_of(model, deps.config.model_capabilities, described)
-    if gen_request.derived.get("capable") == capabilities:  # checked before: a pure function of the two
-        return
-    enforce(model, capabilities, gen_request.inputs)
-    gen_request.derived["capable"] = capabilities
+    enforce(model, capabilities_of(model, deps.config.model_capabilities, described), gen_request.inputs)
 
 
 def system_fingerprint(deps: Deps, model: str, described: dict[str, Any] | None = None) -> str | None:

@@ -216,8 +216,9 @@ async def test_prompt_requests_refuse_chat_only_parameters_by_name() -> None:
 
 
 def test_a_request_checked_against_one_models_capabilities_is_checked_again_against_others() -> None:
-    """`enforce_capabilities` keeps a pass on the (shared, immutable) request, for those
-    capabilities only: the backend saying less later refuses the same request object."""
+    """`enforce_capabilities` keeps what a (shared, immutable) request needs, never whether it
+    passed: the backend saying less later refuses the same request object; a plain request
+    needs nothing and passes whatever the backend says."""
     from types import SimpleNamespace
 
     from edgellm.api import enforce_capabilities
@@ -232,3 +233,6 @@ def test_a_request_checked_against_one_models_capabilities_is_checked_again_agai
     enforce_capabilities(deps, request, {"capabilities": ["json_mode"]})  # type: ignore[arg-type]
     with pytest.raises(GatewayError, match="response_format"):
         enforce_capabilities(deps, request, {"capabilities": []})  # type: ignore[arg-type]
+    plain = parse_chat_request({"messages": [{"role": "user", "content": "x"}]}, config)
+    enforce_capabilities(deps, plain, {"capabilities": []})  # type: ignore[arg-type]
+    assert plain.derived["needs"] == () and request.derived["needs"] == (("json_mode", "response_format"),)

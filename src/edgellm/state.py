@@ -14,6 +14,7 @@ from .routing.state import RoutingState
 
 if TYPE_CHECKING:  # a type only: importing it runs access/__init__, whose guard needs Deps, which holds this state
     from .access.keys import KeyCache
+    from .caller import Principal
     from .cache.key import CacheScope
 
 
@@ -40,6 +41,7 @@ class AccessState:
     windows: dict[str, tuple[float, int]] = field(default_factory=dict)  # limit key -> (window start, used)
     spent: dict[str, int] = field(default_factory=dict)  # key id -> tokens this isolate charged
     reserved: dict[str, int] = field(default_factory=dict)  # key id -> tokens held by requests in progress (access.reservation)
+    open_principal: tuple[Config, Principal] | None = None  # open mode's caller, per Config (access.guard.open_principal)
 
 
 @dataclass

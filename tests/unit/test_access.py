@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from edgellm.access.guard import Principal
+from edgellm.access.guard import Principal, authenticate
 from edgellm.tenancy import SHARED_TENANT
 from edgellm.access.keys import KeyRecord, KeyRing, new_key, parse_api_key
 from edgellm.access.ratelimit import take_request
@@ -196,3 +196,18 @@ def test_the_usage_route_is_the_routes_template_not_the_raw_path(method: str, pa
     from edgellm.app import route_name
 
     assert route_name(Request(method, "https://edge.example" + path)) == expected
+
+
+async def test_open_mode_has_one_caller_per_isolate_and_config(clock) -> None:
+    """Open mode's principal is made once per Config (it is immutable) and never outlives it:
+    another tenant configured is another caller."""
+    deps = Deps(config=Config(open_access=True), ai=ScriptedAI(), clock=clock, log=logging.getLogger("edgellm.test"))
+
+    def call() -> Request:
+        return Request("POST", "http://edge.test/v1/chat/completions", {}, b"{}")
+
+    first = await authenticate(call(), deps)
+    assert first is not None and await authenticate(call(), deps) is first and first.tenant == deps.config.tenant
+    other = replace(deps, config=Config(open_access=True, tenant="elsewhere"))
+    theirs = await authenticate(call(), other)
+    assert theirs is not None and theirs.tenant == "elsewhere" and theirs.scope.tenant == "elsewhere"

@@ -62,6 +62,15 @@ async def _record(deps: Deps, key_id: str) -> KeyRecord | None:
     return record
 
 
+def open_principal(deps: Deps) -> Principal:
+    """Open mode's caller: the configured tenant without a key. One per isolate and Config (a
+    principal is immutable), so no request pays for making it and its tenant scope."""
+    kept = deps.state.access.open_principal
+    if kept is None or kept[0] is not deps.config:
+        kept = deps.state.access.open_principal = (deps.config, Principal(deps.config.tenant, OPEN_KEY_ID))
+    return kept[1]
+
+
 async def authenticate(request: Request, deps: Deps) -> Principal | None:
     """The principal of an API or admin request (None on public routes); 401 when unknown."""
     path = request.path
@@ -77,7 +86,7 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
         # Open mode: no key, or a value that is no EdgeLLM key at all (SDKs must send some
         # api_key); a malformed, unknown or revoked `el-` key is still refused below.
         if deps.config.open_access and is_api_path(path):
-            return Principal(deps.config.tenant, OPEN_KEY_ID)
+            return open_principal(deps)
         if is_admin_path(path):
             return None  # the admin handlers answer (404 without ADMIN_TOKEN, else 401)
         raise unauthenticated("An API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", "missing_api_key")

@@ -37,6 +37,8 @@ the tenant's slot whose prompt it continues (`_choose_sessionless`), and a tenan
 prompt about to be overwritten is saved first ("kept") and restored for that tenant's next
 prompt that continues or repeats it, so an OpenAI client's conversation (its whole history sent
 again, no session) and a repeated question reuse their tokens as they would on llama-server.
+A kept prompt is restored as a copy (the file stays kept): it holds that prompt's start however
+often it comes back, so prompts asked in turn are each saved once, not again before every restore.
 
 A conversation with no state of its own (a new session, or one whose state was dropped) starts
 from its tenant's state that shares the longest start with its prompt, where llama-server
@@ -260,12 +262,14 @@ class SlotPool:
         if previous is not None and previous not in self._saved:  # else written behind already
             await self._save(slot, previous, held, old)
         self._owners[slot] = session
-        saved = self._saved.pop(kept, None) if kept is not None else None  # a save above may have dropped it
-        if kept is not None:
-            self._kept.pop(kept, None)
+        saved = self._saved.get(kept) if kept is not None else None  # a save above may have dropped it
         if saved is not None and kept is not None:
-            if await self._restore(slot, saved):
+            # A copy, not used up: the file stays kept, so when this slot is overwritten again its
+            # prompt is already saved and nobody waits for a second save of the same prompt.
+            self._saved.move_to_end(kept)  # recently used: the disk budget drops it last
+            if await self._restore(slot, saved, consume=False):
                 self.stats.scoped += 1
+                self.stats.restores += 1
                 return SlotLease(slot, None, restored=True)
             await self._action(slot, "erase")
             return SlotLease(slot, None, refused=True)

@@ -392,7 +392,7 @@ class SlotPool:
             asyncio.get_running_loop().call_soon(_wake, waiters, context=contextvars.Context())
 
     async def _action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
-        return await asyncio.to_thread(self.runner.slot_action, slot, action, filename)
+        return await self.runner.slot_action_async(slot, action, filename)
 
     async def _save(self, slot: int, session: str, scope: str | None = None, prompt: str = "") -> None:
         """Save the leaving conversation's state (of tenant `scope`, computed for `prompt`). A
@@ -458,8 +458,9 @@ class SlotPool:
         ok = saved.path == path and path.is_file() and saved.model == model and path.stat().st_size == saved.size
         if ok:
             # The bytes are checked while llama.cpp loads them; the caller erases the slot unless both agree.
-            intact, loaded = await asyncio.gather(asyncio.to_thread(self._intact, path, saved),
-                                                  self._action(slot, "restore", path.name), return_exceptions=True)
+            # The action first: its request is on its way before the hashing thread starts.
+            loaded, intact = await asyncio.gather(self._action(slot, "restore", path.name),
+                                                  asyncio.to_thread(self._intact, path, saved), return_exceptions=True)
             ok = (intact is True and isinstance(loaded, dict)
                   and int(loaded.get("n_restored") or 0) == saved.tokens)
         if consume or not ok:

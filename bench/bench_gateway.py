@@ -67,6 +67,9 @@ class Side:
     path: str
     extra: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+    # llama.cpp's own time for the last streamed prompt (`timings.prompt_ms` on its final chunk;
+    # None from the edge, which does not pass llama.cpp's timings on): the build's compute speed
+    last_prompt_ms: float | None = None
 
     def request(self, prompt: str, max_tokens: int, stream: bool) -> tuple[float, int, float]:
         """(seconds to the last byte, completion tokens, seconds to the first text: the whole
@@ -83,6 +86,7 @@ class Side:
             return elapsed, int(response.json()["usage"]["completion_tokens"]), elapsed
         tokens = 0
         ttft = None
+        self.last_prompt_ms = None
         # llama.cpp's server drops a kept-alive connection after a stream, so streams use a
         # fresh connection on both sides (loopback connect: a fraction of a millisecond)
         headers = {**self.headers, "connection": "close"}
@@ -92,7 +96,10 @@ class Side:
                 if ttft is None and line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
                     ttft = time.perf_counter() - started
                 if line.startswith("data: {") and '"usage":{' in line:
-                    tokens = int(json.loads(line[len("data: "):])["usage"]["completion_tokens"])
+                    final = json.loads(line[len("data: "):])
+                    tokens = int(final["usage"]["completion_tokens"])
+                    if isinstance(final.get("timings"), dict) and "prompt_ms" in final["timings"]:
+                        self.last_prompt_ms = float(final["timings"]["prompt_ms"])
         elapsed = time.perf_counter() - started
         return elapsed, tokens, ttft if ttft is not None else elapsed
 
@@ -108,6 +115,8 @@ class Result:
     peer_ttft: list[float] = field(default_factory=list)
     before: list[float] = field(default_factory=list)  # another version's edge (--before), same run
     before_ttft: list[float] = field(default_factory=list)
+    direct_prompt_ms: list[float] = field(default_factory=list)  # llama.cpp's own prompt time, per side
+    peer_prompt_ms: list[float] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
 
     def report(self, mode: str) -> None:
@@ -133,6 +142,12 @@ class Result:
                 pt = percentile(self.peer_ttft, 50)
                 print(f"  TTFT p50: llama-server {pt * 1000:.1f} ms; gateway / llama-server = {gt / pt:.3f}x "
                       f"(target <= {TARGET_TTFT}x: {'met' if gt / pt <= TARGET_TTFT else 'NOT met'})")
+        if mode == "stream" and self.direct_prompt_ms and self.peer_prompt_ms:
+            dp, pp = statistics.median(self.direct_prompt_ms), statistics.median(self.peer_prompt_ms)
+            print(f"  llama.cpp's own prompt time p50 (timings.prompt_ms, 1 token computed): the edge's build {dp:.1f} ms, "
+                  f"llama-server's build {pp:.1f} ms")
+            print(f"  TTFT beyond it p50: gateway {gt * 1000 - dp:.1f} ms (the edge's build), the edge's own llama.cpp "
+                  f"{dt * 1000 - dp:.1f} ms, llama-server {pt * 1000 - pp:.1f} ms")
         if self.peer:
             print(f"  llama-server (own process, own build) whole answer p50 {percentile(self.peer, 50) * 1000:.1f} ms")
         if self.before:
@@ -180,6 +195,10 @@ def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Name
                 if p is not None:
                     result.peer.append(p[0])
                     result.peer_ttft.append(p[2])
+                if direct.last_prompt_ms is not None:
+                    result.direct_prompt_ms.append(direct.last_prompt_ms)
+                if peer is not None and peer.last_prompt_ms is not None:
+                    result.peer_prompt_ms.append(peer.last_prompt_ms)
                 if before is not None:
                     result.before.append(timings["before"][0])
                     result.before_ttft.append(timings["before"][2])

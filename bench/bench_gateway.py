@@ -16,6 +16,7 @@ gateway times / sum of direct times; target < 1.05x) and the added milliseconds 
 p50 and p99 (paired differences).
 
     .venv/bin/python -m bench.bench_gateway [--iterations 3] [--max-tokens 96] [--modes json,stream]
+        [--llama-server PATH] [--before /path/to/another/checkout]
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class Side:
     path: str
     extra: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+    # llama.cpp's own time for the last streamed prompt (`timings.prompt_ms` on its final chunk;
+    # None from the edge, which does not pass llama.cpp's timings on): the build's compute speed
+    last_prompt_ms: float | None = None
 
     def request(self, prompt: str, max_tokens: int, stream: bool) -> tuple[float, int, float]:
         """(seconds to the last byte, completion tokens, seconds to the first text: the whole
@@ -82,6 +86,7 @@ class Side:
             return elapsed, int(response.json()["usage"]["completion_tokens"]), elapsed
         tokens = 0
         ttft = None
+        self.last_prompt_ms = None
         # llama.cpp's server drops a kept-alive connection after a stream, so streams use a
         # fresh connection on both sides (loopback connect: a fraction of a millisecond)
         headers = {**self.headers, "connection": "close"}
@@ -91,7 +96,10 @@ class Side:
                 if ttft is None and line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
                     ttft = time.perf_counter() - started
                 if line.startswith("data: {") and '"usage":{' in line:
-                    tokens = int(json.loads(line[len("data: "):])["usage"]["completion_tokens"])
+                    final = json.loads(line[len("data: "):])
+                    tokens = int(final["usage"]["completion_tokens"])
+                    if isinstance(final.get("timings"), dict) and "prompt_ms" in final["timings"]:
+                        self.last_prompt_ms = float(final["timings"]["prompt_ms"])
         elapsed = time.perf_counter() - started
         return elapsed, tokens, ttft if ttft is not None else elapsed
 
@@ -105,6 +113,10 @@ class Result:
     direct_ttft: list[float] = field(default_factory=list)
     peer: list[float] = field(default_factory=list)  # llama-server, its own process (when given)
     peer_ttft: list[float] = field(default_factory=list)
+    before: list[float] = field(default_factory=list)  # another version's edge (--before), same run
+    before_ttft: list[float] = field(default_factory=list)
+    direct_prompt_ms: list[float] = field(default_factory=list)  # llama.cpp's own prompt time, per side
+    peer_prompt_ms: list[float] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
 
     def report(self, mode: str) -> None:
@@ -130,15 +142,32 @@ class Result:
                 pt = percentile(self.peer_ttft, 50)
                 print(f"  TTFT p50: llama-server {pt * 1000:.1f} ms; gateway / llama-server = {gt / pt:.3f}x "
                       f"(target <= {TARGET_TTFT}x: {'met' if gt / pt <= TARGET_TTFT else 'NOT met'})")
+        if mode == "stream" and self.direct_prompt_ms and self.peer_prompt_ms:
+            dp, pp = statistics.median(self.direct_prompt_ms), statistics.median(self.peer_prompt_ms)
+            print(f"  llama.cpp's own prompt time p50 (timings.prompt_ms, 1 token computed): the edge's build {dp:.1f} ms, "
+                  f"llama-server's build {pp:.1f} ms")
+            print(f"  TTFT beyond it p50: gateway {gt * 1000 - dp:.1f} ms (the edge's build), the edge's own llama.cpp "
+                  f"{dt * 1000 - dp:.1f} ms, llama-server {pt * 1000 - pp:.1f} ms")
         if self.peer:
             print(f"  llama-server (own process, own build) whole answer p50 {percentile(self.peer, 50) * 1000:.1f} ms")
+        if self.before:
+            b50 = percentile(self.before, 50)
+            print(f"  before (--before) whole answer p50 {b50 * 1000:.1f} ms: / the edge's own llama.cpp = {b50 / d50:.3f}x "
+                  f"(this tree {g50 / d50:.3f}x)")
+            if mode == "stream":
+                bt = percentile(self.before_ttft, 50)
+                versus = f"; / llama-server = {bt / pt:.3f}x" if self.peer_ttft else ""
+                print(f"  TTFT p50: before {bt * 1000:.1f} ms, this tree {gt * 1000:.1f} ms "
+                      f"(before / the edge's own llama.cpp = {bt / dt:.3f}x{versus})")
         print(f"  load (1 min) during the rounds: {', '.join(f'{x:.2f}' for x in self.loads)}")
 
 
-def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Namespace, stream: bool, deadline: float) -> Result:
-    """Rounds of the prompts, each pair in ABBA order (llama-server, when given, last); stops
-    between rounds once `deadline` (time.monotonic) has passed, so a busy machine shortens the run
-    rather than hanging it."""
+def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Namespace, stream: bool, deadline: float,
+             before: Side | None = None) -> Result:
+    """Rounds of the prompts, each pair in ABBA order (llama-server, when given, last; another
+    version's edge, when given, third in the pair's order every other pair); stops between rounds
+    once `deadline` (time.monotonic) has passed, so a busy machine shortens the run rather than
+    hanging it."""
     result = Result()
     for i in range(args.warmup + args.iterations):
         if i > args.warmup and time.monotonic() > deadline:
@@ -146,11 +175,16 @@ def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Name
             break
         result.loads.append(load_average())
         for j, prompt in enumerate(PROMPTS[: args.prompts]):
-            order = (gateway, direct) if (i + j) % 2 == 0 else (direct, gateway)
+            order: tuple[Side, ...] = (gateway, direct) if (i + j) % 2 == 0 else (direct, gateway)
+            if before is not None:  # first, between or last in turn, so neither edge always follows the other
+                at = (i + j) % 3
+                order = (*order[:at], before, *order[at:])
             timings = {side.name: side.request(prompt, args.max_tokens, stream) for side in order}
             (g, g_tokens, g_ttft), (d, d_tokens, d_ttft) = timings["gateway"], timings["direct"]
             if g_tokens != d_tokens:
                 raise SystemExit(f"unequal work: gateway generated {g_tokens} tokens, direct {d_tokens} for {prompt!r}")
+            if before is not None and timings["before"][1] != d_tokens:
+                raise SystemExit(f"unequal work: before generated {timings['before'][1]} tokens, direct {d_tokens} for {prompt!r}")
             p = peer.request(prompt, args.max_tokens, stream) if peer is not None else None
             if i >= args.warmup:
                 result.gateway.append(g)
@@ -161,6 +195,13 @@ def run_mode(gateway: Side, direct: Side, peer: Side | None, args: argparse.Name
                 if p is not None:
                     result.peer.append(p[0])
                     result.peer_ttft.append(p[2])
+                if direct.last_prompt_ms is not None:
+                    result.direct_prompt_ms.append(direct.last_prompt_ms)
+                if peer is not None and peer.last_prompt_ms is not None:
+                    result.peer_prompt_ms.append(peer.last_prompt_ms)
+                if before is not None:
+                    result.before.append(timings["before"][0])
+                    result.before_ttft.append(timings["before"][2])
     return result
 
 
@@ -176,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="llama.cpp threads, every side (default 1: on a shared 2-core machine a 2-thread llama.cpp "
                              "stalls at its barriers whenever another process takes a core, 5-50 s for one answer at load 10)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a directory holding another version's src/ and local/ (a checkout, or `git archive` of a "
+                             "commit): its edge is measured too, in the same rounds, for a before/after in one run")
     parser.add_argument("--budget", type=float, default=300, help="seconds of measuring before rounds stop (default 300)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds one request may take (default 60)")
     args = parser.parse_args(argv)
@@ -196,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         direct_client = stack.enter_context(httpx.Client(base_url=direct_url, timeout=args.timeout))
         gateway = Side("gateway", edge_client, "/v1/chat/completions", {"model": DEFAULT_MODEL}, GATEWAY_HEADERS)
         direct = Side("direct", direct_client, "/v1/chat/completions", {})
+        before = None
+        if args.before is not None:
+            before_url = stack.enter_context(running_edge(str(model), extra=["--threads", str(args.threads)], code=args.before))
+            before = Side("before", stack.enter_context(httpx.Client(base_url=before_url, timeout=args.timeout)),
+                          "/v1/chat/completions", {"model": DEFAULT_MODEL}, GATEWAY_HEADERS)
+            print(f"before: {args.before} at {before_url}")
         peer = None
         if binary is not None:
             peer_url = stack.enter_context(running_llama_server(binary, model, 4096, 2, runner.threads))
@@ -206,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         deadline = started + args.budget
         for mode in modes:
-            run_mode(gateway, direct, peer, args, stream=(mode == "stream"), deadline=deadline).report(mode)
+            run_mode(gateway, direct, peer, args, stream=(mode == "stream"), deadline=deadline, before=before).report(mode)
         print(f"\n{time.monotonic() - started:.0f} s of measuring")
     runner.close()
     return 0

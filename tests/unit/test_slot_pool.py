@@ -431,6 +431,30 @@ async def test_a_tenants_evicted_prompt_is_kept_and_restored_for_it_only(pooled:
     assert continued["usage"]["prompt_tokens_details"]["cached_tokens"] >= again[1]["usage"]["prompt_tokens"] - 1
 
 
+async def test_a_kept_prompt_restored_stays_kept_so_rotating_prompts_stop_saving(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    """Issue 26 (streamed TTFT): bench_gateway's five questions in turn over 2 slots restored the
+    question's kept state and then saved the prompt it evicted, again, on every request: ~2.5 ms
+    before the first token for a state already written a round earlier. A kept prompt's copy now
+    stays kept when it is restored (it still holds that prompt's start), so once every question
+    has been kept once, a round restores each one and saves nothing; and each still reuses its
+    prompt."""
+    questions = ["Which boats sail fastest upwind?", "Explain how a steam train works.", "Why is the sea salty?"]
+    bodies = [{"messages": [{"role": "user", "content": q}], **SAMPLING} for q in questions]
+    firsts = [await pooled.run(MODEL, body, prefix_scope="a") for body in bodies]
+    for _ in range(2):  # the first of these rounds keeps the prompt the first round left in a slot
+        for body in bodies:
+            await pooled.run(MODEL, body, prefix_scope="a")
+    saves, restores = pool.stats.saves, pool.stats.restores
+    again = [await pooled.run(MODEL, body, prefix_scope="a") for body in bodies]
+    assert pool.stats.saves == saves, "a round of kept prompts saved a state again"
+    assert pool.stats.restores >= restores + len(bodies) - 1  # restored from their kept copies; one stays in its slot
+    for first, second in zip(firsts, again):
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] - 1
+        assert second["response"] == first["response"]
+    other = await pooled.run(MODEL, bodies[0], prefix_scope="b")  # still never another tenant's
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
 # Issue 26: a new conversation starts from its tenant's state sharing its prompt's start.
 SHARED_SYSTEM = {"role": "system", "content": "You are the harbour's guide. " + "Answer briefly, kindly and only about the harbour. " * 5}
 

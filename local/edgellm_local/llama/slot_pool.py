@@ -37,6 +37,8 @@ the tenant's slot whose prompt it continues (`_choose_sessionless`), and a tenan
 prompt about to be overwritten is saved first ("kept") and restored for that tenant's next
 prompt that continues or repeats it, so an OpenAI client's conversation (its whole history sent
 again, no session) and a repeated question reuse their tokens as they would on llama-server.
+A kept prompt is restored as a copy (the file stays kept): it holds that prompt's start however
+often it comes back, so prompts asked in turn are each saved once, not again before every restore.
 
 A conversation with no state of its own (a new session, or one whose state was dropped) starts
 from its tenant's state that shares the longest start with its prompt, where llama-server
@@ -260,12 +262,14 @@ class SlotPool:
         if previous is not None and previous not in self._saved:  # else written behind already
             await self._save(slot, previous, held, old)
         self._owners[slot] = session
-        saved = self._saved.pop(kept, None) if kept is not None else None  # a save above may have dropped it
-        if kept is not None:
-            self._kept.pop(kept, None)
+        saved = self._saved.get(kept) if kept is not None else None  # a save above may have dropped it
         if saved is not None and kept is not None:
-            if await self._restore(slot, saved):
+            # A copy, not used up: the file stays kept, so when this slot is overwritten again its
+            # prompt is already saved and nobody waits for a second save of the same prompt.
+            self._saved.move_to_end(kept)  # recently used: the disk budget drops it last
+            if await self._restore(slot, saved, consume=False):
                 self.stats.scoped += 1
+                self.stats.restores += 1
                 return SlotLease(slot, None, restored=True)
             await self._action(slot, "erase")
             return SlotLease(slot, None, refused=True)
@@ -388,7 +392,7 @@ class SlotPool:
             asyncio.get_running_loop().call_soon(_wake, waiters, context=contextvars.Context())
 
     async def _action(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
-        return await asyncio.to_thread(self.runner.slot_action, slot, action, filename)
+        return await self.runner.slot_action_async(slot, action, filename)
 
     async def _save(self, slot: int, session: str, scope: str | None = None, prompt: str = "") -> None:
         """Save the leaving conversation's state (of tenant `scope`, computed for `prompt`). A
@@ -454,8 +458,9 @@ class SlotPool:
         ok = saved.path == path and path.is_file() and saved.model == model and path.stat().st_size == saved.size
         if ok:
             # The bytes are checked while llama.cpp loads them; the caller erases the slot unless both agree.
-            intact, loaded = await asyncio.gather(asyncio.to_thread(self._intact, path, saved),
-                                                  self._action(slot, "restore", path.name), return_exceptions=True)
+            # The action first: its request is on its way before the hashing thread starts.
+            loaded, intact = await asyncio.gather(self._action(slot, "restore", path.name),
+                                                  asyncio.to_thread(self._intact, path, saved), return_exceptions=True)
             ok = (intact is True and isinstance(loaded, dict)
                   and int(loaded.get("n_restored") or 0) == saved.tokens)
         if consume or not ok:

@@ -150,7 +150,8 @@ class LlamaCppRunner:
     async def slot_action_async(self, slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
         """`slot_action` from the event loop, without a thread (loopback.py: a request waiting for
         a restore waited 2-4 ms for a 0.4 ms load through urllib in a thread)."""
-        base = self._serving().listening_address.rstrip("/")
+        server = self._serving()  # held until the action returns: `close` never drops the server under it
+        base = server.listening_address.rstrip("/")
         client = self._client
         if client is None or client.url != base:  # first use, or a server started anew
             if client is not None:
@@ -159,7 +160,11 @@ class LlamaCppRunner:
         return await client.post(f"/slots/{slot}?action={action}", {"filename": filename} if filename else {}, f"slot {action}")
 
     def _loopback(self, path: str, payload: dict[str, Any], what: str) -> dict[str, Any]:
-        base = self._serving().listening_address.rstrip("/")
+        # The server is held until the call returns, as `chat` holds it: were `close` to drop the
+        # last reference meanwhile, its destructor (which keeps the GIL while it joins llama.cpp's
+        # threads) would wait for this request's handler, while this thread waited for the GIL.
+        server = self._serving()
+        base = server.listening_address.rstrip("/")
         request = urllib.request.Request(base + path, data=json.dumps(payload).encode(), method="POST",
                                          headers={"content-type": "application/json"})
         try:

@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, default=None,
                         help="a directory holding another version's src/ and local/ (a checkout, or `git archive` of a "
                              "commit): its edge is measured too, in the same rounds, for a before/after in one run")
+    parser.add_argument("--resident-slots", type=int, default=0, metavar="N",
+                        help="the gateway edge's --resident-slots (the --before edge runs with its own default)")
     parser.add_argument("--budget", type=float, default=300, help="seconds of measuring before rounds stop (default 300)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds one request may take (default 60)")
     args = parser.parse_args(argv)
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {model.name}; {args.prompts} prompts x {args.iterations} iterations (+{args.warmup} warm-up) "
           f"per mode, max_tokens {args.max_tokens}, temperature 0")
     with contextlib.ExitStack() as stack:
-        edge_url = stack.enter_context(running_edge(str(model), extra=["--threads", str(args.threads)]))
+        resident = ["--resident-slots", str(args.resident_slots)] if args.resident_slots else []
+        edge_url = stack.enter_context(running_edge(str(model), extra=["--threads", str(args.threads), *resident]))
         edge_client = stack.enter_context(httpx.Client(base_url=edge_url, timeout=args.timeout))
         direct_client = stack.enter_context(httpx.Client(base_url=direct_url, timeout=args.timeout))
         gateway = Side("gateway", edge_client, "/v1/chat/completions", {"model": DEFAULT_MODEL}, GATEWAY_HEADERS)

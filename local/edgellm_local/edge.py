@@ -14,7 +14,7 @@ from edgellm.deps import Deps, SystemClock
 from edgellm.state import IsolateState
 
 from edgellm_local.llama.binding import LlamaCppAI
-from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.runner import RESIDENT_BUDGET_MIB, LlamaCppRunner, resident_slots_within
 from edgellm_local.llama.model_file import check_gguf
 from edgellm_local.llama.slot_pool import DEFAULT_DISK_BUDGET, SlotPool
 from edgellm_local.doubles.faults import FaultAdmin, FaultPlan, FaultyAI
@@ -40,6 +40,10 @@ class EdgeSettings:
     config: Config = Config()
     n_ctx: int = 4096
     n_parallel: int = 2
+    # llama.cpp slots that only hold states (LlamaCppRunner.resident); None: as many as fit in
+    # resident_budget_mib of KV memory (resident_slots_within), at most RESIDENT_MOST
+    resident_slots: int | None = None
+    resident_budget_mib: int = RESIDENT_BUDGET_MIB
     threads: int | None = None  # llama.cpp's threads (None: every core the machine has)
     slot_disk_budget: int = DEFAULT_DISK_BUDGET  # saved llama.cpp slot states under state_dir/slots
     chat_template: str | None = None  # llama.cpp's --chat-template (None: the GGUF's own); stand_ins.py names them
@@ -73,8 +77,12 @@ def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> C
 
 
 def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
-    runner = LlamaCppRunner(check_gguf(settings.model_path), n_ctx=settings.n_ctx, n_parallel=settings.n_parallel,
-                            slot_dir=settings.state_dir / "slots", cache_ram_mib=0, chat_template=settings.chat_template)
+    model = check_gguf(settings.model_path)
+    resident = settings.resident_slots
+    if resident is None:
+        resident = resident_slots_within(model, settings.n_ctx // max(1, settings.n_parallel), settings.resident_budget_mib * 1024 * 1024)
+    runner = LlamaCppRunner(model, n_ctx=settings.n_ctx, n_parallel=settings.n_parallel,
+                            resident=resident, slot_dir=settings.state_dir / "slots", cache_ram_mib=0, chat_template=settings.chat_template)
     if settings.threads is not None:
         runner.threads = settings.threads
     settings.state_dir.mkdir(parents=True, exist_ok=True)

@@ -22,11 +22,17 @@ from edgellm_local.llama.control_tokens import special_pattern, special_texts
 from edgellm_local.llama.embedded_server import start_server
 from edgellm_local.llama.errors import RunnerStopping, public, raise_llama_error
 from edgellm_local.llama.loopback import Loopback
-from edgellm_local.llama.model_file import ModelFileError
+from edgellm_local.llama.model_file import ModelFileError, kv_bytes_per_token
 from edgellm_local.llama.start_places import StartPlaces
 
 # A user message's text, to find where the chat template puts it (never sent to the model).
 NEXT_TURN = "EDGELLM_NEXT_TURN_5f1c2a"
+# Resident slots (`LlamaCppRunner.resident`) unless asked: as many as fit in this much KV memory
+# (the model's own bytes per token, `kv_bytes_per_token`), at most RESIDENT_MOST. llama-server keeps
+# its evicted prompts in a RAM cache of up to 8 GiB by default (`--cache-ram`); a resident slot is
+# that memory as llama.cpp's own slot, reused in place with no copy at all.
+RESIDENT_BUDGET_MIB = 512
+RESIDENT_MOST = 4
 # The runner's queue bound per llama.cpp slot, unless `max_waiting` says otherwise: generations in
 # flight or waiting for a slot. The gateway's admission (`Config.max_waiting_generations`, 32 per
 # isolate) is the same policy in front of it; this is the binding's own capacity, as Workers AI
@@ -41,7 +47,14 @@ class LlamaCppRunner:
 
     path: Path
     n_ctx: int = 4096
-    n_parallel: int = 2
+    n_parallel: int = 2  # generations computed at once (each in a slot of `slot_context` tokens)
+    # Slots beyond those that only hold states (a slot pool's idle conversations and kept prompts)
+    # and are never computed all at once: llama.cpp gets n_parallel + resident slots of the same
+    # context, and a pool runs at most n_parallel generations among them. A state that stays in
+    # one needs no save and no restore (~4 ms each way, and a change of hands the next turn
+    # waits for); the price is their KV memory (23 KiB a token on SmolLM2-135M: 4 resident slots
+    # of 2,048 tokens are ~190 MB): `resident_slots_within` sizes them by a memory budget.
+    resident: int = 0
     threads: int = max(1, os.cpu_count() or 1)
     slot_dir: Path | None = None  # where llama.cpp saves slot states (a SlotPool manages them)
     cache_ram_mib: int | None = None  # llama.cpp's own RAM prompt cache; 0 turns it off
@@ -63,6 +76,8 @@ class LlamaCppRunner:
     _client: Loopback | None = field(default=None, init=False, repr=False)  # the loop's client of the loopback port
 
     def __post_init__(self) -> None:
+        if self.resident < 0:
+            raise ValueError(f"resident slots cannot be negative: {self.resident}")
         self.starts = StartPlaces(max(1, self.n_parallel))
 
     def load(self) -> "LlamaCppRunner":
@@ -79,8 +94,8 @@ class LlamaCppRunner:
 
                 params = xllamacpp.CommonParams()
                 params.model.path = str(self.path)
-                params.n_ctx = self.n_ctx
-                params.n_parallel = self.n_parallel
+                params.n_ctx = self.slot_context * self.slots  # every slot as large as a generation's
+                params.n_parallel = self.slots
                 params.cpuparams.n_threads = self.threads
                 params.cpuparams_batch.n_threads = self.threads
                 params.verbosity = -1
@@ -223,10 +238,25 @@ class LlamaCppRunner:
 
     @property
     def slot_context(self) -> int:
-        """Tokens one request can hold: llama.cpp splits n_ctx evenly between its slots."""
+        """Tokens one request can hold: n_ctx split evenly between the generating slots."""
         return self.n_ctx // max(1, self.n_parallel)
+
+    @property
+    def slots(self) -> int:
+        """llama.cpp's slots: the generating ones and the resident ones."""
+        return max(1, self.n_parallel) + max(0, self.resident)
 
     @functools.cached_property
     def special_pattern(self) -> Any:
         """The model's control-token texts as one regex (read from the GGUF once)."""
         return special_pattern(special_texts(self.path))
+
+
+def resident_slots_within(path: Path, slot_context: int, budget_bytes: int, most: int = RESIDENT_MOST) -> int:
+    """How many resident slots of `slot_context` tokens the model's KV cache fits in `budget_bytes`
+    (none when the GGUF does not say its shape): 4 for SmolLM2-135M at 2,048 tokens in 512 MiB,
+    none for a 7B model, whose slot of 2,048 tokens alone is 1 GiB."""
+    per_token = kv_bytes_per_token(path)
+    if not per_token or slot_context <= 0:
+        return 0
+    return max(0, min(most, budget_bytes // (per_token * slot_context)))

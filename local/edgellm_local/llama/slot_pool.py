@@ -51,6 +51,12 @@ same tenant's states count (`session_scope`: a session's tenant is known only wh
 says it): another tenant's are never restored, kept or matched, so nobody's prompt warms (or
 times) another tenant's.
 
+With resident slots (`LlamaCppRunner.resident`, `edgellm dev --resident-slots`), the pool has
+more slots than the runner computes at once: every slot can hold a conversation or a kept prompt,
+and at most `n_parallel` of them are busy (a generation, or a slot readied behind one). So more
+conversations and tenants' prompts stay in llama.cpp's memory, where the next turn reuses them
+in place instead of waiting for a save and a restore; past that, states are saved as before.
+
 Saved states live under `--state`/slots, within a disk budget (least recently used dropped
 first). The index is this process's memory: files a previous process left are deleted at start.
 """
@@ -123,9 +129,9 @@ class SlotPool:
         self.directory = self.runner.slot_dir
         shutil.rmtree(self.directory, ignore_errors=True)  # never trust a previous process's files
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._owners = [None] * self.runner.n_parallel
-        self._scopes = [None] * self.runner.n_parallel
-        self._prompts = [""] * self.runner.n_parallel
+        self._owners = [None] * self.runner.slots  # resident slots too: they hold states, not generations
+        self._scopes = [None] * self.runner.slots
+        self._prompts = [""] * self.runner.slots
         self._identity_of(self.runner)
 
     def _identity_of(self, runner: "LlamaCppRunner") -> "concurrent.futures.Future[str]":
@@ -198,6 +204,8 @@ class SlotPool:
             self._claiming.discard(session)  # type: ignore[arg-type]
 
     def _choose(self, session: str | None, scope: str | None = None, prompt: str = "") -> int | None:
+        if len(self._busy) >= max(1, self.runner.n_parallel):
+            return None  # as many generations as the runner computes at once (resident slots only hold states)
         if session is not None and session in self._claiming:
             return None  # a slot is being prepared for it: its next turn waits for that one
         if session is not None and session in self._owners:
@@ -484,6 +492,7 @@ class SlotPool:
     def describe(self) -> dict[str, Any]:
         return {
             "slots": len(self._owners),
+            "generating_at_once": max(1, self.runner.n_parallel),  # the rest are resident: states only
             "busy": len(self._busy),  # generating, or readying a slot for its conversation's next turn
             "waiting": self._queued,
             "saved_states": len(self._saved),

@@ -83,7 +83,7 @@ def model_identity(runner: "LlamaCppRunner") -> str:
         template = gguf_value(gguf.GGUFReader(runner.path), "tokenizer.chat_template") or ""
     digest = hashlib.sha256(str(template).encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return (f"{runner.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:n_ctx={runner.n_ctx}:"
-            f"n_parallel={runner.n_parallel}:template={digest}")
+            f"n_parallel={runner.n_parallel}:resident={runner.resident}:template={digest}")
 
 
 def remove_state(path: Path) -> None:

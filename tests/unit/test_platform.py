@@ -44,6 +44,18 @@ async def test_a_gzipped_stream_is_flushed_chunk_by_chunk() -> None:
     assert gzip.decompress(b"".join(chunks)) == b"data: 1\n\ndata: [DONE]\n\n"
 
 
+async def test_a_gzipped_stream_longer_than_its_window_decodes_whole() -> None:
+    events = [f'data: {{"choices":[{{"delta":{{"content":"token {i}"}}}}]}}\n\n'.encode() for i in range(400)]  # ~20 KiB
+
+    async def sse():
+        for event in events:
+            yield event
+
+    response = encoded(Response(200, {"content-type": "text/event-stream"}, sse()), request(**{"accept-encoding": "gzip"}))
+    body = b"".join([chunk async for chunk in response.body])  # type: ignore[union-attr]
+    assert gzip.decompress(body) == b"".join(events) and len(body) < len(b"".join(events)) // 4
+
+
 def test_html_names_redirect_to_the_clean_url(tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text("<p>home")
     (tmp_path / "chat.html").write_text("<p>chat")

@@ -220,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, default=None,
                         help="a directory holding another version's src/ and local/ (a checkout, or `git archive` of a "
                              "commit): its edge is measured too, in the same rounds, for a before/after in one run")
-    parser.add_argument("--resident-slots", type=int, default=0, metavar="N",
-                        help="the gateway edge's --resident-slots (the --before edge runs with its own default)")
+    parser.add_argument("--resident-slots", type=int, default=None, metavar="N",
+                        help="the gateway edge's --resident-slots (default: its own, sized by memory; "
+                             "the --before edge always runs with its own default)")
     parser.add_argument("--budget", type=float, default=300, help="seconds of measuring before rounds stop (default 300)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds one request may take (default 60)")
     args = parser.parse_args(argv)
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {model.name}; {args.prompts} prompts x {args.iterations} iterations (+{args.warmup} warm-up) "
           f"per mode, max_tokens {args.max_tokens}, temperature 0")
     with contextlib.ExitStack() as stack:
-        resident = ["--resident-slots", str(args.resident_slots)] if args.resident_slots else []
+        resident = ["--resident-slots", str(args.resident_slots)] if args.resident_slots is not None else []
         edge_url = stack.enter_context(running_edge(str(model), extra=["--threads", str(args.threads), *resident]))
         edge_client = stack.enter_context(httpx.Client(base_url=edge_url, timeout=args.timeout))
         direct_client = stack.enter_context(httpx.Client(base_url=direct_url, timeout=args.timeout))

@@ -142,12 +142,13 @@ async def _openai_generation(request: Request, deps: Deps, *, chat: bool) -> Res
     if session is not None or gen_request.session is not None:  # a session's request reuses its session's prefix alone
         gen_request = replace(gen_request, session=session, prefix_scope=None if session is not None else gen_request.prefix_scope)
     created = int(deps.clock.now())
+    answer_id = deps.state.ids.new("chatcmpl" if chat else "cmpl")  # this answer's, whichever way it is rendered
     return await serve_generation(
         request, deps, gen_request,
-        lambda g: render_json(g, created),
+        lambda g: render_json(g, created, answer_id),
         lambda g: openai.render_stream(g, created, chat=chat, include_usage=gen_request.include_usage,
-                                       tools=bool(gen_request.inputs.get("tools")), log=deps.log),
-        JSONShape("openai.chat" if chat else "openai.completion", openai.HEAD_FIELDS, lambda: openai.answer_head(chat, created)),
+                                       tools=bool(gen_request.inputs.get("tools")), log=deps.log, answer_id=answer_id),
+        JSONShape("openai.chat" if chat else "openai.completion", openai.HEAD_FIELDS, lambda: openai.answer_head(chat, created, answer_id)),
     )
 
 

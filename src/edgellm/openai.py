@@ -156,15 +156,16 @@ def new_id(prefix: str) -> str:
 HEAD_FIELDS = ("id", "object", "created")
 
 
-def answer_head(chat: bool, created: int) -> dict[str, Any]:
+def answer_head(chat: bool, created: int, answer_id: str | None = None) -> dict[str, Any]:
     """The fields of an OpenAI answer that name this answer, first in its object (so a HIT's
-    kept body writes them and appends the rest: `kept_json`)."""
+    kept body writes them and appends the rest: `kept_json`). `answer_id`: the request's own
+    (`IsolateState.ids`); a new one otherwise."""
     if chat:
-        return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": created}
-    return {"id": new_id("cmpl"), "object": "text_completion", "created": created}
+        return {"id": answer_id or new_id("chatcmpl"), "object": "chat.completion", "created": created}
+    return {"id": answer_id or new_id("cmpl"), "object": "text_completion", "created": created}
 
 
-async def render_chat_json(generation: Generation, created: int) -> dict[str, Any]:
+async def render_chat_json(generation: Generation, created: int, answer_id: str | None = None) -> dict[str, Any]:
     answer = await generation.collect_answer()
     message: dict[str, Any] = {"role": "assistant", "content": answer.text}
     if answer.tool_calls:
@@ -172,7 +173,7 @@ async def render_chat_json(generation: Generation, created: int) -> dict[str, An
         message["tool_calls"] = [call.to_json() for call in answer.tool_calls]
     logprobs = {"content": list(answer.logprobs), "refusal": None} if answer.logprobs is not None else None
     return {
-        **answer_head(True, created),
+        **answer_head(True, created, answer_id),
         "model": generation.model,
         "system_fingerprint": generation.system_fingerprint,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": answer.finish.finish_reason}],
@@ -180,10 +181,10 @@ async def render_chat_json(generation: Generation, created: int) -> dict[str, An
     }
 
 
-async def render_completion_json(generation: Generation, created: int) -> dict[str, Any]:
+async def render_completion_json(generation: Generation, created: int, answer_id: str | None = None) -> dict[str, Any]:
     text, finish = await generation.collect()
     return {
-        **answer_head(False, created),
+        **answer_head(False, created, answer_id),
         "model": generation.model,
         "system_fingerprint": generation.system_fingerprint,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish.finish_reason}],
@@ -205,7 +206,7 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
 
 
 async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool,
-                        tools: bool = False, log: logging.Logger = LOG) -> AsyncIterator[bytes]:
+                        tools: bool = False, log: logging.Logger = LOG, answer_id: str | None = None) -> AsyncIterator[bytes]:
     """OpenAI SSE chunks, one per token as it arrives, then `[DONE]`.
 
     With `tools` the first chunk's `content` is null, not "": a streamed tool call then
@@ -215,7 +216,7 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
     A failure after the first byte cannot change the status line any more, so it is sent as an
     `error` event (the shape OpenAI's SDK raises from) and the stream ends without `[DONE]`.
     """
-    cid = new_id("chatcmpl" if chat else "cmpl")
+    cid = answer_id or new_id("chatcmpl" if chat else "cmpl")
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice: dict[str, Any] | None, usage: Any = None, route: str | None = None) -> bytes:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Hashable
 
 from .admission import Admission
 from .config import Config
+from .ids import RandomIds
 from .routing.state import RoutingState
 
 if TYPE_CHECKING:  # a type only: importing it runs access/__init__, whose guard needs Deps, which holds this state
@@ -94,4 +95,5 @@ class IsolateState:
     answers: RecentMemo = field(default_factory=RecentMemo)  # recent cache entries, decoded, by (tenant's KV key, bytes)
     admission: Admission = field(default_factory=Admission)  # generations in progress in this isolate
     access: AccessState = field(default_factory=AccessState)
+    ids: RandomIds = field(default_factory=RandomIds)  # answer and request ids, from the CSPRNG a block at a time
     routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers

@@ -11,16 +11,17 @@ from typing import Any
 
 from ..http import Request, Response
 from ..deps import Deps
+from ..ids import RandomIds
 
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
-def request_id(request: Request) -> str:
+def request_id(request: Request, ids: RandomIds | None = None) -> str:
     for name in ("cf-ray", "x-request-id"):
         value = request.header(name)
         if value and _ID.match(value):
             return value
-    return secrets.token_hex(8)
+    return ids.hex(8) if ids is not None else secrets.token_hex(8)
 
 
 class _AsJson:
@@ -42,7 +43,7 @@ def log_request(request: Request, response: Response, deps: Deps, started: float
         return None
     principal = request.principal
     record = {
-        "request_id": request_id(request), "method": request.method, "path": request.path[:256], "status": response.status,
+        "request_id": request_id(request, deps.state.ids), "method": request.method, "path": request.path[:256], "status": response.status,
         "cache": response.headers.get("cf-aig-cache-status", "-"), "route": route,
         "ms": round(max(0.0, deps.clock.now() - started) * 1000, 1),
         "tenant": principal.tenant if principal else None, "key_id": principal.key_id if principal else None,

@@ -21,6 +21,7 @@ from edgellm_local.cli_args import NONNEGATIVE, PORT, POSITIVE
 from edgellm_local.deploy_check import add_parser as add_deploy_check_parser
 from edgellm_local.keys_cli import add_parser as add_keys_parser
 from edgellm_local.hub.publish import add_parser as add_publish_parser
+from edgellm_local.llama.model_file import RESIDENT_BUDGET_MIB
 from edgellm_local.llama.stand_ins import DEFAULT_STAND_IN, STAND_INS
 
 
@@ -66,7 +67,7 @@ def _serve_dev(args: argparse.Namespace) -> int:
         plan = FaultPlan.parse(args.fault)
         settings = EdgeSettings(model_path=model, state_dir=Path(args.state), config=config,
                                 n_ctx=args.ctx_size, n_parallel=args.slots, resident_slots=args.resident_slots,
-                                **({"resident_budget_mib": args.resident_mib} if args.resident_mib is not None else {}),
+                                resident_budget_mib=args.resident_mib,
                                 threads=args.threads,
                                 slot_disk_budget=args.slot_disk_mib * 1024 * 1024, chat_template=chat_template)
         sock = bind_socket(args.host, args.port)
@@ -188,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                           "(no save and restore when they come back), never computed beyond --slots at once; each costs "
                           "its slot's KV memory, ~46 MB at 2,048 tokens on SmolLM2-135M (default: as many as fit in "
                           "--resident-mib, at most 4)")
-    dev.add_argument("--resident-mib", type=NONNEGATIVE, default=None, metavar="MIB",
-                     help="KV memory the resident slots may use when --resident-slots is not given (default: 512)")
+    dev.add_argument("--resident-mib", type=NONNEGATIVE, default=RESIDENT_BUDGET_MIB, metavar="MIB",
+                     help="KV memory the resident slots may use when --resident-slots is not given (default: %(default)s)")
     dev.add_argument("--threads", type=POSITIVE, default=os.cpu_count() or 1,
                      help="llama.cpp threads for generation and prompts (default: the machine's cores, %(default)s)")
     dev.add_argument("--no-warm-up", dest="warm_up", action="store_false",

@@ -28,5 +28,5 @@ class WholeNumber:
 
 PORT = WholeNumber(0, 65535, "not a port number", "{value} is not a TCP port ({least}-{most})")  # 0: any free one
 POSITIVE = WholeNumber(1)
-COUNT = WholeNumber(0, out_of_range="must be 0 (unlimited) or more, got {value}")
-NONNEGATIVE = WholeNumber(0, out_of_range="must be 0 or more, got {value}")  # a number of things: 0 is none  # a limit: 0 is unlimited / none
+COUNT = WholeNumber(0, out_of_range="must be 0 (unlimited) or more, got {value}")  # a limit: 0 is unlimited / none
+NONNEGATIVE = WholeNumber(0, out_of_range="must be 0 or more, got {value}")  # a number of things: 0 is none

@@ -14,8 +14,8 @@ from edgellm.deps import Deps, SystemClock
 from edgellm.state import IsolateState
 
 from edgellm_local.llama.binding import LlamaCppAI
-from edgellm_local.llama.runner import RESIDENT_BUDGET_MIB, LlamaCppRunner, resident_slots_within
-from edgellm_local.llama.model_file import check_gguf
+from edgellm_local.llama.runner import LlamaCppRunner
+from edgellm_local.llama.model_file import RESIDENT_BUDGET_MIB, check_gguf, resident_slots_within
 from edgellm_local.llama.slot_pool import DEFAULT_DISK_BUDGET, SlotPool
 from edgellm_local.doubles.faults import FaultAdmin, FaultPlan, FaultyAI
 from edgellm_local.emulator.assets import StaticAssets

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -16,39 +16,23 @@ import gguf
 from edgellm.config import Config
 from edgellm_local.edge import EdgeSettings, build_deps
 from edgellm_local.llama.binding import LlamaCppAI
-from edgellm_local.llama.model_file import default_model_path, kv_bytes_per_token
-from edgellm_local.llama.runner import RESIDENT_MOST, LlamaCppRunner, resident_slots_within
+from edgellm_local.llama.model_file import RESIDENT_MOST, default_model_path, kv_bytes_per_token, resident_slots_within
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.llama.slot_pool import SlotPool
 from edgellm_local.llama.slot_state import model_identity
 from tests.support.tiny_gguf import TinyLlamaShape
-from tests.unit.test_slot_pool import Conversation
+from tests.unit.test_slot_pool import Conversation, pool, pooled, reference  # noqa: F401  (fixtures)
 
 CONFIG = Config()
 
 
 @pytest.fixture(scope="module")
-def resident_runner(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppRunner]:
+def pooled_runner(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppRunner]:
+    """1 generating slot and 2 resident ones: test_slot_pool's `pool`, `pooled` and `reference` run on it."""
     runner = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, resident=2, threads=1,
                             slot_dir=tmp_path_factory.mktemp("resident-slots"), cache_ram_mib=0)
     yield runner.load()
     runner.close()
-
-
-@pytest.fixture
-async def pool(resident_runner: LlamaCppRunner) -> AsyncIterator[SlotPool]:
-    pool = SlotPool(resident_runner)
-    yield pool
-    await asyncio.wait_for(pool.idle(), 60)
-
-
-@pytest.fixture
-def pooled(resident_runner: LlamaCppRunner, pool: SlotPool) -> LlamaCppAI:
-    return LlamaCppAI({model: resident_runner for model in CONFIG.models}, CONFIG, slots=pool)
-
-
-@pytest.fixture
-def reference(tiny_runner: LlamaCppRunner) -> LlamaCppAI:
-    return LlamaCppAI.for_config(CONFIG, tiny_runner)
 
 
 async def test_three_conversations_stay_warm_in_one_generating_and_two_resident_slots(
@@ -82,16 +66,16 @@ async def test_no_more_generations_at_once_than_the_runner_computes(pool: SlotPo
     assert lease.slot != first.slot  # `x` keeps its state in its slot; `y` takes a resident one
 
 
-def test_every_slot_is_as_large_as_a_generating_one(resident_runner: LlamaCppRunner, tiny_model: Path, tmp_path: Path) -> None:
-    assert resident_runner.slot_context == 512 and resident_runner.slots == 3
+def test_every_slot_is_as_large_as_a_generating_one(pooled_runner: LlamaCppRunner, tiny_model: Path, tmp_path: Path) -> None:
+    assert pooled_runner.slot_context == 512 and pooled_runner.slots == 3
     # a state saved by a runner without resident slots is not this runner's, nor the reverse
     plain = LlamaCppRunner(tiny_model, n_ctx=512, n_parallel=1, threads=1, slot_dir=tmp_path, cache_ram_mib=0)
-    assert model_identity(plain) != model_identity(resident_runner)
+    assert model_identity(plain) != model_identity(pooled_runner)
     with pytest.raises(ValueError):
         LlamaCppRunner(tiny_model, resident=-1)
 
 
-async def test_a_resident_slot_holds_a_whole_slot_context(pooled: LlamaCppAI, pool: SlotPool, resident_runner: LlamaCppRunner) -> None:
+async def test_a_resident_slot_holds_a_whole_slot_context(pooled: LlamaCppAI, pool: SlotPool, pooled_runner: LlamaCppRunner) -> None:
     """llama.cpp gives every slot n_ctx / slots tokens: were its context not grown with the resident
     slots, a prompt near `slot_context` would not fit in one (a 400 from llama.cpp)."""
     holders = [Conversation(name) for name in "pq"]
@@ -101,7 +85,7 @@ async def test_a_resident_slot_holds_a_whole_slot_context(pooled: LlamaCppAI, po
     long_text = " ".join(["word"] * 110)  # ~350 tokens with the template: more than 512 / 3, less than 512
     result = await pooled.run(CONFIG.model, {"messages": [{"role": "user", "content": long_text}],
                                              "temperature": 0, "max_tokens": 4}, session="long")
-    assert result["usage"]["prompt_tokens"] > resident_runner.slot_context // 3
+    assert result["usage"]["prompt_tokens"] > pooled_runner.slot_context // 3
     assert pool.stats.saves == 0  # the third conversation took the last resident slot, nobody was evicted
 
 

@@ -1,4 +1,5 @@
-"""The model file: a GGUF checked before llama.cpp loads it, and the default one (SmolLM2-135M)."""
+"""The model file: a GGUF checked before llama.cpp loads it, its metadata read from the header,
+the KV memory it needs per token (so how many resident slots fit), and the default one (SmolLM2-135M)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from typing import Any
 GGUF_MAGIC = b"GGUF"
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # GGUF value type -> struct
 _STRING, _ARRAY = 8, 9
+
+# Resident slots (`LlamaCppRunner.resident`) unless asked: as many as fit in this much KV memory
+# (the model's own bytes per token, `kv_bytes_per_token`), at most RESIDENT_MOST. llama-server keeps
+# its evicted prompts in a RAM cache of up to 8 GiB by default (`--cache-ram`); a resident slot is
+# that memory as llama.cpp's own slot, reused in place with no copy at all.
+RESIDENT_BUDGET_MIB = 512
+RESIDENT_MOST = 4
 
 
 class ModelFileError(Exception):
@@ -121,3 +129,13 @@ def kv_bytes_per_token(path: Path) -> int | None:
     if not key or not value or not all(isinstance(n, int) for n in per_layer):
         return None
     return sum(n * (key + value) for n in per_layer) * 2
+
+
+def resident_slots_within(path: Path, slot_context: int, budget_bytes: int, most: int = RESIDENT_MOST) -> int:
+    """How many resident slots of `slot_context` tokens the model's KV cache fits in `budget_bytes`
+    (none when the GGUF does not say its shape): 4 for SmolLM2-135M at 2,048 tokens in 512 MiB,
+    none for a 7B model, whose slot of 2,048 tokens alone is 1 GiB."""
+    per_token = kv_bytes_per_token(path)
+    if not per_token or slot_context <= 0:
+        return 0
+    return max(0, min(most, budget_bytes // (per_token * slot_context)))

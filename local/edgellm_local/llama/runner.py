@@ -22,17 +22,11 @@ from edgellm_local.llama.control_tokens import special_pattern, special_texts
 from edgellm_local.llama.embedded_server import start_server
 from edgellm_local.llama.errors import RunnerStopping, public, raise_llama_error
 from edgellm_local.llama.loopback import Loopback
-from edgellm_local.llama.model_file import ModelFileError, kv_bytes_per_token
+from edgellm_local.llama.model_file import ModelFileError
 from edgellm_local.llama.start_places import StartPlaces
 
 # A user message's text, to find where the chat template puts it (never sent to the model).
 NEXT_TURN = "EDGELLM_NEXT_TURN_5f1c2a"
-# Resident slots (`LlamaCppRunner.resident`) unless asked: as many as fit in this much KV memory
-# (the model's own bytes per token, `kv_bytes_per_token`), at most RESIDENT_MOST. llama-server keeps
-# its evicted prompts in a RAM cache of up to 8 GiB by default (`--cache-ram`); a resident slot is
-# that memory as llama.cpp's own slot, reused in place with no copy at all.
-RESIDENT_BUDGET_MIB = 512
-RESIDENT_MOST = 4
 # The runner's queue bound per llama.cpp slot, unless `max_waiting` says otherwise: generations in
 # flight or waiting for a slot. The gateway's admission (`Config.max_waiting_generations`, 32 per
 # isolate) is the same policy in front of it; this is the binding's own capacity, as Workers AI
@@ -53,7 +47,7 @@ class LlamaCppRunner:
     # context, and a pool runs at most n_parallel generations among them. A state that stays in
     # one needs no save and no restore (~4 ms each way, and a change of hands the next turn
     # waits for); the price is their KV memory (23 KiB a token on SmolLM2-135M: 4 resident slots
-    # of 2,048 tokens are ~190 MB): `resident_slots_within` sizes them by a memory budget.
+    # of 2,048 tokens are ~190 MB): `model_file.resident_slots_within` sizes them by a memory budget.
     resident: int = 0
     threads: int = max(1, os.cpu_count() or 1)
     slot_dir: Path | None = None  # where llama.cpp saves slot states (a SlotPool manages them)
@@ -244,19 +238,9 @@ class LlamaCppRunner:
     @property
     def slots(self) -> int:
         """llama.cpp's slots: the generating ones and the resident ones."""
-        return max(1, self.n_parallel) + max(0, self.resident)
+        return max(1, self.n_parallel) + self.resident  # never negative (__post_init__)
 
     @functools.cached_property
     def special_pattern(self) -> Any:
         """The model's control-token texts as one regex (read from the GGUF once)."""
         return special_pattern(special_texts(self.path))
-
-
-def resident_slots_within(path: Path, slot_context: int, budget_bytes: int, most: int = RESIDENT_MOST) -> int:
-    """How many resident slots of `slot_context` tokens the model's KV cache fits in `budget_bytes`
-    (none when the GGUF does not say its shape): 4 for SmolLM2-135M at 2,048 tokens in 512 MiB,
-    none for a 7B model, whose slot of 2,048 tokens alone is 1 GiB."""
-    per_token = kv_bytes_per_token(path)
-    if not per_token or slot_context <= 0:
-        return 0
-    return max(0, min(most, budget_bytes // (per_token * slot_context)))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import secrets
 from typing import Any
 
 from ..http import Request, Response
@@ -16,12 +15,12 @@ from ..ids import RandomIds
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
-def request_id(request: Request, ids: RandomIds | None = None) -> str:
+def request_id(request: Request, ids: RandomIds) -> str:
     for name in ("cf-ray", "x-request-id"):
         value = request.header(name)
         if value and _ID.match(value):
             return value
-    return ids.hex(8) if ids is not None else secrets.token_hex(8)
+    return ids.hex(8)  # the isolate's ids (`IsolateState.ids`): no OS call per request
 
 
 class _AsJson:

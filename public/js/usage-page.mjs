@@ -59,6 +59,8 @@ let resizing = 0;
 window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => drawn?.(), 100); });
 
 $("auth").addEventListener("submit", show);
+// Enabled only now: clicked before this module ran, the form submitted natively and reloaded the page, the token lost
+$("auth").querySelector("button[type=submit]").disabled = false;
 const remembered = sessionStorage.getItem("edgellm-usage-token");
 if (remembered) { $("token").value = remembered; show(); }
 else document.body.dataset.state = "idle";

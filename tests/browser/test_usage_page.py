@@ -67,3 +67,16 @@ async def test_usage_page_draws_the_charts(page: Page, start_edge: Callable[...,
     await page.get_by_role("button", name="Show usage").click()
     await expect(page.locator("body")).to_have_attribute("data-state", "error")
     await expect(page.locator("#error")).to_contain_text("token")
+
+
+async def test_show_usage_waits_for_the_page_module(page: Page, start_edge: Callable[..., EdgeServer]) -> None:
+    """Clicked before usage-page.mjs handles the form, the form would submit natively: the page
+    reloads and the typed token is gone. The button is enabled only by the module."""
+    edge = start_edge()
+    await page.route("**/js/usage-page.mjs", lambda route: route.abort())
+    await page.goto(f"{edge.url}/usage")
+    await expect(page.get_by_role("button", name="Show usage")).to_be_disabled()
+    await page.unroute("**/js/usage-page.mjs")
+    await page.goto(f"{edge.url}/usage")
+    await expect(page.locator("body")).to_have_attribute("data-state", "idle")
+    await expect(page.get_by_role("button", name="Show usage")).to_be_enabled()

@@ -124,3 +124,21 @@ def test_a_truncated_or_corrupt_header_sizes_no_resident_slots(tmp_path: Path, h
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(header)  # llama.cpp's load then refuses it, as `edgellm dev` reports
     assert kv_bytes_per_token(broken) is None and resident_slots_within(broken, 2048, 1 << 30) == 0
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_the_model_identity_names_the_ggufs_own_chat_template(tiny_model: Path, tmp_path: Path, which: str) -> None:
+    """`model_identity` reads the template with the header scanner (`gguf_metadata`), not
+    GGUFReader (~3 s on SmolLM2's vocabulary): the same template text, so the same identity, and
+    a runner's own template (`--chat-template`) is another identity."""
+    import hashlib
+
+    from edgellm_local.hub.gguf_tokenizer import gguf_value
+
+    path = tiny_model if which == "tiny" else default_model_path()
+    template = gguf_value(gguf.GGUFReader(path), "tokenizer.chat_template")
+    assert template
+    own = LlamaCppRunner(path, n_ctx=512, threads=1, slot_dir=tmp_path, cache_ram_mib=0)
+    assert model_identity(own).endswith(":template=" + hashlib.sha256(template.encode()).hexdigest()[:16])
+    other = LlamaCppRunner(path, n_ctx=512, threads=1, slot_dir=tmp_path, cache_ram_mib=0, chat_template="{{ messages }}")
+    assert model_identity(other) != model_identity(own)

@@ -563,9 +563,10 @@ def test_a_sessions_tenant_is_the_admitted_one_only_where_its_name_agrees() -> N
 async def test_the_model_identity_is_read_off_the_event_loop(
     pooled_runner: LlamaCppRunner, reference: LlamaCppAI, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Reading the GGUF's chat template for `model_identity` takes ~2.5 s for SmolLM2-135M; the
-    first save computed it on the loop, so a new session's first turn (and every request on the
-    loop) waited for it. It is read in a thread from the pool's start."""
+    """Reading the GGUF's chat template for `model_identity` took ~2.5 s for SmolLM2-135M (GGUFReader;
+    the header scanner now takes ~0.1 s, still file I/O); the first save computed it on the loop,
+    so a new session's first turn (and every request on the loop) waited for it. It is read in a
+    thread from the pool's start."""
     import threading
 
     from edgellm_local.llama import slot_pool as slots

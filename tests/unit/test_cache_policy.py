@@ -73,3 +73,18 @@ def test_bad_controls_are_400(headers: dict, param: str) -> None:
 
 def test_custom_key_is_carried() -> None:
     assert policy({"temperature": 0}, cf_aig_cache_key="faq:hours").custom_key == "faq:hours"
+
+
+@pytest.mark.parametrize("body", [{"temperature": 0}, {}, {"temperature": 0.7, "seed": 42}])
+@pytest.mark.parametrize("default_ttl", [3600, 5, 99999999])
+def test_a_request_without_cache_headers_gets_what_reading_them_gives(body: dict, default_ttl: int) -> None:
+    """Most requests send none of the policy's headers: they get the config's policy made once
+    (no header read), the same policy reading them would give (an empty Cache-Control is read)."""
+    config = Config(cache_default_ttl=default_ttl)
+
+    def with_headers(**headers: str):
+        request = Request("POST", "http://edge/v1/chat/completions", {k.replace("_", "-"): v for k, v in headers.items()})
+        return cache_policy(request, parse_chat_request({"messages": MESSAGES, **body}, config), config)
+
+    assert with_headers(x_unrelated="1") == with_headers(cache_control="")
+    assert with_headers().ttl == min(max(default_ttl, 60), 30 * 86400)

@@ -9,6 +9,7 @@ defaults (Workers AI defaults to 0.6, so omitting it is NOT deterministic) or an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..config import Config
 from ..errors import invalid
@@ -54,7 +55,21 @@ def _ttl(request: Request, config: Config) -> int:
     return min(max(config.cache_default_ttl, MIN_TTL), MAX_TTL)
 
 
+# every header that changes the policy (names as `Request.headers` holds them, lower-cased)
+POLICY_HEADERS = frozenset({"cf-aig-cache-ttl", CLASS_HEADER, "cf-aig-cache-key", "cf-aig-skip-cache", "cache-control"})
+
+
+@lru_cache(maxsize=16)  # per configured default TTL: most requests send none of POLICY_HEADERS
+def _default_policy(ttl: int, deterministic: bool) -> CachePolicy:
+    ttl = min(max(ttl, MIN_TTL), MAX_TTL)
+    if not deterministic:
+        return CachePolicy(False, False, ttl, "not deterministic (temperature > 0 and no seed)")
+    return CachePolicy(read=True, write=True, ttl=ttl)
+
+
 def cache_policy(request: Request, generation: GenerationRequest, config: Config) -> CachePolicy:
+    if request.headers.keys().isdisjoint(POLICY_HEADERS):  # no header to read: the config's policy, made once
+        return _default_policy(config.cache_default_ttl, is_deterministic(generation))
     ttl = _ttl(request, config)  # validated even when bypassing: a bad header is a bad request
     custom = request.header("cf-aig-cache-key")
     if custom is not None and not (0 < len(custom) <= 256):

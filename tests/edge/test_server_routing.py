@@ -49,3 +49,18 @@ def test_api_requests_skip_the_asset_lookup_and_pages_still_come_from_it(make_de
     with EdgeServer(EdgeApp(make_deps(), baseline := RecordingAssets(DEFAULT_PUBLIC), api_first=False)) as edge:
         assert httpx.get(edge.url + "/healthz").status_code == 200
         assert baseline.looked_up == ["/healthz"]  # the benchmark's baseline: the old order
+
+
+def test_every_request_meets_the_apps_current_deps(make_deps: Callable[..., Deps]) -> None:
+    """The app makes its requests' deps once (`EdgeApp._request_deps`), and again when its deps
+    are replaced, as `edgellm dev` does when it wraps the AI binding: a request never meets the
+    deps that were replaced."""
+    from dataclasses import replace
+
+
+    app = EdgeApp(make_deps())
+    with EdgeServer(app) as edge:
+        first = httpx.get(edge.url + "/healthz").json()["model"]
+        app.deps = replace(app.deps, config=replace(app.deps.config, model="@cf/meta/llama-3.1-8b-instruct"))
+        assert first != "@cf/meta/llama-3.1-8b-instruct"
+        assert httpx.get(edge.url + "/healthz").json()["model"] == "@cf/meta/llama-3.1-8b-instruct"

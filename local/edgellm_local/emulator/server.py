@@ -56,6 +56,7 @@ class EdgeApp:
     zero_copy: bool = True  # local files go to the socket with sendfile(2) where the server offers it (zero_copy.py)
     zero_copy_stats: ZeroCopyStats = field(default_factory=ZeroCopyStats)
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
+    _for_requests: tuple[Deps, Deps] | None = field(default=None, init=False, repr=False)  # (deps, its request deps)
 
     def __post_init__(self) -> None:
         if not self.page_headers.rules and self.assets is not None:
@@ -64,6 +65,15 @@ class EdgeApp:
             # objects get the edge's bindings as they are when first used: `edgellm dev` wraps the
             # AI binding in FaultyAI after building the app, and a flight must run that one too
             self.deps = replace(self.deps, flights=local_flights(lambda: self.deps, self.wait_until))
+
+    def _request_deps(self) -> Deps:
+        """`deps.for_request(wait_until)`, made once per `deps`: every request here has the same
+        `waitUntil` (this app's), and `dataclasses.replace` cost every request ~4 us. Remade when
+        `deps` is replaced (`edgellm dev` wraps the AI binding after building the app)."""
+        kept = self._for_requests
+        if kept is None or kept[0] is not self.deps:
+            kept = self._for_requests = (self.deps, self.deps.for_request(self.wait_until))
+        return kept[1]
 
     def wait_until(self, awaitable: Awaitable[Any]) -> None:
         future = asyncio.ensure_future(awaitable)
@@ -174,7 +184,7 @@ class EdgeApp:
             response = self.page_headers.apply(request.path, response)
             log_request(request, response, self.deps, self.deps.clock.now(), "asset")
         if response is None:
-            response = await handle(request, self.deps.for_request(self.wait_until))
+            response = await handle(request, self._request_deps())
         response = encoded(response, request, compress=self.compress)
         await self._send(response, send, self._zero_copy_sender(_SCOPE.get(), response))
 

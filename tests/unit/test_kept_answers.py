@@ -137,6 +137,11 @@ async def test_a_streamed_hit_another_fingerprint_or_route_is_rendered_anew(cloc
     {"id": "é \"quoted\"", "object": "o", "created": -1},  # not plain: through the encoder
     {"id": "x", "object": "o", "created": True},  # a bool is no whole number here
     {"id": "x", "object": None, "created": 1.5},
+    {"id": "a\\b", "object": "o", "created": 1},  # a backslash
+    {"id": "x", "object": "tab\there", "created": 1},  # a control character
+    {"id": "del\x7f", "object": "o", "created": 1},
+    {"id": "line\u2028sep", "object": "\ud800", "created": 1},  # not ASCII; a lone surrogate
+    {"id": "", "object": "o", "created": 10**20},
 ])
 def test_the_leading_fields_are_written_as_the_encoder_writes_them(head: dict[str, Any]) -> None:
     from edgellm.kept_json import _head_json
@@ -153,3 +158,5 @@ def test_kept_json_writes_its_leading_fields_and_keeps_the_rest() -> None:
     assert KeptJSON.of(data, json_bytes(data), ()) == KeptJSON((), json_bytes(data))  # nothing differs: the bytes as they are
     assert KeptJSON.of(data, json_bytes(data), ("object", "id", "created")) is None  # not the first keys, in order
     assert KeptJSON.of(data, json_bytes(data)[1:], ("id", "object", "created")) is None  # not that encoding
+    odd = {"a\"b": 1, "model": "m"}
+    assert KeptJSON.of(odd, json_bytes(odd), ("a\"b",)) is None  # a name the encoder escapes: rendered anew, never kept

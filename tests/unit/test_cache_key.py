@@ -103,3 +103,15 @@ def test_a_requests_digest_is_kept_with_it_per_scope_and_never_outlives_a_change
     assert build_cache_key(changed, SCOPE).digest != first.digest
     assert build_cache_key(changed, SCOPE) == build_cache_key(parse_chat_request({**BASE, "max_tokens": 7}, CONFIG), SCOPE)
     assert request.derived and not replace(request, stream=True).derived  # a copy starts with nothing kept
+
+
+def test_a_kept_key_follows_its_scopes_purge_generation() -> None:
+    """The key itself is kept on the request (one object, one kv_key string, hashed once); a
+    purge's new generation gets a key of that generation with the same digest, never the old one."""
+    request = parse_chat_request(BASE, CONFIG)
+    first = build_cache_key(request, SCOPE)
+    assert build_cache_key(request, SCOPE) is first
+    assert build_cache_key(request, CacheScope(SCOPE.tenant, SCOPE.namespace)) is first  # an equal scope: the same key
+    purged = build_cache_key(request, CacheScope(SCOPE.tenant, SCOPE.namespace, SCOPE.generation + 1))
+    assert purged.digest == first.digest and purged.kv_key != first.kv_key and f"/g{SCOPE.generation + 1}/" in purged.kv_key
+    assert build_cache_key(request, SCOPE).kv_key == first.kv_key  # back to the first generation: its own key again

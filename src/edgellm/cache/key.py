@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..generation import GenerationRequest
@@ -46,7 +47,7 @@ class CacheScope:
             if not _SAFE.match(name):
                 raise ValueError(f"tenant and namespace names must match {_SAFE.pattern}: {name!r}")
 
-    @property
+    @cached_property  # frozen: made once per scope (an isolate keeps its scope for a while)
     def prefix(self) -> str:
         return f"cache/v{FORMAT_VERSION}/{self.tenant}/{self.namespace}/g{self.generation}/"
 
@@ -56,7 +57,7 @@ class CacheKey:
     scope: CacheScope
     digest: str  # 64 hex chars
 
-    @property
+    @cached_property  # frozen: one string per key, so its hash is computed once (KV's read memo, the decode memo)
     def kv_key(self) -> str:
         """`cache/v1/<tenant>/<namespace>/g<n>/<sha256>`: at most ~230 bytes, well under KV's 512."""
         return self.scope.prefix + self.digest
@@ -91,14 +92,20 @@ def _digest(payload: Any) -> str:
 
 
 def build_cache_key(request: GenerationRequest, scope: CacheScope) -> CacheKey:
-    """A pure function of the request and the scope's tenant and namespace: its digest is kept
-    on the request (`GenerationRequest.derived`), so a HIT on a request the parse memo shares
-    (a client repeating a question) hashes nothing."""
-    memo = ("cache-digest", scope.tenant, scope.namespace)
-    digest = request.derived.get(memo)
-    if digest is None:
-        digest = request.derived[memo] = _digest({"scope": [scope.tenant, scope.namespace], "request": canonical_request(request)})
-    return CacheKey(scope, digest)
+    """A pure function of the request and the scope's tenant and namespace: the key is kept on
+    the request (`GenerationRequest.derived`), so a HIT on a request the parse memo shares (a
+    client repeating a question) hashes nothing and makes no key; under another purge generation
+    the same digest gets its scope's key."""
+    memo = ("cache-key", scope.tenant, scope.namespace)
+    key: CacheKey | None = request.derived.get(memo)
+    if key is None:
+        key = CacheKey(scope, _digest({"scope": [scope.tenant, scope.namespace], "request": canonical_request(request)}))
+    elif key.scope is not scope and key.scope != scope:
+        key = CacheKey(scope, key.digest)
+    else:
+        return key
+    request.derived[memo] = key
+    return key
 
 
 def build_custom_key(custom: str, scope: CacheScope) -> CacheKey:

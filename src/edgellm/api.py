@@ -53,7 +53,7 @@ def enforce_capabilities(deps: Deps, gen_request: GenerationRequest, described: 
         return
     model = gen_request.model
     if described is None:
-        described = deps.ai.describe(model)
+        described = deps.ai.describe(model, live=False)
     enforce(model, capabilities_of(model, deps.config.model_capabilities, described), gen_request.inputs)
 
 
@@ -61,7 +61,7 @@ def system_fingerprint(deps: Deps, model: str, described: dict[str, Any] | None 
     """OpenAI's `system_fingerprint`: names the model id and the backend build that answered
     (a client compares it to notice a backend change). Null when the backend names no build
     (the Workers AI binding does not say which build serves a model)."""
-    described = (described if described is not None else deps.ai.describe(model)) or {}
+    described = (described if described is not None else deps.ai.describe(model, live=False)) or {}
     build = described.get("build")
     if not build:
         return None
@@ -79,7 +79,7 @@ async def serve_generation(
 ) -> Response:
     """`shape`: how the route's JSON answer is kept for a stored entry's next HITs (`kept_json`)."""
     await access.admit_generation(request, deps, gen_request)
-    described = deps.ai.describe(gen_request.model)  # once: the capabilities and the fingerprint both read it
+    described = deps.ai.describe(gen_request.model, live=False)  # once: the capabilities and the fingerprint both read it
     enforce_capabilities(deps, gen_request, described)
     if gen_request.session is None and request.principal is not None and gen_request.prefix_scope != request.principal.scope.prefix_scope:
         gen_request = replace(gen_request, prefix_scope=request.principal.scope.prefix_scope)

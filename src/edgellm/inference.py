@@ -43,7 +43,7 @@ def capable_models(deps: Deps, request: GenerationRequest) -> list[str]:
     requested model itself was checked before inference (`capabilities.enforce`)."""
     candidates = candidate_models(deps, request.model)
     return [m for m in candidates if m == request.model
-            or missing(capabilities_of(m, deps.config.model_capabilities, deps.ai.describe(m)), request.inputs) is None]
+            or missing(capabilities_of(m, deps.config.model_capabilities, deps.ai.describe(m, live=False)), request.inputs) is None]
 
 
 def binding_error(exc: BindingError, model: str) -> GatewayError:

@@ -93,8 +93,11 @@ class AIBinding(Protocol):
 
     async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
 
-    def describe(self, model: str) -> dict[str, Any] | None:
-        """Extra facts about a model for `/v1/models` (the local edge names its GGUF)."""
+    def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
+        """Extra facts about a model for `/v1/models` (the local edge names its GGUF).
+        `live=False`: only the facts that stay while it serves (backend, build, capabilities),
+        which every answer reads, HITs included, so they should cost nothing to ask; True adds
+        what the backend is doing now (the local edge's slot pool)."""
         ...
 
 

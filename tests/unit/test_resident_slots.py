@@ -142,3 +142,18 @@ def test_the_model_identity_names_the_ggufs_own_chat_template(tiny_model: Path, 
     assert model_identity(own).endswith(":template=" + hashlib.sha256(template.encode()).hexdigest()[:16])
     other = LlamaCppRunner(path, n_ctx=512, threads=1, slot_dir=tmp_path, cache_ram_mib=0, chat_template="{{ messages }}")
     assert model_identity(other) != model_identity(own)
+
+
+def test_an_answers_facts_cost_nothing_and_the_pool_shows_live(pooled: LlamaCppAI, pool: SlotPool) -> None:
+    """Every answer (a HIT too) reads the model's build and capabilities: `describe(live=False)`
+    is the same read-only facts every time, with no pool stats computed; `/v1/models` asks for
+    them live, the pool's state added."""
+    facts = pooled.describe(CONFIG.model, live=False)
+    assert facts is pooled.describe(CONFIG.model, live=False)
+    assert facts is not None and "slots" not in facts and facts["backend"] == "llama.cpp" and facts["build"]
+    with pytest.raises(TypeError):
+        facts["build"] = "changed"  # type: ignore[index]
+    live = pooled.describe(CONFIG.model)
+    assert live is not None and live["slots"] == pool.describe()
+    assert {k: v for k, v in live.items() if k != "slots"} == {**facts, "capabilities": list(facts["capabilities"])}
+    assert pooled.describe("@cf/not/served", live=False) is None

@@ -35,7 +35,7 @@ class FunctionCallingAI(ScriptedAI):
 
     tool_calls: list[dict[str, Any]] | None = None
 
-    def describe(self, model: str) -> dict[str, Any] | None:
+    def describe(self, model: str, *, live: bool = True) -> dict[str, Any] | None:
         return None  # like the real binding: capabilities come from config or Cloudflare's lists
 
     async def run(self, model: str, inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -74,8 +74,8 @@ class FaultyAI:
     injected: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
     sent: list[str] = field(default_factory=list)  # the text of the last stream, as passed on
 
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model)
+    def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
+        return self.inner.describe(model, live=live)
 
     @property
     def scoped_prefix_reuse(self) -> bool:

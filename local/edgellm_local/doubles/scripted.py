@@ -118,8 +118,8 @@ class ScriptedAI:
         """Calls that reached the binding."""
         return len(self.calls)
 
-    def describe(self, model: str) -> dict[str, Any] | None:
-        return self.inner.describe(model) if self.inner is not None else self.description
+    def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
+        return self.inner.describe(model, live=live) if self.inner is not None else self.description
 
     def _arrive(self, model: str, inputs: Mapping[str, Any], session: str | None) -> None:
         with self.arrived:

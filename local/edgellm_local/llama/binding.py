@@ -13,6 +13,7 @@ import functools
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, AsyncIterator, Mapping
 
 from edgellm.admission import admitted_tenant
@@ -44,6 +45,8 @@ class LlamaCppAI:
     config: Config = field(default_factory=Config)
     slots: SlotPool | None = None  # pins every request to a slot; sessions keep theirs warm or saved
     inputs: InputSchema = field(default_factory=InputSchema.load)
+    # model -> (its runner, the facts that stay while it serves): made once, not per answer
+    _facts: dict[str, tuple[LlamaCppRunner, Mapping[str, Any]]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def for_config(cls, config: Config, runner: LlamaCppRunner) -> "LlamaCppAI":
@@ -62,16 +65,19 @@ class LlamaCppAI:
         for runner in self._runners():
             runner.close()
 
-    def describe(self, model: str) -> dict[str, Any] | None:
+    def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
         runner = self.models.get(model)
         if runner is None:
             return None
-        info: dict[str, Any] = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
-                                # constrained generation makes any GGUF honour every one of these (structured.py)
-                                "capabilities": list(CAPABILITY_NAMES), "build": _build()}
-        if self.slots is not None:
-            info["slots"] = self.slots.describe()
-        return info
+        kept = self._facts.get(model)
+        if kept is None or kept[0] is not runner:
+            facts = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
+                     # constrained generation makes any GGUF honour every one of these (structured.py)
+                     "capabilities": tuple(CAPABILITY_NAMES), "build": _build()}
+            kept = self._facts[model] = (runner, MappingProxyType(facts))
+        if not live or self.slots is None:
+            return kept[1]  # read-only: every answer's (HITs too) for the same runner
+        return {**kept[1], "capabilities": list(CAPABILITY_NAMES), "slots": self.slots.describe()}
 
     def _structure(self, inputs: Mapping[str, Any], kind: str, body: dict[str, Any]) -> tuple[ToolPlan | None, int | None]:
         """JSON mode, tools and logprobs onto the llama.cpp body: (tool plan, top_logprobs or None)."""

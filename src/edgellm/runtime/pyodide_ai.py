@@ -44,7 +44,7 @@ def ai_run_options(session: str | None) -> tuple[Any, ...]:
 class WorkersAI:
     binding: Any
 
-    def describe(self, model: str) -> dict[str, Any] | None:
+    def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
         return None
 
     async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:

@@ -135,6 +135,10 @@ bench: setup-test
 	  echo "installing Debian's aria2 for the pull benchmark's aria2c -x8 row"; \
 	  apt-get install -y -qq aria2 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq aria2 >/dev/null; } || \
 	  echo "aria2 could not be installed: bench.bench_artifacts skips its row"; }
+	@command -v valgrind >/dev/null 2>&1 || { \
+	  echo "installing Debian's valgrind for bench.count_hit"; \
+	  apt-get install -y -qq valgrind >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null; } || \
+	  echo "valgrind could not be installed: bench.count_hit counts nothing"; }
 	$(BIN)/python -m bench
 
 # Optional, never in `make test` or `make bench`: split inference (layers at the edge and the centre

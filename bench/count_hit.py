@@ -1,0 +1,116 @@
+"""Instructions per request of a cache HIT and of `/healthz` in the edge's core, counted, not timed.
+
+On a shared VM the clock speed and the neighbours change from run to run, so a few microseconds
+of a HIT disappear in timing noise; an instruction count does not move. This runs the local edge's
+app in-process (`EdgeApp._answer`: routing, the core, encoding, headers; no socket) under
+valgrind's callgrind with instrumentation off, switches it on around N requests of one kind
+(`callgrind_control -i on/off`), and prints what those requests executed, per request, for a HIT
+and for `/healthz` (llama.cpp's idle threads wait passively, `OMP_WAIT_POLICY=passive`, so they
+count nothing). The usage writer's and the access log's threads are counted too: they are part of
+what a request costs. `--before DIR` counts another version's `src/` and `local/` the same way.
+
+    .venv/bin/python -m bench.count_hit [--requests 1000] [--before DIR]
+
+Needs valgrind (`apt-get install valgrind`); about a minute per count (the model loads under it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BODY = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 16}).encode()
+KINDS = ("hit", "healthz")
+
+
+def _request(kind: str):  # type: ignore[no-untyped-def]
+    from edgellm.http import Request
+
+    if kind == "healthz":
+        return Request("GET", "http://127.0.0.1:8787/healthz", {"host": "127.0.0.1:8787"}, b"")
+    headers = {"host": "127.0.0.1:8787", "content-type": "application/json", "content-length": str(len(BODY))}
+    return Request("POST", "http://127.0.0.1:8787/v1/chat/completions", headers, BODY)
+
+
+async def _serve(state: Path, kind: str | None, requests: int) -> None:
+    """kind None: answer the question once so the state holds its entry; else count `requests`."""
+    from edgellm.config import Config
+    from edgellm_local.edge import EdgeSettings, build_app
+    from edgellm_local.llama.model_file import default_model_path
+
+    app = build_app(EdgeSettings(model_path=default_model_path(), state_dir=state, public_dir=None,
+                                 config=Config.from_env({"OPEN_ACCESS": "true"})))
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    try:
+        if kind is None:
+            await app._answer(_request("hit"), send)
+            await app.drain()
+            return
+        await app._answer(_request(kind), send)  # its code paths warm, and a HIT's answer kept
+        status = dict(sent[0]["headers"]).get(b"cf-aig-cache-status")
+        if kind == "hit" and status != b"HIT":
+            raise SystemExit(f"expected a HIT, got {status!r}")
+        control = ["callgrind_control", "-i"]
+        subprocess.run([*control, "on", str(os.getpid())], check=True, capture_output=True)
+        for _ in range(requests):
+            await app._answer(_request(kind), send)
+            sent.clear()
+        subprocess.run([*control, "off", str(os.getpid())], check=True, capture_output=True)
+    finally:
+        app.deps.usage.close()  # type: ignore[union-attr]
+
+
+def count(state: Path, kind: str, requests: int, code: str | None) -> int:
+    """Instructions per request of `kind`, in a process of its own under callgrind."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])
+    with tempfile.TemporaryDirectory(prefix="edgellm-count-") as scratch:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={scratch}/out",
+             sys.executable, "-m", "bench.count_hit", "--serve", str(state), kind, str(requests)],
+            env=env, capture_output=True, text=True, timeout=1800)
+    match = re.search(r"Collected : ([\d,]+)", out.stderr)
+    if out.returncode != 0 or match is None:
+        raise RuntimeError(f"callgrind run failed ({out.returncode}): {out.stderr[-2000:]}")
+    return int(match.group(1).replace(",", "")) // requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--before", metavar="DIR", help="also count another version's code (a dir with its src/ and local/)")
+    parser.add_argument("--serve", nargs=3, metavar=("STATE", "KIND", "N"), help=argparse.SUPPRESS)  # the counted process
+    args = parser.parse_args()
+    if args.serve:
+        state, kind, n = args.serve
+        asyncio.run(_serve(Path(state), None if kind == "warm" else kind, int(n)))
+        return
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed (apt-get install valgrind; `make bench` does): nothing counted")
+        return
+    trees = {"this checkout": None, **({f"before ({args.before})": args.before} if args.before else {})}
+    print(f"instructions per request, {args.requests} requests each, EdgeApp._answer in-process under callgrind:")
+    for name, code in trees.items():
+        with tempfile.TemporaryDirectory(prefix="edgellm-count-state-") as state:
+            env = {**os.environ, **({"PYTHONPATH": os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])} if code else {})}
+            subprocess.run([sys.executable, "-m", "bench.count_hit", "--serve", state, "warm", "0"], env=env, check=True,
+                           capture_output=True, timeout=600)
+            counts = {kind: count(Path(state), kind, args.requests, code) for kind in KINDS}
+        print(f"{name:<40} HIT {counts['hit']:>9,}  /healthz {counts['healthz']:>9,}  HIT/healthz {counts['hit'] / counts['healthz']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import hashlib
 
@@ -43,7 +43,7 @@ def generation_headers(generation: Generation) -> dict[str, str]:
     return headers
 
 
-def enforce_capabilities(deps: Deps, gen_request: GenerationRequest, described: dict[str, Any] | None = None) -> None:
+def enforce_capabilities(deps: Deps, gen_request: GenerationRequest, described: Mapping[str, Any] | None = None) -> None:
     """A 400 naming the parameter the model cannot honour, before any inference (or cache).
     `described`: the backend's `describe` of the model, when the caller has it already."""
     needs = gen_request.derived.get("needs")  # kept on the immutable request, as its cache digest is
@@ -57,7 +57,7 @@ def enforce_capabilities(deps: Deps, gen_request: GenerationRequest, described: 
     enforce(model, capabilities_of(model, deps.config.model_capabilities, described), gen_request.inputs)
 
 
-def system_fingerprint(deps: Deps, model: str, described: dict[str, Any] | None = None) -> str | None:
+def system_fingerprint(deps: Deps, model: str, described: Mapping[str, Any] | None = None) -> str | None:
     """OpenAI's `system_fingerprint`: names the model id and the backend build that answered
     (a client compares it to notice a backend change). Null when the backend names no build
     (the Workers AI binding does not say which build serves a model)."""

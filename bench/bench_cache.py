@@ -333,19 +333,20 @@ async def compare_litellm(args: argparse.Namespace) -> None:
 
 
 def wrk_rounds(targets: dict, kinds: tuple[str, ...], clients: tuple[int, ...], args: argparse.Namespace) -> None:
-    """The same targets through wrk (C, one thread), alternating rounds of 2 s: a client that costs
-    less than any Python one, so its ratios are the servers' own."""
+    """The same targets through wrk (C, one thread), `--rounds` alternating rounds of 2 s: a client
+    that costs less than any Python one, so its ratios are the servers' own. As many rounds as the
+    raw client's: with 3, one busy moment of the shared machine moved a median by 0.3x."""
     figures: dict[tuple[str, int], list[tuple[float, float, float]]] = {(k, c): [] for k in kinds for c in clients}
     loads = [load_average()]
     with tempfile.TemporaryDirectory(prefix="edgellm-wrk-") as scratch:
-        for i in range(3):
+        for i in range(args.rounds):
             order = kinds[i % len(kinds):] + kinds[:i % len(kinds)]
             for kind in order:
                 url, request, _ = targets[kind]
                 for c in clients:
                     figures[kind, c].append(run_wrk(url, request, c, 2, scratch))
             loads.append(load_average())
-    print(f"\nwrk -t1 (3 alternating rounds of 2 s; medians of the rounds), load {min(loads):.2f}-{max(loads):.2f}:")
+    print(f"\nwrk -t1 ({args.rounds} alternating rounds of 2 s; medians of the rounds), load {min(loads):.2f}-{max(loads):.2f}:")
     print(f"{'':<20}{'clients':>8}{'p50 ms':>10}{'p99 ms':>10}{'req/s':>10}")
     med = {key: tuple(statistics.median(f[j] for f in v) for j in range(3)) for key, v in figures.items()}
     for kind in kinds:

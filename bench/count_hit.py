@@ -72,11 +72,16 @@ async def _serve(state: Path, kind: str | None, requests: int) -> None:
         app.deps.usage.close()  # type: ignore[union-attr]
 
 
+def _env(code: str | None) -> dict[str, str]:
+    """This environment, running `code`'s `src/` and `local/` instead of this checkout's (`--before`)."""
+    if code is None:
+        return dict(os.environ)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])}
+
+
 def count(state: Path, kind: str, requests: int, code: str | None) -> int:
     """Instructions per request of `kind`, in a process of its own under callgrind."""
-    env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-    if code is not None:
-        env["PYTHONPATH"] = os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])
+    env = {**_env(code), "OMP_WAIT_POLICY": "passive"}
     with tempfile.TemporaryDirectory(prefix="edgellm-count-") as scratch:
         out = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={scratch}/out",
@@ -105,8 +110,7 @@ def main() -> None:
     print(f"instructions per request, {args.requests} requests each, EdgeApp._answer in-process under callgrind:")
     for name, code in trees.items():
         with tempfile.TemporaryDirectory(prefix="edgellm-count-state-") as state:
-            env = {**os.environ, **({"PYTHONPATH": os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])} if code else {})}
-            subprocess.run([sys.executable, "-m", "bench.count_hit", "--serve", state, "warm", "0"], env=env, check=True,
+            subprocess.run([sys.executable, "-m", "bench.count_hit", "--serve", state, "warm", "0"], env=_env(code), check=True,
                            capture_output=True, timeout=600)
             counts = {kind: count(Path(state), kind, args.requests, code) for kind in KINDS}
         print(f"{name:<40} HIT {counts['hit']:>9,}  /healthz {counts['healthz']:>9,}  HIT/healthz {counts['hit'] / counts['healthz']:.2f}x")

@@ -70,13 +70,13 @@ def _head_json(head: dict[str, Any]) -> bytes:
     """`json_bytes(head)` without its closing brace, for a head whose names are plain
     (`KeptJSON.of` keeps no other). Ids, object names and times are plain ASCII and whole
     numbers, written as the encoder writes them (a test holds it to that); anything else goes
-    through the encoder. String methods inline, not a regular expression: every HIT writes it."""
+    through the encoder. String methods (`_plain`), not a regular expression: every HIT writes it."""
     parts = []
     for name, value in head.items():
         kind = type(value)
         if kind is int:
             parts.append(f'"{name}":{value}')
-        elif kind is str and value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        elif kind is str and _plain(value):
             parts.append(f'"{name}":"{value}"')
         else:
             return json_bytes(head)[:-1]

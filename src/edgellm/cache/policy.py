@@ -19,6 +19,7 @@ from ..http import Request
 MIN_TTL = 60
 MAX_TTL = 30 * 86400
 CLASS_HEADER = "x-edgellm-cache-class"
+NOT_DETERMINISTIC = "not deterministic (temperature > 0 and no seed)"
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,19 @@ def _ttl(request: Request, config: Config) -> int:
             seconds = int(raw.strip())
         except ValueError:
             raise invalid(f"'cf-aig-cache-ttl' must be a whole number of seconds, got {raw!r}.", "cf-aig-cache-ttl", "invalid_header") from None
-        return min(max(seconds, MIN_TTL), MAX_TTL)
+        return _clamped(seconds)
     name = request.header(CLASS_HEADER)
     if name is not None:
         if name not in config.cache_classes:
             known = ", ".join(sorted(config.cache_classes))
             raise invalid(f"Unknown cache class {name!r}; configured classes: {known}.", CLASS_HEADER, "unknown_cache_class")
-        return min(max(config.cache_classes[name], MIN_TTL), MAX_TTL)
-    return min(max(config.cache_default_ttl, MIN_TTL), MAX_TTL)
+        return _clamped(config.cache_classes[name])
+    return _clamped(config.cache_default_ttl)
+
+
+def _clamped(seconds: int) -> int:
+    """A TTL within KV's floor and the gateway's 30 days."""
+    return min(max(seconds, MIN_TTL), MAX_TTL)
 
 
 # every header that changes the policy (names as `Request.headers` holds them, lower-cased)
@@ -61,9 +67,9 @@ POLICY_HEADERS = frozenset({"cf-aig-cache-ttl", CLASS_HEADER, "cf-aig-cache-key"
 
 @lru_cache(maxsize=16)  # per configured default TTL: most requests send none of POLICY_HEADERS
 def _default_policy(ttl: int, deterministic: bool) -> CachePolicy:
-    ttl = min(max(ttl, MIN_TTL), MAX_TTL)
+    ttl = _clamped(ttl)
     if not deterministic:
-        return CachePolicy(False, False, ttl, "not deterministic (temperature > 0 and no seed)")
+        return CachePolicy(False, False, ttl, NOT_DETERMINISTIC)
     return CachePolicy(read=True, write=True, ttl=ttl)
 
 
@@ -77,6 +83,6 @@ def cache_policy(request: Request, generation: GenerationRequest, config: Config
     if (request.header("cf-aig-skip-cache") or "").strip().lower() == "true":
         return CachePolicy(False, False, ttl, "skip-cache header")
     if not is_deterministic(generation):
-        return CachePolicy(False, False, ttl, "not deterministic (temperature > 0 and no seed)")
+        return CachePolicy(False, False, ttl, NOT_DETERMINISTIC)
     directives = {d.strip().lower() for d in (request.header("cache-control") or "").split(",")}
     return CachePolicy(read="no-cache" not in directives, write="no-store" not in directives, ttl=ttl, custom_key=custom)

@@ -4,9 +4,10 @@ On a shared VM the clock speed and the neighbours change from run to run, so a f
 of a HIT disappear in timing noise; an instruction count does not move. This runs the local edge's
 app in-process (`EdgeApp._answer`: routing, the core, encoding, headers; no socket) under
 valgrind's callgrind with instrumentation off, switches it on around N requests of one kind
-(`callgrind_control -i on/off`), and prints what those requests executed, per request, for a HIT
-and for `/healthz` (llama.cpp's idle threads wait passively, `OMP_WAIT_POLICY=passive`, so they
-count nothing). The usage writer's and the access log's threads are counted too: they are part of
+(`callgrind_control -i on/off`), and prints what those requests executed, per request, for a HIT,
+a HIT asked for gzip (`Accept-Encoding: gzip, deflate`, as httpx and the OpenAI SDK ask) and
+`/healthz` (llama.cpp's idle threads wait passively, `OMP_WAIT_POLICY=passive`, so they count
+nothing). The usage writer's and the access log's threads are counted too: they are part of
 what a request costs. `--before DIR` counts another version's `src/` and `local/` the same way.
 
     .venv/bin/python -m bench.count_hit [--requests 1000] [--before DIR]
@@ -28,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 BODY = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 16}).encode()
-KINDS = ("hit", "healthz")
+KINDS = ("hit", "hit-gzip", "healthz")
 
 
 def _request(kind: str):  # type: ignore[no-untyped-def]
@@ -37,6 +38,8 @@ def _request(kind: str):  # type: ignore[no-untyped-def]
     if kind == "healthz":
         return Request("GET", "http://127.0.0.1:8787/healthz", {"host": "127.0.0.1:8787"}, b"")
     headers = {"host": "127.0.0.1:8787", "content-type": "application/json", "content-length": str(len(BODY))}
+    if kind == "hit-gzip":
+        headers["accept-encoding"] = "gzip, deflate"
     return Request("POST", "http://127.0.0.1:8787/v1/chat/completions", headers, BODY)
 
 
@@ -60,7 +63,7 @@ async def _serve(state: Path, kind: str | None, requests: int) -> None:
             return
         await app._answer(_request(kind), send)  # its code paths warm, and a HIT's answer kept
         status = dict(sent[0]["headers"]).get(b"cf-aig-cache-status")
-        if kind == "hit" and status != b"HIT":
+        if kind.startswith("hit") and status != b"HIT":
             raise SystemExit(f"expected a HIT, got {status!r}")
         control = ["callgrind_control", "-i"]
         subprocess.run([*control, "on", str(os.getpid())], check=True, capture_output=True)
@@ -113,7 +116,8 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "bench.count_hit", "--serve", state, "warm", "0"], env=_env(code), check=True,
                            capture_output=True, timeout=600)
             counts = {kind: count(Path(state), kind, args.requests, code) for kind in KINDS}
-        print(f"{name:<40} HIT {counts['hit']:>9,}  /healthz {counts['healthz']:>9,}  HIT/healthz {counts['hit'] / counts['healthz']:.2f}x")
+        print(f"{name:<40} HIT {counts['hit']:>9,}  HIT, gzip {counts['hit-gzip']:>9,}  /healthz {counts['healthz']:>9,}"
+              f"  HIT/healthz {counts['hit'] / counts['healthz']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -82,10 +82,12 @@ def start_edge(make_deps: Callable[..., Deps]) -> Iterator[Callable[..., EdgeSer
     """Start a local edge around given Deps (default: real local bindings + tiny model)."""
     servers: list[EdgeServer] = []
 
-    def start(deps: Deps | None = None, public: Path | None = DEFAULT_PUBLIC, coalesce: bool = True, **overrides: Any) -> EdgeServer:
+    def start(deps: Deps | None = None, public: Path | None = DEFAULT_PUBLIC, coalesce: bool = True, compress: bool = False,
+              **overrides: Any) -> EdgeServer:
+        """`compress`: gzip text for clients that ask, as `edgellm dev` (and Cloudflare's edge) does."""
         deps = deps or make_deps(**overrides)
         assets = StaticAssets(public) if public and public.is_dir() else None
-        server = EdgeServer(EdgeApp(deps, assets, coalesce=coalesce)).start()
+        server = EdgeServer(EdgeApp(deps, assets, coalesce=coalesce, compress=compress)).start()
         servers.append(server)
         return server
 

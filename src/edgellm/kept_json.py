@@ -7,11 +7,15 @@ after the KV read. The first HIT of an entry renders it as every answer is rende
 produced is kept with the entry (`Generation.rendered`, the decoded entry's memo) as the bytes
 after those leading fields, and later HITs write the leading fields and append the rest. So a
 kept body is byte-for-byte what rendering would give (a test holds it to that).
+
+The body a HIT serves is a `KeptBytes`: it says where the kept rest begins, so whatever encodes
+bodies after the core (the local edge's gzip, as Cloudflare's edge compresses) can encode that
+rest once per entry and only the leading fields per answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .http import json_bytes
@@ -39,6 +43,9 @@ class KeptJSON:
 
     leading: tuple[str, ...]
     rest: bytes
+    # what an encoder derived from `rest` (`KeptBytes`): kept with the entry, so it is the
+    # tenant's own, bounded as the entries are, and gone when its entry is
+    derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, data: dict[str, Any], encoded: bytes, leading: tuple[str, ...]) -> "KeptJSON | None":
@@ -54,11 +61,26 @@ class KeptJSON:
             return None
         return cls(leading, encoded[len(head) - 1:])  # from the comma on
 
-    def fill(self, head: dict[str, Any] | None) -> bytes:
+    def fill(self, head: dict[str, Any] | None) -> "KeptBytes":
         if not self.leading:
-            return self.rest
+            return KeptBytes.of(b"", self)
         assert head is not None and tuple(head) == self.leading, "a kept answer's leading fields, in their order"
-        return _head_json(head) + self.rest
+        return KeptBytes.of(_head_json(head), self)
+
+
+class KeptBytes(bytes):
+    """A HIT's body: `head_size` bytes of its own leading fields, then `kept.rest`, the same
+    bytes on every HIT of the entry. A `bytes` to everything that reads it; an encoder that
+    knows it may encode the rest once (`KeptJSON.derived`) and the leading fields per answer."""
+
+    head_size: int
+    kept: KeptJSON
+
+    @classmethod
+    def of(cls, head: bytes, kept: KeptJSON) -> "KeptBytes":
+        body = cls(head + kept.rest)
+        body.head_size, body.kept = len(head), kept
+        return body
 
 
 def _plain(text: str) -> bool:

@@ -123,6 +123,35 @@ def test_hit_after_miss_is_the_same_answer_without_inference(cache_edge) -> None
     assert ai.called == 1
 
 
+def test_a_gzip_client_gets_every_hit_from_the_kept_answer(start_edge, make_deps) -> None:
+    """httpx and the OpenAI SDK ask for gzip: each HIT is the kept answer with its own leading
+    fields, a valid gzip body whose compressed rest is the same bytes on every HIT (deflated once
+    per entry, `edge_encoding.gzip_kept`), never compressed again per answer."""
+    import gzip
+    import zlib
+
+    server = start_edge(make_deps(config=Config(open_access=True)), compress=True)
+    url = server.url + "/v1/chat/completions"
+    with httpx.Client(timeout=60, headers={"accept-encoding": "gzip, deflate"}) as client:
+        assert client.post(url, json=CHAT).headers["cf-aig-cache-status"] == "MISS"
+        server.drain()
+        assert client.post(url, json=CHAT).headers["cf-aig-cache-status"] == "HIT"  # the first HIT renders, and keeps it
+        raws, answers = [], []
+        for _ in range(3):
+            with client.stream("POST", url, json=CHAT) as response:
+                assert response.headers["cf-aig-cache-status"] == "HIT" and response.headers["content-encoding"] == "gzip"
+                raws.append(b"".join(response.iter_raw()))
+        plain = client.post(url, json=CHAT, headers={"accept-encoding": "identity"})
+    for raw in raws:
+        assert gzip.decompress(raw) == zlib.decompress(raw, 16 + zlib.MAX_WBITS)  # one whole member, as every client reads it
+        answers.append(json.loads(gzip.decompress(raw)))
+    assert len({a["id"] for a in answers} | {plain.json()["id"]}) == 4
+    assert all({**a, "id": "", "created": 0} == {**plain.json(), "id": "", "created": 0} for a in answers)
+    # after gzip's 10-byte header and the stored block (5 bytes, then the leading fields), up to the trailer
+    rests = {raw[15 + gzip.decompress(raw).index(b',"model"'):-8] for raw in raws}
+    assert len(rests) == 1 and len(next(iter(rests))) > 100, "the rest is the same deflated bytes on every HIT"
+
+
 def test_stream_and_non_stream_share_one_entry(cache_edge) -> None:
     server, deps, ai = cache_edge
     streamed = post(server, {**CHAT, "stream": True, "stream_options": {"include_usage": True}})

@@ -4,6 +4,7 @@ dropped), Content-Length on other fixed bodies, and Static Assets' 307 to the cl
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 from edgellm.http import Request, Response
@@ -64,3 +65,39 @@ def test_html_names_redirect_to_the_clean_url(tmp_path: Path) -> None:
         response = assets.serve(Request("GET", f"http://edge{path}"))
         assert response is not None and response.status == 307 and response.headers["location"] == location
     assert assets.serve(Request("GET", "http://edge/chat")).status == 200  # type: ignore[union-attr]
+
+
+def test_a_kept_answer_is_gzipped_from_its_rest_deflated_once() -> None:
+    """A HIT's kept answer (`KeptBytes`): its own leading fields in a stored block, then the rest
+    deflated once per entry and kept with it; every decoder reads one whole gzip member."""
+    import zlib
+
+    from edgellm.http import json_bytes
+    from edgellm.kept_json import KeptJSON
+
+    data = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "text": "Grüß 😀 " * 40}
+    kept = KeptJSON.of(data, json_bytes(data), ("id", "object", "created"))
+    assert kept is not None
+    gzipped = request(**{"accept-encoding": "gzip, deflate"})
+    bodies = [kept.fill({"id": f"chatcmpl-{n}", "object": "chat.completion", "created": n}) for n in (2, 33333)]
+    encodings = [encoded(Response(200, {"content-type": "application/json"}, bodies[0]), gzipped)]
+    tail = kept.derived["gzip"]  # the first answer deflated the rest ...
+    encodings.append(encoded(Response(200, {"content-type": "application/json"}, bodies[1]), gzipped))
+    for body, response in zip(bodies, encodings):
+        assert response.headers["content-encoding"] == "gzip" and "content-length" not in response.headers
+        raw = bytes(response.body)  # type: ignore[arg-type]
+        assert gzip.decompress(raw) == bytes(body) == json_bytes({**data, "id": json.loads(body)["id"], "created": json.loads(body)["created"]})
+        stream = zlib.decompressobj(16 + zlib.MAX_WBITS)  # httpx's gzip decoder: one member, nothing after it
+        assert stream.decompress(raw) == bytes(body) and stream.eof and stream.unused_data == b""
+        assert raw[-8 - len(tail):-8] == tail and len(raw) < len(body) // 2
+    assert kept.derived["gzip"] is tail  # ... and the second used it
+    # no leading fields (the Workers AI route's answer): the rest alone
+    whole = KeptJSON.of(data, json_bytes(data), ())
+    assert whole is not None
+    assert gzip.decompress(bytes(encoded(Response(200, {"content-type": "application/json"}, whole.fill(None)), gzipped).body)) == json_bytes(data)  # type: ignore[arg-type]
+    # leading fields longer than a stored block holds: compressed whole, as any other body
+    long_id = kept.fill({"id": "x" * 70_000, "object": "chat.completion", "created": 3})
+    assert gzip.decompress(bytes(encoded(Response(200, {"content-type": "application/json"}, long_id), gzipped).body)) == bytes(long_id)  # type: ignore[arg-type]
+    # not asked for gzip: the kept bytes as they are
+    plain = encoded(Response(200, {"content-type": "application/json"}, bodies[0]), request())
+    assert plain.body == bytes(bodies[0]) and plain.headers["content-length"] == str(len(bodies[0]))

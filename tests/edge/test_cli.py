@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -79,6 +80,9 @@ def test_dev_serves_the_model_and_stops_on_ctrl_c(running: tuple[subprocess.Pope
     assert url in out and tiny_model.name in out  # the banner says where and what
     # `dev` lets uvicorn set up its loop: uvloop's, isolating requests as workerd does
     assert "serving on the edgellm_local.emulator.isolation.IsolatingUVLoop event loop, on uvloop.Loop" in err
+    # what startup made is out of the collector's way (a full collection would walk it every time)
+    frozen = re.search(r"(\d+) objects made at startup frozen out of the collector's way", err)
+    assert frozen is not None and int(frozen.group(1)) > 10_000
 
 
 def test_dev_keeps_a_conversation_warm_behind_its_fault_injector(running: tuple[subprocess.Popen[str], str, Path]) -> None:

@@ -221,6 +221,7 @@ WRK_SCRIPT = """wrk.method = "{method}"
 wrk.body = [[{body}]]
 wrk.headers["Content-Type"] = "application/json"
 """
+GZIP_CLIENT = {"Accept-Encoding": "gzip, deflate"}  # httpx's (and so the OpenAI SDK's) default
 
 
 def run_wrk(url: str, request: raw_http.Prepared, connections: int, seconds: float, scratch: str) -> tuple[float, float, float]:
@@ -228,6 +229,9 @@ def run_wrk(url: str, request: raw_http.Prepared, connections: int, seconds: flo
     head, _, body = request.data.partition(b"\r\n\r\n")
     method, path = head.split(b" ", 2)[:2]
     command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency"]
+    for line in head.decode().split("\r\n")[1:]:  # the request's own headers; wrk writes Host, and the script the body's
+        if line.split(":")[0].lower() not in ("host", "connection", "content-type", "content-length"):
+            command += ["-H", line]
     if body:
         script = os.path.join(scratch, "post.lua")
         with open(script, "w") as f:
@@ -268,7 +272,7 @@ async def compare_litellm(args: argparse.Namespace) -> None:
     binary = find_litellm(args.litellm)
     if binary is None:
         return
-    kinds = ("EdgeLLM HIT", "EdgeLLM /healthz", "LiteLLM HIT", "client floor")
+    kinds = ("EdgeLLM HIT", "EdgeLLM /healthz", "LiteLLM HIT", "client floor", "EdgeLLM HIT, gzip")
     clients = (1, args.concurrency)
     floor_port = free_port()
     floor = subprocess.Popen([sys.executable, "-m", "bench.raw_http", str(floor_port)])
@@ -286,8 +290,12 @@ async def compare_litellm(args: argparse.Namespace) -> None:
                     "EdgeLLM /healthz": (edge_url, raw_http.Prepared.build(edge_url, "GET", "/healthz"), None),
                     "LiteLLM HIT": (litellm_url, raw_http.Prepared.build(litellm_url, "POST", "/v1/chat/completions", body), (HIT_HEADER, None)),
                     "client floor": (floor_url, raw_http.Prepared.build(floor_url, "GET", "/healthz"), None),
+                    # what httpx and the OpenAI SDK ask for: the same HIT, gzip-compressed by the local edge
+                    "EdgeLLM HIT, gzip": (edge_url, raw_http.Prepared.build(edge_url, "POST", "/v1/chat/completions", body, GZIP_CLIENT),
+                                          ("cf-aig-cache-status", "HIT")),
                 }
-                pid = {"EdgeLLM HIT": pids[edge_url], "EdgeLLM /healthz": pids[edge_url], "LiteLLM HIT": pids[litellm_url], "client floor": floor.pid}
+                pid = {"EdgeLLM HIT": pids[edge_url], "EdgeLLM /healthz": pids[edge_url], "LiteLLM HIT": pids[litellm_url], "client floor": floor.pid,
+                       "EdgeLLM HIT, gzip": pids[edge_url]}
                 print(f"\nLiteLLM {version(binary)} (proxy, in-memory response cache) in front of the edge; "
                       f"{args.rounds} alternating rounds, raw keep-alive client, same request:")
                 lat = {(k, c): [] for k in kinds for c in clients}
@@ -316,13 +324,14 @@ async def compare_litellm(args: argparse.Namespace) -> None:
                         print(f"{kind:<20}{c:>8}{len(lat[kind, c]):>7}{p50[kind, c]:>10.3f}{percentile(lat[kind, c], 99) * 1000:>10.3f}"
                               f"{rate[kind, c]:>10.0f}{cpu[kind, c]:>12.3f}")
                 print(f"load average (1 min) over the rounds: {min(loads):.2f}-{max(loads):.2f}")
-                edge, health, peer, base = kinds
+                edge, health, peer, base, gzipped = kinds
                 for c in clients:
                     print(f"{c:>2} client(s): LiteLLM/EdgeLLM HIT p50 {p50[peer, c] / p50[edge, c]:.1f}x, "
                           f"EdgeLLM/LiteLLM req/s {rate[edge, c] / rate[peer, c]:.1f}x (target >= 10x); "
                           f"HIT/healthz p50 {p50[edge, c] / p50[health, c]:.2f}x (target <= 1.3x), "
                           f"less the client floor's {p50[base, c]:.3f} ms: {(p50[edge, c] - p50[base, c]) / (p50[health, c] - p50[base, c]):.2f}x; "
-                          f"server CPU per HIT, EdgeLLM/healthz {cpu[edge, c] / cpu[health, c]:.2f}x")
+                          f"server CPU per HIT, EdgeLLM/healthz {cpu[edge, c] / cpu[health, c]:.2f}x; "
+                          f"a gzip client's HIT/HIT p50 {p50[gzipped, c] / p50[edge, c]:.2f}x, CPU {cpu[gzipped, c] / cpu[edge, c]:.2f}x")
                 if shutil.which("wrk") is None:
                     print("wrk: not on PATH (apt-get install wrk): its cross-check is skipped")
                     return
@@ -352,11 +361,12 @@ def wrk_rounds(targets: dict, kinds: tuple[str, ...], clients: tuple[int, ...], 
     for kind in kinds:
         for c in clients:
             print(f"{kind:<20}{c:>8}{med[kind, c][0]:>10.3f}{med[kind, c][1]:>10.3f}{med[kind, c][2]:>10.0f}")
-    edge, health, peer, _ = kinds
+    edge, health, peer, _, gzipped = kinds
     for c in clients:
         print(f"{c:>2} client(s), wrk: LiteLLM/EdgeLLM HIT p50 {med[peer, c][0] / med[edge, c][0]:.1f}x, "
               f"EdgeLLM/LiteLLM req/s {med[edge, c][2] / med[peer, c][2]:.1f}x (target >= 10x); "
-              f"HIT/healthz p50 {med[edge, c][0] / med[health, c][0]:.2f}x (target <= 1.3x)")
+              f"HIT/healthz p50 {med[edge, c][0] / med[health, c][0]:.2f}x (target <= 1.3x); "
+              f"a gzip client's HIT/HIT p50 {med[gzipped, c][0] / med[edge, c][0]:.2f}x")
 
 
 async def main(args: argparse.Namespace) -> None:

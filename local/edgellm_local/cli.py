@@ -104,8 +104,8 @@ def _serve_dev(args: argparse.Namespace) -> int:
 
 
 def out_of_the_collectors_way(log: logging.Logger) -> int:
-    """What the process made before serving (modules, the model's runners, config, memos' shells)
-    lives as long as it does: frozen (`gc.freeze`), a full collection no longer walks it. Under
+    """What the process made before serving (modules, the model's runners, config) lives as long
+    as it does: frozen (`gc.freeze`), a full collection no longer walks it. Under
     load one came about once a second and paused the event loop for ~48 ms (a HIT's p99 under
     wrk -c16: 47 ms, 10 ms frozen), walking the same ~60k objects each time. Collected first, so
     no startup garbage is kept for ever. Returns how many objects were frozen."""

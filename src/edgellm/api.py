@@ -19,7 +19,7 @@ from .generation import Generation, GenerationRequest
 from .caller import Observation
 from .http import Request, Response, json_response
 from .kept_json import JSONShape, KeptJSON
-from .stream import Stream
+from .stream import Stream, in_blocks
 from .cache.service import cached_generation
 from .deps import Deps
 from .sessions import request_session
@@ -92,7 +92,7 @@ async def serve_generation(
     if gen_request.stream:
         headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, Stream(as_stream(generation), generation.events))
+        return Response(200, headers, streamed_body(generation, as_stream(generation)))
     body = await as_json(generation)  # first: a failover while collecting changes the route header
     response = json_response(body, headers=generation_headers(generation))
     if generation.rendered is not None and shape is not None and request.observed is not None and request.observed.finished:
@@ -100,6 +100,16 @@ async def serve_generation(
         if kept is not None:  # the next HITs of this entry: these bytes, and this usage
             generation.rendered[memo_key] = (kept, request.observed.copy())
     return response
+
+
+def streamed_body(generation: Generation, rendered: AsyncIterator[bytes]) -> Stream[bytes]:
+    """The SSE body rendered from `generation`, owning it and the events behind it. A HIT's
+    replay never waits (every stored token is there at once), so it goes out in blocks
+    (`in_blocks`: a write, a gzip flush and on Workers a JS hop each, not one per token); a live
+    answer goes out chunk by chunk, each token as it is made."""
+    if generation.cache_status == "HIT":
+        return Stream(in_blocks(rendered), rendered, generation.events)
+    return Stream(rendered, generation.events)
 
 
 def _kept_answer(request: Request, generation: Generation, shape: JSONShape, kept: tuple[KeptJSON, Observation]) -> Response:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import access, responses_wire as wire
-from .api import enforce_capabilities, generation_headers
+from .api import enforce_capabilities, generation_headers, streamed_body
 from .cache.service import cached_generation
 from .conversations import ConversationStore, StoredResponse, conversation_of, new_conversation_id, new_response_id, not_found
 from .errors import GatewayError, invalid
@@ -20,7 +20,6 @@ from .generation import Finish
 from .http import Request, Response, json_response
 from .deps import Deps
 from .sessions import request_session, tenant_session
-from .stream import Stream
 from .tenancy import TenantScope
 from .validation import read_json
 
@@ -89,7 +88,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
     headers = generation_headers(generation)
     if parsed.stream:
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
-        return Response(200, headers, Stream(wire.render_stream(generation, meta, on_complete, deps.log), generation.events))
+        return Response(200, headers, streamed_body(generation, wire.render_stream(generation, meta, on_complete, deps.log)))
     return json_response(await wire.render_json(generation, meta, on_complete), headers=headers)
 
 

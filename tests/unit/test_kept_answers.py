@@ -131,6 +131,58 @@ async def test_a_streamed_hit_another_fingerprint_or_route_is_rendered_anew(cloc
     assert after.headers["cf-aig-cache-status"] == "HIT" and json.loads(after.body)["system_fingerprint"] not in (None, before)
 
 
+@pytest.mark.parametrize("path", [p for p in ROUTES if p != "/v1/completions"])
+async def test_a_streamed_hit_is_sent_in_blocks_of_the_same_events(path: str, clock: Any) -> None:
+    """A replay never waits, so its per-token chunks go out joined in blocks (`stream.in_blocks`:
+    one write, one gzip flush each, not one per token); the events are the same bytes. A MISS
+    still sends each token as it is made."""
+    from edgellm.stream import REPLAY_BLOCK_BYTES
+
+    deps = edge(SqliteKV(clock=clock), clock, ScriptedAI(tokens=tuple(f"tok{i} " for i in range(300))))
+    body = {**ROUTES[path], "stream": True}
+
+    async def chunks() -> tuple[str, list[bytes]]:
+        response = await ask(deps, path, body)
+        sent = [chunk async for chunk in response.body]  # type: ignore[union-attr]
+        while pending:
+            await pending.pop()
+        return response.headers["cf-aig-cache-status"], sent
+
+    def events(sent: list[bytes]) -> bytes:  # the stream without what names each answer
+        return re.sub(rb'"id":"[a-z]+-[0-9a-f]{24}"|"created":\d+', b"", b"".join(sent))
+
+    (miss, live), (hit, replayed) = await chunks(), await chunks()
+    assert (miss, hit) == ("MISS", "HIT")
+    assert events(replayed) == events(live) and events(live).count(b"tok299 ") == 1
+    assert len(live) > 300  # a token a chunk, as it came
+    size = len(b"".join(replayed))
+    assert len(replayed) <= size // REPLAY_BLOCK_BYTES + 1 and (len(replayed) > 1 or size < REPLAY_BLOCK_BYTES)
+    assert all(len(block) >= REPLAY_BLOCK_BYTES for block in replayed[:-1])
+
+
+async def test_a_streamed_responses_hit_is_sent_in_blocks_too(clock: Any) -> None:
+    from edgellm.stream import REPLAY_BLOCK_BYTES
+
+    deps = edge(SqliteKV(clock=clock), clock, ScriptedAI(tokens=tuple(f"tok{i} " for i in range(300))))
+    body = {"input": "Hi", "temperature": 0, "stream": True, "store": False}
+
+    async def chunks() -> tuple[str, list[bytes]]:
+        response = await ask(deps, "/v1/responses", body)
+        sent = [chunk async for chunk in response.body]  # type: ignore[union-attr]
+        while pending:
+            await pending.pop()
+        return response.headers["cf-aig-cache-status"], sent
+
+    def text(sent: list[bytes]) -> str:
+        events = [json.loads(line[6:]) for line in b"".join(sent).decode().splitlines() if line.startswith("data: {")]
+        return "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta")
+
+    (miss, live), (hit, replayed) = await chunks(), await chunks()
+    assert (miss, hit) == ("MISS", "HIT") and len(live) > 300
+    assert text(replayed) == text(live) == "".join(f"tok{i} " for i in range(300))
+    assert len(replayed) <= len(b"".join(replayed)) // REPLAY_BLOCK_BYTES + 1
+
+
 @pytest.mark.parametrize("head", [
     {"id": "chatcmpl-0a1b", "object": "chat.completion", "created": 1_800_000_000},
     {"id": "cmpl-x", "object": "text_completion", "created": 0},

@@ -185,3 +185,18 @@ async def test_close_source_closes_what_can_be_closed_and_ignores_the_rest() -> 
     await close_source(b"bytes")
     await close_source([1, 2])
     assert source.closes == 1
+
+
+async def test_in_blocks_joins_chunks_into_blocks_of_the_same_bytes() -> None:
+    from edgellm.stream import in_blocks
+
+    async def source(chunks: list[bytes]):  # type: ignore[no-untyped-def]
+        for chunk in chunks:
+            yield chunk
+
+    chunks = [bytes([65 + i % 26]) * (i % 7 + 1) for i in range(100)]
+    blocks = [block async for block in in_blocks(source(chunks), limit=32)]
+    assert b"".join(blocks) == b"".join(chunks)
+    assert all(32 <= len(block) < 32 + 7 for block in blocks[:-1]) and 0 < len(blocks[-1]) < 32 + 7
+    assert [block async for block in in_blocks(source([]))] == []  # nothing: no empty block
+    assert [block async for block in in_blocks(source([b"a", b"b"]))] == [b"ab"]  # under the limit: one block at the end

@@ -41,15 +41,23 @@ async def in_blocks(chunks: AsyncIterator[bytes], limit: int = REPLAY_BLOCK_BYTE
     """`chunks` joined into blocks of up to about `limit` bytes, for a body that never waits (a
     cache HIT's replay): one chunk per token costs a write, a socket send (and a gzip flush, a JS
     hop on Workers) each, though every token is there at once. The bytes, and so the SSE events,
-    are the same. A generator: the `Stream` around it owns `chunks` and closes them."""
+    are the same. A generator: the `Stream` around it owns `chunks` and closes them.
+
+    If `chunks` fails, what it gave before the failure still goes out, then the failure: a
+    client of a broken replay gets every byte a chunk-per-token stream would have sent it."""
     block: list[bytes] = []
     size = 0
-    async for chunk in chunks:
-        block.append(chunk)
-        size += len(chunk)
-        if size >= limit:
+    try:
+        async for chunk in chunks:
+            block.append(chunk)
+            size += len(chunk)
+            if size >= limit:
+                yield b"".join(block)
+                block, size = [], 0
+    except Exception:  # not a close or a cancellation (BaseException): nobody reads after those
+        if block:
             yield b"".join(block)
-            block, size = [], 0
+        raise
     if block:
         yield b"".join(block)
 

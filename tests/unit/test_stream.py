@@ -200,3 +200,23 @@ async def test_in_blocks_joins_chunks_into_blocks_of_the_same_bytes() -> None:
     assert all(32 <= len(block) < 32 + 7 for block in blocks[:-1]) and 0 < len(blocks[-1]) < 32 + 7
     assert [block async for block in in_blocks(source([]))] == []  # nothing: no empty block
     assert [block async for block in in_blocks(source([b"a", b"b"]))] == [b"ab"]  # under the limit: one block at the end
+
+
+async def test_in_blocks_sends_what_it_gathered_before_its_source_failed() -> None:
+    """A replay that breaks mid-block still sends the chunks it had, then fails: the same bytes
+    a chunk-per-token stream would have sent before the failure."""
+    from edgellm.stream import in_blocks
+
+    async def breaks_after(chunks: list[bytes]):  # type: ignore[no-untyped-def]
+        for chunk in chunks:
+            yield chunk
+        raise RuntimeError("the replay broke")
+
+    read: list[bytes] = []
+    with pytest.raises(RuntimeError, match="the replay broke"):
+        async for block in in_blocks(breaks_after([b"x" * 20, b"y" * 20, b"z" * 5]), limit=32):
+            read.append(block)
+    assert read == [b"x" * 20 + b"y" * 20, b"z" * 5]
+    with pytest.raises(RuntimeError):  # nothing gathered yet: the failure alone
+        async for block in in_blocks(breaks_after([])):
+            raise AssertionError(f"an empty block was sent: {block!r}")

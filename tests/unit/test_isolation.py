@@ -150,3 +150,85 @@ def test_both_server_loops_isolate_requests(factory: Any) -> None:
 
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(main())
+
+
+@pytest.mark.parametrize("factory", [isolation.new_event_loop, isolation.new_uvloop], ids=["asyncio", "uvloop"])
+def test_runtime_io_belongs_to_no_request_and_runs_in_the_calling_task(factory: Any) -> None:
+    """The server's own `send`/`receive` (`as_runtime`): what they create belongs to no request
+    (uvicorn starts a pipelined next request from inside the previous one's `send`), and they run
+    in the request's own task, with no task of their own per call (a streamed answer sends once
+    per token). Their result and their failure reach the caller."""
+
+    async def main() -> None:
+        seen: dict[str, Any] = {}
+
+        async def send(value: str) -> str:
+            loop = asyncio.get_running_loop()
+            seen["future"], seen["task"] = loop.create_future(), loop.create_task(asyncio.sleep(0))
+            seen["request"], seen["in_task"] = isolation.current_request(), asyncio.current_task()
+            await asyncio.sleep(0)  # a step on, still outside the request
+            seen["later"] = isolation.current_request()
+            return value * 2
+
+        async def broken() -> None:
+            raise OSError("the client went away")
+
+        async def request() -> None:
+            assert await isolation.as_runtime(send, "ab") == "abab"
+            assert seen["request"] is None and seen["later"] is None
+            assert seen["future"]._owner is None and seen["task"]._owner is None
+            assert seen["in_task"] is asyncio.current_task()  # no task of its own
+            assert isolation.current_request() is not None  # the request's context is its own again
+            with pytest.raises(OSError, match="went away"):
+                await isolation.as_runtime(broken)
+            await seen["task"]
+
+        await in_request("A", request())
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
+
+
+def test_runtime_io_waits_for_the_runtime_and_is_cancelled_with_its_request() -> None:
+    """A `send` that waits (flow control) wakes when the runtime resolves what it waits on, and a
+    request cancelled meanwhile cancels it: the cancellation reaches it where it waits, on a
+    future or on a bare yield."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        waits: dict[str, asyncio.Future[str]] = {}
+        cancelled = asyncio.Event()
+        waiting: asyncio.Queue[str] = asyncio.Queue()
+
+        async def drain(name: str) -> str:
+            waits[name] = loop.create_future()
+            waiting.put_nowait(name)
+            try:
+                return await waits[name]
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        woken = in_request("A", isolation.as_runtime(drain, "a"))
+        stuck = in_request("B", isolation.as_runtime(drain, "b"))
+        assert {await within(waiting.get(), "a send never waited"), await within(waiting.get(), "a send never waited")} == {"a", "b"}
+        waits["a"].set_result("writable")  # the runtime (no request) resolves it
+        assert await woken == "writable"
+        stuck.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stuck
+        assert cancelled.is_set()
+
+        async def yielding() -> str:  # waits on no future: a cancellation is thrown in, not a future's
+            for _ in range(10_000):  # then gives up, so a send the cancellation missed ends the test
+                waiting.put_nowait("yielding")
+                await asyncio.sleep(0)
+            return "never cancelled"
+
+        spinning = in_request("C", isolation.as_runtime(yielding))
+        await within(waiting.get(), "the yielding send never ran")
+        spinning.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await within(spinning, "a cancelled send kept running")
+
+    isolation.run(main())

@@ -229,8 +229,34 @@ class OwnedStream:
         await close_source(self._source)
 
 
+class _InRuntime:
+    """Awaiting this runs `coro` in the awaiting task, each of its steps inside `context`: what a
+    task of its own in that context would do, without the task. A streamed answer sends once per
+    token, and a task per send was a task object, two more turns of the loop and a wake-up each."""
+
+    __slots__ = ("_coro", "_context")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], context: contextvars.Context) -> None:
+        self._coro, self._context = coro, context
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        run, coro = self._context.run, self._coro
+        try:
+            signal = run(coro.send, None)
+            while True:  # what the coroutine waits on goes to the task, and the task's answer back in
+                try:
+                    answer = yield signal
+                except BaseException as thrown:  # a cancellation (or a close) reaches the coroutine
+                    signal = run(coro.throw, thrown)
+                else:
+                    signal = run(coro.send, answer)
+        except StopIteration as done:
+            return done.value
+
+
 async def as_runtime(function: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run runtime I/O (the HTTP server's own `receive`/`send`) outside any request, as workerd's
     own I/O is: what it creates or resolves belongs to no request (a keep-alive connection's next
-    request is started from inside the previous one's `send`)."""
-    return await asyncio.get_running_loop().create_task(function(*args), context=_runtime_context())  # type: ignore[arg-type]
+    request is started from inside the previous one's `send`). It runs in the calling task, in
+    a context of its own (`_InRuntime`)."""
+    return await _InRuntime(function(*args), _runtime_context())  # type: ignore[arg-type]

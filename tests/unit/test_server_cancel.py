@@ -1,6 +1,7 @@
 """The local edge's ASGI adapter when a request is cut short: a client that leaves cancels the
 work and the request ends quietly, while the serving task itself being cancelled (the server
-shutting down) stays a cancel for whoever cancelled it."""
+shutting down) stays a cancel for whoever cancelled it. And a body that never waits leaves the
+loop's other requests their turns."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from edgellm.config import Config
-from edgellm.http import Request
+from edgellm.http import Request, Response
 from edgellm.deps import Deps
 from edgellm_local.emulator import isolation
 from edgellm_local.emulator.server import EdgeApp
@@ -84,5 +85,51 @@ def test_cancelling_the_serving_task_stays_a_cancel() -> None:
         with pytest.raises(asyncio.CancelledError):
             await within(serving, "the serving task was cancelled and never ended")
         assert app.answer_cancelled.is_set()
+
+    isolation.run(main())
+
+
+@dataclass
+class NeverWaitingApp(EdgeApp):
+    """An edge whose answer is a large body that never waits (a file in the page cache, a replay
+    in memory), counting the chunks it has given."""
+
+    given: int = 0
+
+    async def _answer(self, request: Request, send: Any) -> None:
+        async def chunks() -> Any:
+            for _ in range(64):
+                self.given += 1
+                yield b"x" * 65536
+
+        await self._send(Response(200, {"content-type": "application/octet-stream"}, chunks()), send)
+
+
+def test_a_body_that_never_waits_leaves_other_requests_their_turns() -> None:
+    """uvicorn's `send` waits only when its client falls behind, so a 4 MiB body sent to one that
+    keeps up would hold the loop until its last byte; the other requests must still get turns
+    (every `server.FAIR_SHARE_BYTES`)."""
+    from edgellm_local.emulator.server import FAIR_SHARE_BYTES
+
+    async def main() -> None:
+        app, client = NeverWaitingApp(Deps(config=Config(open_access=True), ai=None), coalesce=False), Client()  # type: ignore[arg-type]
+        sent: list[int] = []
+
+        async def keeps_up(message: dict[str, Any]) -> None:  # never waits
+            sent.append(len(message.get("body", b"")))
+
+        turns: list[int] = []
+
+        async def another_request() -> None:
+            while True:
+                turns.append(app.given)
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(another_request())
+        await within(app(SCOPE, client.receive, keeps_up), "the body was never sent")
+        other.cancel()
+        assert sum(sent) == 64 * 65536
+        during = [given for given in turns if 0 < given < 64]
+        assert len(during) >= 64 * 65536 // FAIR_SHARE_BYTES - 2, f"other requests got {len(during)} turns while 4 MiB went out"
 
     isolation.run(main())

@@ -34,6 +34,10 @@ from edgellm_local.emulator.zero_copy import EXTENSION, ZeroCopyStats
 
 
 _SCOPE: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("asgi_scope", default={})
+# A body that never waits (a replay in memory, a file in the page cache) to a client that keeps
+# up would hold the event loop to its end: after this many bytes the loop's other requests get a
+# turn. The server's `send` only waits when its client falls behind (flow control).
+FAIR_SHARE_BYTES = 256 * 1024
 
 
 class PortInUse(Exception):
@@ -212,8 +216,13 @@ class EdgeApp:
                 await as_runtime(sendfile, body, body.remaining)  # type: ignore[union-attr]
                 await send({"type": "http.response.body", "body": b""})
                 return
+            since_turn = 0
             async for chunk in body:  # type: ignore[union-attr]
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                since_turn += len(chunk)
+                if since_turn >= FAIR_SHARE_BYTES:
+                    since_turn = 0
+                    await asyncio.sleep(0)
             await send({"type": "http.response.body", "body": b""})
         except OSError:
             pass  # the client went away mid-stream

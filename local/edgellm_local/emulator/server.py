@@ -159,24 +159,30 @@ class EdgeApp:
             return  # the client left while sending its body: nothing to answer, nothing to start
         # From here the client may leave at any moment, before its JSON answer as well as
         # mid-stream: then the work is cancelled, which closes the body and stops the generation.
-        _SCOPE.set(scope)  # the work task's context carries it (its server extensions)
-        work = asyncio.ensure_future(self._answer(request, send))
+        _SCOPE.set(scope)  # the serving task's context carries it (its server extensions)
+        # The answer runs in this task (a task of its own cost as much as a /healthz's answer);
+        # the watcher cancels this task when the client leaves, and says so.
+        serving = asyncio.current_task()
+        assert serving is not None
+        left = False
 
         async def watch() -> None:
+            nonlocal left
             while (await receive())["type"] != "http.disconnect":
                 pass
-            work.cancel()
+            left = True
+            serving.cancel()
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await work
+            await self._answer(request, send)
         except asyncio.CancelledError:
-            # the client left (the watcher cancelled the work): nothing more to answer. But the
-            # serving task itself being cancelled (the server shutting down) must stay a cancel,
-            # or its canceller would see the request served and carry on as if it had stopped.
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            # the client left (the watcher cancelled the answer): nothing more to answer. But
+            # this task being cancelled by anyone else too (the server shutting down) must stay
+            # a cancel, or its canceller would see the request served and carry on as if it had stopped.
+            if not left or serving.cancelling() > 1:
                 raise
+            serving.uncancel()
         finally:
             watcher.cancel()
 

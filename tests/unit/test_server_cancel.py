@@ -133,3 +133,41 @@ def test_a_body_that_never_waits_leaves_other_requests_their_turns() -> None:
         assert len(during) >= 64 * 65536 // FAIR_SHARE_BYTES - 2, f"other requests got {len(during)} turns while 4 MiB went out"
 
     isolation.run(main())
+
+
+@dataclass
+class ImmediateApp(EdgeApp):
+    """An edge whose answer never waits (as a HIT's or /healthz's does not), noting the tasks
+    that exist while it answers."""
+
+    tasks_while_answering: set[str] = field(default_factory=set)
+
+    async def _answer(self, request: Request, send: Any) -> None:
+        self.tasks_while_answering = {task.get_coro().__qualname__ for task in asyncio.all_tasks()}  # type: ignore[union-attr]
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_an_answer_that_never_waits_has_no_disconnect_watcher() -> None:
+    """No disconnect can reach an answer before it first waits, so the watcher (a task, ~10% of a
+    /healthz's instructions) starts only then; one that waits is still watched (the tests above)."""
+
+    async def main() -> None:
+        app, client = ImmediateApp(Deps(config=Config(open_access=True), ai=None), coalesce=False), Client()  # type: ignore[arg-type]
+        sent: list[dict[str, Any]] = []
+
+        async def record(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await within(app(SCOPE, client.receive, record), "the answer never ended")
+        assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+        assert app.tasks_while_answering and not any(name.endswith("_serve.<locals>.watch") for name in app.tasks_while_answering), app.tasks_while_answering
+
+        held, leaving = held_app(), Client()  # and one that waits has its watcher while it waits
+        serving = asyncio.ensure_future(held(SCOPE, leaving.receive, nothing_sent))
+        await within(held.answering.wait(), "the answer never started")
+        assert any(task.get_coro().__qualname__.endswith("_serve.<locals>.watch") for task in asyncio.all_tasks())  # type: ignore[union-attr]
+        leaving.leave()
+        await within(serving, "the request never ended")
+
+    isolation.run(main())

@@ -14,7 +14,7 @@ import errno
 import socket
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable, Coroutine, Generator
 
 import uvicorn
 
@@ -173,9 +173,14 @@ class EdgeApp:
             left = True
             serving.cancel()
 
-        watcher = asyncio.ensure_future(watch())
+        watcher: asyncio.Future[None] | None = None
+
+        def start_watching() -> None:
+            nonlocal watcher
+            watcher = asyncio.ensure_future(watch())
+
         try:
-            await self._answer(request, send)
+            await _WatchedWhileWaiting(self._answer(request, send), start_watching)
         except asyncio.CancelledError:
             # the client left (the watcher cancelled the answer): nothing more to answer. But
             # this task being cancelled by anyone else too (the server shutting down) must stay
@@ -184,7 +189,8 @@ class EdgeApp:
                 raise
             serving.uncancel()
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     async def _answer(self, request: Request, send: Any) -> None:
         response = None
@@ -235,6 +241,32 @@ class EdgeApp:
         finally:
             with contextlib.suppress(Exception):
                 await body.aclose()  # type: ignore[union-attr]
+
+
+class _WatchedWhileWaiting:
+    """Awaiting this runs `answer` in the awaiting task and calls `start_watching` (the disconnect
+    watcher, a task) the first time the answer waits: until then no disconnect could reach it,
+    so an answer that never waits (a HIT, /healthz) needs no watcher and no task for it."""
+
+    __slots__ = ("_answer", "_start_watching")
+
+    def __init__(self, answer: Coroutine[Any, Any, None], start_watching: Callable[[], None]) -> None:
+        self._answer, self._start_watching = answer, start_watching
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        answer = self._answer
+        try:
+            signal = answer.send(None)
+            self._start_watching()
+            while True:  # what the answer waits on goes to the task, and the task's reply back in
+                try:
+                    reply = yield signal
+                except BaseException as thrown:  # a cancellation (the watcher's) reaches the answer
+                    signal = answer.throw(thrown)
+                else:
+                    signal = answer.send(reply)
+        except StopIteration:
+            return
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

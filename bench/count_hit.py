@@ -9,8 +9,11 @@ a HIT asked for gzip (`Accept-Encoding: gzip, deflate`, as httpx and the OpenAI 
 `/healthz` (llama.cpp's idle threads wait passively, `OMP_WAIT_POLICY=passive`, so they count
 nothing). The usage writer's and the access log's threads are counted too: they are part of
 what a request costs. `--before DIR` counts another version's `src/` and `local/` the same way.
+`--asgi` counts through the ASGI app instead (`EdgeApp.__call__` on the isolating event loop, as
+`edgellm dev` serves: the request's context, the server's send and receive, the disconnect
+watcher), still without the HTTP server.
 
-    .venv/bin/python -m bench.count_hit [--requests 1000] [--before DIR]
+    .venv/bin/python -m bench.count_hit [--requests 1000] [--before DIR] [--asgi]
 
 Needs valgrind (`apt-get install valgrind`); about a minute per count (the model loads under it).
 """
@@ -43,8 +46,30 @@ def _request(kind: str):  # type: ignore[no-untyped-def]
     return Request("POST", "http://127.0.0.1:8787/v1/chat/completions", headers, BODY)
 
 
-async def _serve(state: Path, kind: str | None, requests: int) -> None:
-    """kind None: answer the question once so the state holds its entry; else count `requests`."""
+def _asgi(app, request):  # type: ignore[no-untyped-def]
+    """`request` as an ASGI call of `app`: its scope, and a receive that gives the body once and
+    then waits, as a server's does while the client stays."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(request.url)
+    scope = {"type": "http", "method": request.method, "path": url.path, "raw_path": url.path.encode(), "query_string": b"",
+             "scheme": "http", "http_version": "1.1", "server": ("127.0.0.1", 8787), "client": ("127.0.0.1", 50000),
+             "headers": [(k.encode(), v.encode()) for k, v in request.headers.items()]}
+    given = False
+
+    async def receive() -> dict:
+        nonlocal given
+        if given:
+            await asyncio.Event().wait()
+        given = True
+        return {"type": "http.request", "body": request.body, "more_body": False}
+
+    return lambda send: app(scope, receive, send)
+
+
+async def _serve(state: Path, kind: str | None, requests: int, asgi: bool = False) -> None:
+    """kind None: answer the question once so the state holds its entry; else count `requests`
+    (through `EdgeApp.__call__` when `asgi`)."""
     from edgellm.config import Config
     from edgellm_local.edge import EdgeSettings, build_app
     from edgellm_local.llama.model_file import default_model_path
@@ -61,14 +86,17 @@ async def _serve(state: Path, kind: str | None, requests: int) -> None:
             await app._answer(_request("hit"), send)
             await app.drain()
             return
-        await app._answer(_request(kind), send)  # its code paths warm, and a HIT's answer kept
+        def answer(request):  # type: ignore[no-untyped-def]
+            return _asgi(app, request)(send) if asgi else app._answer(request, send)
+
+        await answer(_request(kind))  # its code paths warm, and a HIT's answer kept
         status = dict(sent[0]["headers"]).get(b"cf-aig-cache-status")
         if kind.startswith("hit") and status != b"HIT":
             raise SystemExit(f"expected a HIT, got {status!r}")
         control = ["callgrind_control", "-i"]
         subprocess.run([*control, "on", str(os.getpid())], check=True, capture_output=True)
         for _ in range(requests):
-            await app._answer(_request(kind), send)
+            await answer(_request(kind))
             sent.clear()
         subprocess.run([*control, "off", str(os.getpid())], check=True, capture_output=True)
     finally:
@@ -82,13 +110,13 @@ def _env(code: str | None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(code, "src"), os.path.join(code, "local"), os.getcwd()])}
 
 
-def count(state: Path, kind: str, requests: int, code: str | None) -> int:
+def count(state: Path, kind: str, requests: int, code: str | None, asgi: bool = False) -> int:
     """Instructions per request of `kind`, in a process of its own under callgrind."""
     env = {**_env(code), "OMP_WAIT_POLICY": "passive"}
     with tempfile.TemporaryDirectory(prefix="edgellm-count-") as scratch:
         out = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={scratch}/out",
-             sys.executable, "-m", "bench.count_hit", "--serve", str(state), kind, str(requests)],
+             sys.executable, "-m", "bench.count_hit", "--serve", str(state), kind, str(requests), *(["--asgi"] if asgi else [])],
             env=env, capture_output=True, text=True, timeout=1800)
     match = re.search(r"Collected : ([\d,]+)", out.stderr)
     if out.returncode != 0 or match is None:
@@ -100,22 +128,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--before", metavar="DIR", help="also count another version's code (a dir with its src/ and local/)")
+    parser.add_argument("--asgi", action="store_true", help="count through the ASGI app (EdgeApp.__call__), not EdgeApp._answer")
     parser.add_argument("--serve", nargs=3, metavar=("STATE", "KIND", "N"), help=argparse.SUPPRESS)  # the counted process
     args = parser.parse_args()
     if args.serve:
         state, kind, n = args.serve
-        asyncio.run(_serve(Path(state), None if kind == "warm" else kind, int(n)))
+        serving = _serve(Path(state), None if kind == "warm" else kind, int(n), args.asgi)
+        if args.asgi:  # the isolating loop `edgellm dev` serves on (its asyncio flavour)
+            from edgellm_local.emulator import isolation
+
+            isolation.run(serving)
+        else:
+            asyncio.run(serving)
         return
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind; `make bench` does): nothing counted")
         return
     trees = {"this checkout": None, **({f"before ({args.before})": args.before} if args.before else {})}
-    print(f"instructions per request, {args.requests} requests each, EdgeApp._answer in-process under callgrind:")
+    where = "through EdgeApp.__call__ (ASGI) on the isolating loop" if args.asgi else "EdgeApp._answer"
+    print(f"instructions per request, {args.requests} requests each, {where} in-process under callgrind:")
     for name, code in trees.items():
         with tempfile.TemporaryDirectory(prefix="edgellm-count-state-") as state:
             subprocess.run([sys.executable, "-m", "bench.count_hit", "--serve", state, "warm", "0"], env=_env(code), check=True,
                            capture_output=True, timeout=600)
-            counts = {kind: count(Path(state), kind, args.requests, code) for kind in KINDS}
+            counts = {kind: count(Path(state), kind, args.requests, code, args.asgi) for kind in KINDS}
         print(f"{name:<40} HIT {counts['hit']:>9,}  HIT, gzip {counts['hit-gzip']:>9,}  /healthz {counts['healthz']:>9,}"
               f"  HIT/healthz {counts['hit'] / counts['healthz']:.2f}x")
 

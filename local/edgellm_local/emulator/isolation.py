@@ -229,27 +229,36 @@ class OwnedStream:
         await close_source(self._source)
 
 
-class _InRuntime:
-    """Awaiting this runs `coro` in the awaiting task, each of its steps inside `context`: what a
-    task of its own in that context would do, without the task. A streamed answer sends once per
-    token, and a task per send was a task object, two more turns of the loop and a wake-up each."""
+def _call(function: Callable[..., Any], *args: Any) -> Any:
+    return function(*args)
 
-    __slots__ = ("_coro", "_context")
 
-    def __init__(self, coro: Coroutine[Any, Any, T], context: contextvars.Context) -> None:
-        self._coro, self._context = coro, context
+class InTask:
+    """Awaiting this runs `coro` in the awaiting task, step by step: each step inside `context`
+    when one is given (what a task of its own in that context would do, without the task), and
+    `on_first_wait` called the first time `coro` waits. A task costs about as much as a
+    `/healthz`'s whole answer, and the server's I/O is called once per streamed token."""
+
+    __slots__ = ("_coro", "_context", "_on_first_wait")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], context: contextvars.Context | None = None,
+                 on_first_wait: Callable[[], None] | None = None) -> None:
+        self._coro, self._context, self._on_first_wait = coro, context, on_first_wait
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        run, coro = self._context.run, self._coro
+        coro = self._coro
+        step = self._context.run if self._context is not None else _call
         try:
-            signal = run(coro.send, None)
+            signal = step(coro.send, None)
+            if self._on_first_wait is not None:
+                self._on_first_wait()
             while True:  # what the coroutine waits on goes to the task, and the task's answer back in
                 try:
                     answer = yield signal
                 except BaseException as thrown:  # a cancellation (or a close) reaches the coroutine
-                    signal = run(coro.throw, thrown)
+                    signal = step(coro.throw, thrown)
                 else:
-                    signal = run(coro.send, answer)
+                    signal = step(coro.send, answer)
         except StopIteration as done:
             return done.value
 
@@ -258,5 +267,5 @@ async def as_runtime(function: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Run runtime I/O (the HTTP server's own `receive`/`send`) outside any request, as workerd's
     own I/O is: what it creates or resolves belongs to no request (a keep-alive connection's next
     request is started from inside the previous one's `send`). It runs in the calling task, in
-    a context of its own (`_InRuntime`)."""
-    return await _InRuntime(function(*args), _runtime_context())  # type: ignore[arg-type]
+    a context of its own (`InTask`)."""
+    return await InTask(function(*args), _runtime_context())  # type: ignore[arg-type]

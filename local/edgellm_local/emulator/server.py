@@ -14,7 +14,7 @@ import errno
 import socket
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Coroutine, Generator
+from typing import Any, Awaitable
 
 import uvicorn
 
@@ -25,7 +25,7 @@ from edgellm.deps import Deps
 
 from edgellm_local.emulator.assets import StaticAssets
 from edgellm_local.emulator.durable import local_flights
-from edgellm_local.emulator.isolation import as_runtime, request_context
+from edgellm_local.emulator.isolation import InTask, as_runtime, request_context
 from edgellm_local.emulator.edge_encoding import encoded
 from edgellm_local.emulator.page_headers import HeaderRules
 from edgellm_local.emulator.hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
@@ -180,7 +180,9 @@ class EdgeApp:
             watcher = asyncio.ensure_future(watch())
 
         try:
-            await _WatchedWhileWaiting(self._answer(request, send), start_watching)
+            # until the answer first waits no disconnect could reach it: an answer that never
+            # waits (a HIT, /healthz) needs no watcher, and no task for one
+            await InTask(self._answer(request, send), on_first_wait=start_watching)
         except asyncio.CancelledError:
             # the client left (the watcher cancelled the answer): nothing more to answer. But
             # this task being cancelled by anyone else too (the server shutting down) must stay
@@ -241,32 +243,6 @@ class EdgeApp:
         finally:
             with contextlib.suppress(Exception):
                 await body.aclose()  # type: ignore[union-attr]
-
-
-class _WatchedWhileWaiting:
-    """Awaiting this runs `answer` in the awaiting task and calls `start_watching` (the disconnect
-    watcher, a task) the first time the answer waits: until then no disconnect could reach it,
-    so an answer that never waits (a HIT, /healthz) needs no watcher and no task for it."""
-
-    __slots__ = ("_answer", "_start_watching")
-
-    def __init__(self, answer: Coroutine[Any, Any, None], start_watching: Callable[[], None]) -> None:
-        self._answer, self._start_watching = answer, start_watching
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        answer = self._answer
-        try:
-            signal = answer.send(None)
-            self._start_watching()
-            while True:  # what the answer waits on goes to the task, and the task's reply back in
-                try:
-                    reply = yield signal
-                except BaseException as thrown:  # a cancellation (the watcher's) reaches the answer
-                    signal = answer.throw(thrown)
-                else:
-                    signal = answer.send(reply)
-        except StopIteration:
-            return
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -557,6 +557,64 @@ def _js_error(exc: Exception) -> JsException:
     return JsException(str(exc))
 
 
+class JsAi(JsProxy):
+    """The `Ai` binding (`env.AI`) as workerd hands it to Python, answered by a real local AI
+    binding (`backend`: the local edge's llama.cpp binding, or `ScriptedAI`), as the KV and R2
+    stand-ins are kept by real local stores. Its contract, each line from its source:
+    - `run(model, inputs, options?)`: `inputs` must be a JS object ([notes] "Pass every options
+      object to a binding as `to_js(d, dict_converter=js.Object.fromEntries)`"); the answer is a
+      JS object whose `.to_py()` is the dict ([notes] "`await env.AI.run(...)` returns a JsProxy:
+      `.to_py()` gives the dict").
+    - whenever `inputs.stream` is truthy the answer is a `ReadableStream` of SSE bytes instead, for
+      every model and whatever else the inputs hold, JSON mode and tools included ([notes] "Seen in
+      workerd (2026-12-04)": "a caller that wants an object must not pass `stream` at all"); one
+      `data: {...}` event per backend event (`{"response": token}`, a last one with `usage`), then
+      `data: [DONE]` ([notes] "Workers AI: ... Stream").
+    - failures are `JsException`s carrying Workers AI's numbered message (`InferenceUpstreamError:
+      5007: No such model ...`), at the call or from the stream's reader ([notes] "Errors surface as
+      `pyodide.ffi.JsException` with the JS message").
+    - the binding has no `describe()` ([notes] "The `Ai` binding class has no `describe()`").
+    `calls` keeps (model, inputs as a dict, options) per call."""
+
+    js_name = "Ai"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.calls: list[tuple[str, dict[str, Any], Any]] = []
+
+    async def run(self, model: str, inputs: Any, options: Any = None) -> Any:
+        opts = {name: to_plain(value) for name, value in require_js_object(inputs).items()}
+        self.calls.append((model, opts, to_plain(options) if options is not None else None))
+        rest = {name: value for name, value in opts.items() if name != "stream"}
+        try:
+            if opts.get("stream"):
+                return FakeReadableStream(self._sse(await self.backend.stream(model, rest)))
+            return JsDict(await self.backend.run(model, rest))
+        except Exception as exc:
+            raise _ai_error(exc) from None
+
+    @staticmethod
+    async def _sse(events: Any) -> Any:
+        import json
+
+        try:
+            async for event in events:
+                yield b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        except Exception as exc:
+            raise _ai_error(exc) from None
+        finally:
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def _ai_error(exc: Exception) -> JsException:
+    """A backend's failure as the binding raises it: its numbered text under the JS error name
+    Workers AI gives it ([notes] "`InferenceUpstreamError: 5006: <message>`")."""
+    return JsException(f"InferenceUpstreamError: {exc}", "InferenceUpstreamError")
+
+
 class JsKVNamespace:
     """A KV namespace binding as workerd hands it to Python (`getWithMetadata(key, "arrayBuffer")`,
     options as JS objects, a miss as `jsnull`, failures as `JsException`s with KV's message), kept

@@ -48,7 +48,10 @@ class WorkersAI:
         return None
 
     async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
-        inputs = for_workers_ai_binding(inputs)
+        """The whole answer as an object. Never with `stream` in the inputs: the binding answers a
+        ReadableStream for any truthy `stream`, whatever else they hold (workerd, JSON mode and
+        tools included), and a caller may hand on inputs that were meant for a stream."""
+        inputs = for_workers_ai_binding({name: value for name, value in inputs.items() if name != "stream"})
         try:
             result = await self.binding.run(model, js_options(inputs), *ai_run_options(session))
         except JsException as exc:

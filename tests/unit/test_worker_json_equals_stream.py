@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from edgellm.config import Config
+from edgellm_local.doubles.scripted import ScriptedAI
 from edgellm_local.llama.binding import LlamaCppAI
 from edgellm_local.llama.runner import LlamaCppRunner
 from tests.edge.test_json_equals_stream import CASES, check_calls, request, stop_inside
@@ -102,4 +103,20 @@ async def test_a_hit_on_the_worker_answers_what_the_miss_did(platform: Platform)
     assert compared(await answer(platform, request("several tool calls"), True)) == miss
     assert compared(await answer(platform, request("several tool calls"), False)) == miss
     assert len(platform.ai.calls) == 1  # both answered from KV
+    await platform.settle()
+
+
+async def test_the_worker_describes_its_models_from_the_catalog_it_ships(runtime: Any) -> None:  # noqa: F811
+    """The `Ai` binding describes nothing (workerd): `/v1/models` and `system_fingerprint` come from
+    the shipped catalog, with the keys the local edge gives (a null fingerprint and empty
+    capabilities before)."""
+    rt, entry = runtime
+    platform = Platform(rt, entry, fp.JsAi(ScriptedAI()), MODEL="@hf/nousresearch/hermes-2-pro-mistral-7b")
+    native = await platform.fetch({}, url="https://edge.example/v1/models", method="GET")
+    [listed] = [m for m in json.loads(await native.bytes())["data"] if m["id"] == "@hf/nousresearch/hermes-2-pro-mistral-7b"]
+    assert listed["edgellm"]["capabilities"] == ["json_mode", "json_schema", "tools"]
+    assert listed["edgellm"]["context_window"] == 24000 and listed["edgellm"]["backend"] == "workers-ai"
+    body = {"model": "@hf/nousresearch/hermes-2-pro-mistral-7b", "messages": [{"role": "user", "content": "hi"}]}
+    answered = json.loads(await (await platform.fetch(body, FRESH)).bytes())
+    assert answered["system_fingerprint"].startswith("fp_")
     await platform.settle()

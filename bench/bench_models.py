@@ -1,8 +1,8 @@
 """Stand-in models: which registry-installed GGUF answers the project's own examples right.
 
-Thirty short questions of the kinds the README and the pages use (facts, lists, a JSON object, a
+Thirty short questions of the kinds the guides and the pages use (facts, lists, a JSON object, a
 tool call, a follow-up that needs the earlier turn), among them the pages' placeholders and the
-README's example questions, asked greedily (temperature 0) through the local edge's real
+guides' example questions, asked greedily (temperature 0) through the local edge's real
 llama.cpp binding (`LlamaCppAI`, built as `edgellm dev` builds it, with each model's chat
 template) and scored automatically: expected keywords, valid JSON with the right values, a tool
 call with the right name and arguments, the earlier turn's fact. Per model, in a process of its

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.config import Config
+from edgellm.vars import SECRETS, VARS, unknown_name
 
 from edgellm_local.emulator.access_log import install as install_access_log
-from edgellm_local.cli_args import NONNEGATIVE, PORT, POSITIVE
+from edgellm_local.cli_args import NONNEGATIVE, PORT, POSITIVE, OneLineParser
 from edgellm_local.deploy_check import add_parser as add_deploy_check_parser
 from edgellm_local.keys_cli import add_parser as add_keys_parser
 from edgellm_local.hub.publish import add_parser as add_publish_parser
@@ -27,12 +28,15 @@ from edgellm_local.llama.stand_ins import DEFAULT_STAND_IN, STAND_INS
 
 
 def _dev(args: argparse.Namespace) -> int:
-    """`edgellm dev`; SIGTERM stops it as Ctrl-C does, at any point (loading the model included)."""
+    """`edgellm dev`; SIGTERM stops it as Ctrl-C does, at any point (loading the model included).
+    Ctrl-C is how a developer ends it, so a clean stop after one is success (exit 0): with 130,
+    `make dev` reported its own recipe as failed ("Error 130") on every ordinary stop. SIGTERM,
+    a supervisor's stop, keeps the conventional 143."""
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return _serve_dev(args)
     except KeyboardInterrupt:
-        code = 130
+        code = 0
     except Terminated:
         code = 143
     finally:
@@ -50,14 +54,22 @@ def _serve_dev(args: argparse.Namespace) -> int:
     from edgellm_local.emulator.server import PortInUse, bind_socket, make_server
 
     try:
+        check_sizes(args)
+        for url in args.origin:
+            check_origin_url(url)
+        env = dev_vars(args.var)  # any [vars] value, as wrangler.toml would set it
         model, chat_template = resolve_model(args.model)
         chat_template = args.chat_template or chat_template
         # Open mode on loopback by default (a developer's own machine; the README's curl lines work
         # as they are), keys on any other address; --open / --require-keys decide explicitly.
-        open_access = args.open if args.open is not None else args.host in ("127.0.0.1", "localhost", "::1")
-        env = dict(var.split("=", 1) for var in args.var)  # any [vars] value, as wrangler.toml would set it
-        env.update({"MODEL": args.model_id, "ADMIN_TOKEN": args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"),
-                    "OPEN_ACCESS": "true" if open_access else "false"})
+        # (a --var OPEN_ACCESS, MODEL or ADMIN_TOKEN counts unless the flag that sets it is given)
+        loopback = args.host in ("127.0.0.1", "localhost", "::1")
+        open_access = args.open if args.open is not None else Config.from_env({"OPEN_ACCESS": env.get("OPEN_ACCESS") or
+                                                                               ("true" if loopback else "false")}).open_access
+        env["OPEN_ACCESS"] = "true" if open_access else "false"
+        for name, value in (("MODEL", args.model_id), ("ADMIN_TOKEN", args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"))):
+            if value:
+                env[name] = value
         if args.max_waiting_generations is not None:
             env["MAX_WAITING_GENERATIONS"] = str(args.max_waiting_generations)
         if args.origin:
@@ -101,6 +113,53 @@ def _serve_dev(args: argparse.Namespace) -> int:
     server = make_server(served, args.server)
     out_of_the_collectors_way(app.deps.log)
     return serve_until_stopped(server, sock, ai)
+
+
+# The fewest context tokens a slot needs to answer anything: a chat template's markers, a short
+# question and a few tokens of answer (a one-line question in SmolLM2's ChatML is ~30 tokens).
+MIN_SLOT_TOKENS = 128
+
+
+def check_sizes(args: argparse.Namespace) -> None:
+    """A context too small to hold a question and its answer would start and then refuse every
+    request; it is refused at start instead, saying how much is enough."""
+    per_slot = args.ctx_size // args.slots
+    if per_slot < MIN_SLOT_TOKENS:
+        raise ValueError(f"--ctx-size {args.ctx_size} gives each of the {args.slots} slot(s) {per_slot} tokens, too few to "
+                         f"answer anything: use --ctx-size {MIN_SLOT_TOKENS * args.slots} or more "
+                         f"(at least {MIN_SLOT_TOKENS} per slot; the default is 4096)")
+
+
+def check_origin_url(url: str) -> None:
+    """An origin the edge cannot reach over HTTP(S) would fail every request routed to it."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--origin {url!r} is not an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080/v1")
+
+
+def dev_vars(pairs: list[str]) -> dict[str, str]:
+    """`--var NAME=VALUE`s as the [vars] mapping. A name the Worker does not read would be ignored
+    without a word (a typo leaves the default in force), so it is refused, naming the nearest known
+    one; a secret (ADMIN_TOKEN, an origin's token) is accepted, as wrangler's `--var` takes it."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--var {pair!r} is not NAME=VALUE, e.g. --var EDGE_STALL_MS=500")
+        env[name] = value
+    secrets = set(SECRETS)
+    try:
+        origins = json.loads(env.get("ORIGINS") or "[]")
+    except ValueError:
+        origins = []  # the config says what is wrong with it
+    if isinstance(origins, list):
+        secrets |= {str(o["token_secret"]) for o in origins if isinstance(o, dict) and o.get("token_secret")}
+    for name in env:
+        if name not in VARS and name not in secrets:
+            raise ValueError(f"--var {name}: {unknown_name(name, VARS)}")
+    return env
 
 
 def out_of_the_collectors_way(log: logging.Logger) -> int:
@@ -186,20 +245,20 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
+    parser = OneLineParser(prog="edgellm", description="EdgeLLM: Workers AI at the edge, and offline.")
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
     dev.add_argument("--port", type=PORT, default=8787, help="TCP port (default: %(default)s)")
     dev.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     dev.add_argument("--model", help="the model standing in for the configured one: a stand-in's name "
-                                     f"({', '.join(STAND_INS)}; README, 'Stand-in models') or a GGUF path (default: {DEFAULT_STAND_IN})")
+                                     f"({', '.join(STAND_INS)}; docs/getting-started.md) or a GGUF path (default: {DEFAULT_STAND_IN})")
     dev.add_argument("--chat-template", help="llama.cpp's chat template by name or Jinja text (default: the GGUF's own, "
                                              "or the stand-in's)")
     dev.add_argument("--model-id", help="the Workers AI model id to serve (default: the config's)")
     dev.add_argument("--state", default=".state", help="directory for KV (SQLite) and R2 (files) (default: %(default)s)")
     dev.add_argument("--admin-token", help="turns on /admin/cache/* (default: $EDGELLM_ADMIN_TOKEN)")
-    dev.add_argument("--ctx-size", type=int, default=4096, help="llama.cpp context, shared by the slots (default: %(default)s)")
-    dev.add_argument("--slots", type=int, default=2, help="llama.cpp slots: conversations computed at once (default: %(default)s)")
+    dev.add_argument("--ctx-size", type=POSITIVE, default=4096, help=f"llama.cpp context, shared by the slots; at least {MIN_SLOT_TOKENS} per slot (default: %(default)s)")
+    dev.add_argument("--slots", type=POSITIVE, default=2, help="llama.cpp slots: conversations computed at once (default: %(default)s)")
     dev.add_argument("--resident-slots", type=NONNEGATIVE, default=None, metavar="N",
                      help="N more llama.cpp slots of the same size that only keep conversations and prompts in memory "
                           "(no save and restore when they come back), never computed beyond --slots at once; each costs "
@@ -211,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="llama.cpp threads for generation and prompts (default: the machine's cores, %(default)s)")
     dev.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                      help="skip the short generation at start-up that prints tokens/s")
-    dev.add_argument("--slot-disk-mib", type=int, default=2048, help="disk budget for saved conversation slot states (default: %(default)s)")
-    dev.add_argument("--max-waiting-generations", type=int, metavar="N",
+    dev.add_argument("--slot-disk-mib", type=NONNEGATIVE, default=2048, help="disk budget for saved conversation slot states (default: %(default)s)")
+    dev.add_argument("--max-waiting-generations", type=POSITIVE, metavar="N",
                      help="admission control: generations in progress before a miss gets 503 + Retry-After (default 32)")
     dev.add_argument("--open", dest="open", action="store_true", default=None, help="serve the API without keys (default on loopback)")
     dev.add_argument("--require-keys", dest="open", action="store_false", help="require API keys (default off loopback)")
@@ -224,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="send R2 files in chunks through Python instead of sendfile(2) (for comparison)")
     dev.add_argument("--origin", action="append", default=[], metavar="URL", help="an OpenAI-compatible origin to fall back to (repeatable)")
     dev.add_argument("--origin-token", help="bearer token for the origins (default: $EDGELLM_ORIGIN_TOKEN)")
-    dev.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a [vars] value, e.g. EDGE_FIRST_TOKEN_MS=500 (repeatable)")
+    dev.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a [vars] value, e.g. EDGE_FIRST_TOKEN_MS=500 (repeatable; every name is in docs/operations.md)")
     dev.add_argument("--fault", action="append", default=[], metavar="KIND=RATE[:OPT=V]",
                      help="inject faults at the AI binding: fail, retired, delay_first, stall, fail_mid (e.g. stall=0.33:after=3)")
     dev.add_argument("--request-log", metavar="FILE", help="append every request to FILE as JSON lines (for an origin under test)")

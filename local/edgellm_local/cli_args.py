@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import NoReturn
 
 
 @dataclass(frozen=True)
@@ -30,3 +31,12 @@ PORT = WholeNumber(0, 65535, "not a port number", "{value} is not a TCP port ({l
 POSITIVE = WholeNumber(1)
 COUNT = WholeNumber(0, out_of_range="must be 0 (unlimited) or more, got {value}")  # a limit: 0 is unlimited / none
 NONNEGATIVE = WholeNumber(0, out_of_range="must be 0 or more, got {value}")  # a number of things: 0 is none
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's refusal is the whole usage block and then the error, so the one line that says
+    what was wrong is the last of a dozen. A mistake here is one line, naming it and where the
+    accepted values are listed, and exit status 2 as argparse gives."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from edgellm.vars import check_vars as vars_problems
+
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 _PLACEHOLDER = re.compile(r"^(0+|<.*>|x+|todo|changeme|your[-_].*|)$", re.IGNORECASE)
 _KV_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -45,6 +47,21 @@ class Check:
 
 def load_config(path: Path) -> dict[str, Any]:
     return tomllib.loads(path.read_text())
+
+
+def check_vars(config: dict[str, Any]) -> list[Check]:
+    """The [vars] as the Worker will read them: an unknown name (a typo the Worker would ignore,
+    leaving the default in force), a TOML value of a type it cannot read, a secret written into
+    the file, a value the config refuses. Each would deploy fine and then misbehave (or answer
+    `worker_setup_failed` to every request), so each stops the deploy here."""
+    values = config.get("vars", {})
+    if not isinstance(values, dict):
+        return [Check("[vars]", False, "is not a table", "write [vars] as a TOML table of NAME = \"value\" lines")]
+    problems = vars_problems(values)
+    if not problems:
+        return [Check("[vars]", True, f"{len(values)} value(s), each known and readable")]
+    return [Check("[vars]", False, problem, "fix it in wrangler.toml (docs/operations.md lists every name and its values)")
+            for problem in problems]
 
 
 def check_ids(config: dict[str, Any]) -> list[Check]:
@@ -173,7 +190,7 @@ def check_dry_run(wrangler: Sequence[str], run: Runner, outdir: str = "dist") ->
 def run_checks(config_path: Path, wrangler: Sequence[str], run: Runner = subprocess.run) -> list[Check]:
     """Offline checks first; the account checks only once logged in (they would all fail alike)."""
     config = load_config(config_path)
-    checks = check_ids(config)
+    checks = check_vars(config) + check_ids(config)
     login = check_login(wrangler, run)
     checks.append(login)
     if login.ok:

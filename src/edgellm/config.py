@@ -56,8 +56,31 @@ def _positive_number(name: str, value: Any) -> float:
     return number
 
 
-def _flag(value: Any) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(name: str, value: Any) -> bool:
+    """Strict, since a flag read leniently fails silently: OPEN_ACCESS = "ture" once meant false."""
+    text = str(value).strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return text in _TRUE
+
+
+def _whole(name: str, value: Any, default: int) -> int:
+    """A count, size or duration in whole units, at least 1; the message names the variable (int()'s
+    own, "invalid literal for int() with base 10", names nothing)."""
+    if value is None:
+        return default
+    return _positive_int(name, value)
+
+
+def _json_text(name: str, value: Any, parse: Any, accepts: str) -> Any:
+    """A JSON-valued variable parsed by `parse`; any refusal is said naming the variable."""
+    try:
+        return parse(value)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise ValueError(f"{name} must be {accepts}, got {value!r} ({exc})") from None
 
 
 def _prices(value: Any) -> dict[str, tuple[float, float]]:
@@ -194,27 +217,34 @@ class Config:
         return cls(
             model=str(get("MODEL") or base.model),
             # present but empty turns fallback off; absent keeps the default list
-            fallback_models=_list(env.get("FALLBACK_MODELS")) if env.get("FALLBACK_MODELS") is not None else base.fallback_models,
-            context_window=int(get("CONTEXT_WINDOW") or base.context_window),
+            fallback_models=_json_text("FALLBACK_MODELS", env.get("FALLBACK_MODELS"), _list,
+                                       "model ids, comma-separated or a JSON list") if env.get("FALLBACK_MODELS") is not None else base.fallback_models,
+            context_window=_whole("CONTEXT_WINDOW", get("CONTEXT_WINDOW"), base.context_window),
             cache_namespace=str(get("CACHE_NAMESPACE") or base.cache_namespace),
-            cache_default_ttl=int(get("CACHE_DEFAULT_TTL") or base.cache_default_ttl),
-            cache_classes=_dict(get("CACHE_CLASSES"), base.cache_classes),
+            cache_default_ttl=_whole("CACHE_DEFAULT_TTL", get("CACHE_DEFAULT_TTL"), base.cache_default_ttl),
+            cache_classes=_json_text("CACHE_CLASSES", get("CACHE_CLASSES"), lambda v: _dict(v, base.cache_classes),
+                                     'a JSON object of class -> TTL seconds, e.g. {"news": 300}'),
             admin_token=get("ADMIN_TOKEN"),
             tenant=str(get("TENANT") or base.tenant),
-            conversation_ttl=int(get("CONVERSATION_TTL") or base.conversation_ttl),
-            conversation_max_bytes=int(get("CONVERSATION_MAX_BYTES") or base.conversation_max_bytes),
-            max_waiting_generations=int(get("MAX_WAITING_GENERATIONS") or base.max_waiting_generations),
+            conversation_ttl=_whole("CONVERSATION_TTL", get("CONVERSATION_TTL"), base.conversation_ttl),
+            conversation_max_bytes=_whole("CONVERSATION_MAX_BYTES", get("CONVERSATION_MAX_BYTES"), base.conversation_max_bytes),
+            max_waiting_generations=_whole("MAX_WAITING_GENERATIONS", get("MAX_WAITING_GENERATIONS"),
+                                           base.max_waiting_generations),
             start_timeout_seconds=(_positive_number("START_TIMEOUT_SECONDS", get("START_TIMEOUT_SECONDS"))
                                    if get("START_TIMEOUT_SECONDS") else base.start_timeout_seconds),
             run_min_tokens_per_second=(_positive_number("RUN_MIN_TOKENS_PER_SECOND", get("RUN_MIN_TOKENS_PER_SECOND"))
                                        if get("RUN_MIN_TOKENS_PER_SECOND") else base.run_min_tokens_per_second),
-            open_access=_flag(get("OPEN_ACCESS") or "false"),
-            cors_origins=_list(get("CORS_ORIGINS")),
+            open_access=_flag("OPEN_ACCESS", get("OPEN_ACCESS") or "false"),
+            cors_origins=_json_text("CORS_ORIGINS", get("CORS_ORIGINS"), _list, "origins, comma-separated or a JSON list"),
             fixed_max_messages=_positive_int("MAX_MESSAGES", get("MAX_MESSAGES")) if get("MAX_MESSAGES") else None,
-            model_prices=_prices(get("MODEL_PRICES")),
-            model_capabilities=_capabilities(get("MODEL_CAPABILITIES")),
+            model_prices=_json_text("MODEL_PRICES", get("MODEL_PRICES"), _prices,
+                                    "a JSON object of model id -> [USD per million input tokens, output tokens]"),
+            model_capabilities=_json_text("MODEL_CAPABILITIES", get("MODEL_CAPABILITIES"), _capabilities,
+                                          'a JSON object of model id -> capability names, e.g. {"@cf/...": ["json_mode"]}'),
             # present but empty turns aliases off; absent keeps the default ones
-            model_aliases=({str(k): str(v) for k, v in _json_object(get("MODEL_ALIASES")).items()}
+            model_aliases=(_json_text("MODEL_ALIASES", get("MODEL_ALIASES"),
+                                      lambda v: {str(k): str(t) for k, t in _json_object(v).items()},
+                                      'a JSON object of alias -> model id ("" = MODEL), e.g. {"gpt-4o-mini": ""}')
                            if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
             routing=RoutingConfig.from_env(env),
         )

@@ -174,7 +174,8 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
     caller's own fields.
     """
     where = f"{binding} failed for {subject}" if subject else f"{binding} failed"
-    said = f": {exc.public}" if exc.public else ""
+    # the binding's own sentence goes inside the edge's: its closing stop would double the edge's ("later.; retry")
+    said = f": {exc.public.rstrip(' .;:')}" if exc.public else ""
     detail = f"{where}: {type(exc).__name__}: {exc}"
 
     def answer(kind: ErrorKind, message: str, error_code: str, retry_after: int | None = None, param: str | None = None) -> GatewayError:

@@ -96,7 +96,8 @@ def _parse_common(body: Any, config: Config) -> tuple[str, dict[str, Any], dict[
             raise invalid(f"'{name}' is not supported on this gateway.", name, "unsupported_parameter")
     sampling_body = dict(body)
     if body.get("max_completion_tokens") is not None:
-        sampling_body["max_tokens"] = body["max_completion_tokens"]
+        # checked under the name the caller sent: refused as 'max_tokens', it named a field not in the request
+        sampling_body["max_tokens"] = as_int(body, "max_completion_tokens", 1, config.context_window)
     sampling = validate_sampling(sampling_body, config)
     return model, sampling, validate_options(body)
 

@@ -34,16 +34,21 @@ _HONOURED = ("model", "input", "instructions", "previous_response_id", "store", 
 _ACCEPTED = ("user", "safety_identifier", "service_tier", "stream_options", "truncation", "tools", "tool_choice",
              "parallel_tool_calls", "text", "include", "reasoning", "background", "top_logprobs", "max_tool_calls",
              "prompt_cache_retention")
+# Tool calls are the chat completions route's (every backend's tool support is wired there); the
+# Responses route generates text and structured text only, so a refusal says where tools do work.
+_TOOLS_ELSEWHERE = ("tools are not supported on /v1/responses (it answers text and text.format only): send tool calls "
+                    "to POST /v1/chat/completions, which takes tools, tool_choice and parallel_tool_calls where the model "
+                    "can honour them")
 _REFUSED = {
-    "tools": "tools are not supported by this gateway (text generation only)",
-    "tool_choice": "tool_choice is not supported by this gateway (text generation only)",
+    "tools": _TOOLS_ELSEWHERE,
+    "tool_choice": _TOOLS_ELSEWHERE,
     "text": "'text' takes 'format' (text, json_object or json_schema) and 'verbosity'",
     "include": "'include' is not supported (no tool or reasoning output exists here)",
     "reasoning": "reasoning options are not supported by these models",
     "background": "background responses are not supported",
     "truncation": "'truncation' is 'disabled' or 'auto'",
     "top_logprobs": "logprobs are not supported",
-    "max_tool_calls": "tools are not supported by this gateway (text generation only)",
+    "max_tool_calls": _TOOLS_ELSEWHERE,
     "conversation": "the 'conversation' object is not supported; continue with 'previous_response_id'",
     "prompt": "prompt templates are not supported",
 }

@@ -116,12 +116,29 @@ def refuse_lone_surrogates(raw: bytes, value: Any) -> None:
             stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(item))))
 
 
+def described(value: Any) -> str:
+    """A JSON value as a caller reads it: "got True" named Python's spelling of a JSON `true`, and
+    said nothing of its type where the type was the mistake."""
+    if isinstance(value, bool):
+        return f"a boolean ({'true' if value else 'false'})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, (int, float)):
+        return f"{value!r}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null" if value is None else type(value).__name__
+
+
 def as_int(body: dict[str, Any], name: str, lo: int | None = None, hi: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
-        raise invalid(f"'{name}' must be an integer, got {value!r}.", name, "invalid_type")
+        raise invalid(f"'{name}' must be an integer, got {described(value)}.", name, "invalid_type")
     value = int(value)
     _check_range(name, value, lo, hi)
     return value
@@ -132,7 +149,7 @@ def as_float(body: dict[str, Any], name: str, lo: float | None = None, hi: float
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise invalid(f"'{name}' must be a number, got {value!r}.", name, "invalid_type")
+        raise invalid(f"'{name}' must be a number, got {described(value)}.", name, "invalid_type")
     if value != value or value in (float("inf"), float("-inf")):
         raise invalid(f"'{name}' must be a finite number.", name)
     _check_range(name, value, lo, hi)
@@ -144,7 +161,7 @@ def as_bool(body: dict[str, Any], name: str) -> bool | None:
     if value is None:
         return None
     if not isinstance(value, bool):
-        raise invalid(f"'{name}' must be a boolean, got {value!r}.", name, "invalid_type")
+        raise invalid(f"'{name}' must be a boolean, got {described(value)}.", name, "invalid_type")
     return value
 
 

@@ -74,8 +74,8 @@ def test_dev_serves_the_model_and_stops_on_ctrl_c(running: tuple[subprocess.Pope
 
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=15)
-    # a clean shutdown, with the exit status a Ctrl-C gets (128 + SIGINT)
-    assert process.returncode in (0, 130)
+    # a clean shutdown after Ctrl-C is success (so `make dev` reports no error)
+    assert process.returncode == 0
     assert "Traceback" not in err
     assert url in out and tiny_model.name in out  # the banner says where and what
     # `dev` lets uvicorn set up its loop: uvloop's, isolating requests as workerd does

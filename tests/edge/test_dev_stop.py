@@ -152,7 +152,8 @@ def test_dev_stops_within_10_s_on_sigint_and_sigterm_idle_and_mid_generation_20_
             sig, mid = CASES[round_ % len(CASES)]
             stops.append(stop_once(tiny_model, tmp_path / f"state{round_}", sig, mid))
     for stop in stops:
-        assert stop.returncode == 128 + stop.signal, stop  # 130 after Ctrl-C, 143 after SIGTERM
+        # a Ctrl-C is the ordinary way to stop it: success (`make dev` then reports no error); SIGTERM 143
+        assert stop.returncode == (0 if stop.signal == signal.SIGINT else 128 + stop.signal), stop
         assert stop.seconds < STOP_DEADLINE_S, stop
     summary = ", ".join(f"{s.signal.name}{'/gen' if s.mid_generation else ''} {s.seconds:.1f}s" for s in stops)
     print(f"\n{ROUNDS} stops under 2 busy loops: slowest {max(s.seconds for s in stops):.1f} s: {summary}")

@@ -133,7 +133,7 @@ def test_stream_flags(body: dict[str, Any], stream: bool, include_usage: bool) -
         (chat(stream=True, stream_options={"include_usage": "yes"}), "include_usage", 400),
         (chat(max_tokens=0), "max_tokens", 400),
         (chat(max_tokens=1.5), "max_tokens", 400),
-        (chat(max_completion_tokens=-1), "max_tokens", 400),
+        (chat(max_completion_tokens=-1), "max_completion_tokens", 400),
         (chat(temperature=5.01), "temperature", 400),
         (chat(temperature=True), "temperature", 400),
         (chat(seed=0), "seed", 400),

@@ -1,4 +1,4 @@
-"""The pages' placeholders and the README's example questions are questions `bench.bench_models`
+"""The pages' placeholders and the example questions of the README and the guides are questions `bench.bench_models`
 scores, so none can change (or be added) without the stand-in model being measured on it."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def placeholders() -> list[tuple[str, str]]:
 
 
 def readme_questions() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
+    """The README's and the guides' example questions (chat messages and Responses inputs)."""
+    readme = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     user = re.findall(r'"role":\s*"user",\s*"content":\s*"([^"]+)"', readme)
     responses = re.findall(r'responses\.create\([^)]*?input="([^"]+)"', readme)
     return user + responses

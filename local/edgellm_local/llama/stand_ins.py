@@ -81,7 +81,7 @@ def resolve_model(value: str | None) -> tuple[Path, str | None]:
     if _looks_like_a_name(value, path):  # type: ignore[arg-type]
         names = ", ".join(STAND_INS)
         raise UnknownStandIn(f"unknown stand-in model {value!r}: the stand-ins are {names} "
-                             "(README, 'Stand-in models'), or pass a GGUF path")
+                             "(docs/getting-started.md, 'Stand-in models'), or a path to a .gguf file")
     return path, None
 
 

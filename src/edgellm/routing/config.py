@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 DEFAULT_FIRST_TOKEN_MS = 3000
 DEFAULT_STALL_MS = 2000
@@ -62,7 +63,7 @@ class RegionConfig:
 
     `resident`: the request, its prompt and its cached answer never go to an origin outside
     `name` (or `allowed`), nor to a cache namespace shared with other regions. `edge`: whether
-    the AI binding may serve it at all (Workers AI's own placement is Cloudflare's, see README)."""
+    the AI binding may serve it at all (Workers AI's own placement is Cloudflare's, see docs/edge-and-origin.md)."""
 
     name: str
     origin: str | None = None
@@ -112,24 +113,54 @@ class RoutingConfig:
 
         def number(name: str) -> int | None:
             value = get(name)
-            return None if value is None else int(value)
+            return None if value is None else _whole(name, value)
 
         return cls(
-            origins=tuple(_origin(item, env, i) for i, item in enumerate(_json(get("ORIGINS"), []))),
+            origins=tuple(_origin(item, env, i) for i, item in enumerate(_json("ORIGINS", get("ORIGINS"), [], list))),
             first_token_ms=number("EDGE_FIRST_TOKEN_MS") or DEFAULT_FIRST_TOKEN_MS,
             stall_ms=number("EDGE_STALL_MS") or DEFAULT_STALL_MS,
             edge_max_prompt_tokens=number("EDGE_MAX_PROMPT_TOKENS"),
             edge_max_output_tokens=number("EDGE_MAX_OUTPUT_TOKENS"),
             edge_tokenizer=get("EDGE_TOKENIZER"),
-            breaker=BreakerConfig(**{k: v for k, v in _json(get("BREAKER"), {}).items() if k in ("failures", "window_s", "cooldown_s")}),
-            regions={str(k).upper(): _region(str(k).upper(), v) for k, v in _json(get("REGIONS"), {}).items()},
+            breaker=BreakerConfig(**{k: v for k, v in _json("BREAKER", get("BREAKER"), {}, dict).items()
+                                     if k in ("failures", "window_s", "cooldown_s")}),
+            regions={str(k).upper(): _region(str(k).upper(), v) for k, v in _json("REGIONS", get("REGIONS"), {}, dict).items()},
         )
 
 
-def _json(value: Any, default: Any) -> Any:
+def _whole(name: str, value: Any) -> int:
+    """Milliseconds or tokens, at least 1; refused naming the variable (0 would time out or refuse everything)."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return number
+
+
+def _json(name: str, value: Any, default: Any, shape: type) -> Any:
+    """A JSON-valued variable of one shape (a list or an object), refused naming the variable."""
     if value is None:
         return default
-    return value if isinstance(value, (list, dict)) else json.loads(str(value))
+    what = "a JSON list" if shape is list else "a JSON object"
+    try:
+        data = value if isinstance(value, (list, dict)) else json.loads(str(value))
+    except ValueError as exc:
+        raise ValueError(f"{name} must be {what}, got {value!r} ({exc})") from None
+    if not isinstance(data, shape):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return data
+
+
+def _origin_url(url: str, index: int) -> str:
+    """An origin is reached over HTTP: any other scheme, or a URL without a host, would fail every
+    request routed to it, so it is refused when the config is read."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"ORIGINS[{index}] url must be an http:// or https:// URL with a host, "
+                         f"e.g. http://127.0.0.1:8080/v1, got {url!r}")
+    return url
 
 
 def _origin(item: Any, env: Mapping[str, Any], index: int) -> OriginConfig:
@@ -141,7 +172,7 @@ def _origin(item: Any, env: Mapping[str, Any], index: int) -> OriginConfig:
     token = env.get(secret) if secret else item.get("token")
     return OriginConfig(
         name=str(item.get("name") or f"origin{index + 1}"),
-        url=item["url"],
+        url=_origin_url(item["url"], index),
         token=str(token) if token else None,
         timeout_ms=int(item.get("timeout_ms") or DEFAULT_ORIGIN_TIMEOUT_MS),
         context_window=int(item.get("context_window") or 32768),

@@ -3,7 +3,7 @@
 A resident region's answers live under a namespace of their own (`<namespace>.res-<REGION>`),
 which is part of the key, so an answer cached for a resident region is never served outside
 it and it never reads answers cached elsewhere. `cache: false` turns the cache off for a
-region (KV replicates globally, see the README on what residency cannot guarantee).
+region (KV replicates globally, see docs/edge-and-origin.md on what residency cannot guarantee).
 """
 
 from __future__ import annotations

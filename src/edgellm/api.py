@@ -88,7 +88,7 @@ async def serve_generation(
     memo_key = (shape.name, generation.model, generation.system_fingerprint) if shape is not None else None
     if memo_key is not None and generation.rendered is not None and not gen_request.stream and memo_key in generation.rendered:
         return _kept_answer(request, generation, shape, generation.rendered[memo_key])  # type: ignore[arg-type]
-    access.observe(request, generation)
+    access.observe(request, generation, deps.clock.now)
     if gen_request.stream:
         headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})

@@ -105,10 +105,13 @@ def _error_response(request: Request, error: GatewayError, router: Router) -> Re
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
     started, handler_name = deps.clock.now(), "none"
-    request.id = request_id(request, deps.state.ids)
-    # the request's span: under the client's trace when it sent one (W3C traceparent), else a new trace
-    request.span = tracing.request_span(deps.tracer, deps.state.ids, request.method, request.headers.get("traceparent"))
-    tracing.enter(request.span)
+    request.id = request_id(request, deps.state.request_ids)
+    if deps.tracer.recording or deps.config.routing.active:
+        # the request's span (under the client's trace when it sent a W3C traceparent, else a new
+        # trace), current for what it calls: an origin is sent its trace. Nothing else reads it
+        # while the request runs; the log line makes one when it needs the trace id.
+        request.span = tracing.request_span(deps.tracer, deps.state.ids, request.method, request.headers.get("traceparent"))
+        tracing.enter(request.span)
     try:
         if request.method == "OPTIONS":
             handler_name = "preflight"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Hashable
 
 from .admission import Admission
 from .config import Config
-from .ids import RandomIds
+from .ids import RandomIds, RequestIds
 from .routing.state import RoutingState
 from .telemetry.metrics import Telemetry
 
@@ -99,3 +99,4 @@ class IsolateState:
     ids: RandomIds = field(default_factory=RandomIds)  # answer and request ids, from the CSPRNG a block at a time
     routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers
     telemetry: Telemetry = field(default_factory=Telemetry)  # counts of finished requests, for /metrics
+    request_ids: RequestIds = field(default_factory=RequestIds)  # x-request-id values (access.logs.request_id)

@@ -146,3 +146,12 @@ def test_the_log_tracer_writes_one_json_line_per_span_with_its_parent(caplog: py
     assert lines[0]["parent_span_id"] == root.context.span_id and lines[1]["parent_span_id"] == SPAN
     assert {line["trace_id"] for line in lines} == {TRACE}
     assert lines[0]["gen_ai.usage.output_tokens"] == 3 and lines[1]["status"] == "error"
+
+
+def test_request_ids_are_unique_per_isolate_and_differ_between_isolates() -> None:
+    from edgellm.ids import RequestIds
+
+    one, other = RequestIds(), RequestIds()
+    ids = [one.new() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and len({i.split("-")[0] for i in ids}) == 1
+    assert other.new().split("-")[0] != ids[0].split("-")[0]

@@ -200,7 +200,7 @@ class EdgeApp:
             response = self.assets.serve(request)
         if response is not None:
             response = self.page_headers.apply(request.path, response)
-            request.id = request_id(request, self.deps.state.ids)
+            request.id = request_id(request, self.deps.state.request_ids)
             response.headers["x-request-id"] = request.id
             log_request(request, response, self.deps, self.deps.clock.now(), "asset")
         if response is None:

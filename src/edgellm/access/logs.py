@@ -13,20 +13,23 @@ from typing import Any
 
 from ..http import Request, Response
 from ..deps import Deps
-from ..ids import RandomIds
+from ..ids import RequestIds
+from ..telemetry.tracing import Span
 
 # a client's own id is kept when it is one a log search can hold (W3C and most tracers' ids fit)
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 PROMPT_CHARS = 4096  # the most of a prompt a log line carries (`log_prompts`)
 
 
-def request_id(request: Request, ids: RandomIds) -> str:
-    """The client's `x-request-id` if well-formed, else Cloudflare's `cf-ray`, else a new one."""
+def request_id(request: Request, ids: RequestIds) -> str:
+    """The client's `x-request-id` if well-formed, else Cloudflare's `cf-ray`, else a new one
+    (`IsolateState.request_ids`)."""
+    headers = request.headers
     for name in ("x-request-id", "cf-ray"):
-        value = request.headers.get(name)
+        value = headers.get(name)
         if value and _ID.match(value):
             return value
-    return ids.hex(8)  # the isolate's ids (`IsolateState.ids`): no OS call per request
+    return ids.new()
 
 
 class _AsJson:
@@ -64,10 +67,12 @@ def log_request(request: Request, response: Response, deps: Deps, started: float
     if not logger.isEnabledFor(logging.INFO):
         return None
     principal, seen, span = request.principal, request.observed, request.span
+    if span is None:  # nothing needed it while it ran (no tracer, no origin): its trace, for the line
+        span = request.span = Span(traceparent=request.headers.get("traceparent"), ids=deps.state.ids)
     now = deps.clock.now()
     record = {
-        "request_id": request.id or request_id(request, deps.state.ids),
-        "trace_id": span.context.trace_id if span is not None else None,
+        "request_id": request.id or request_id(request, deps.state.request_ids),
+        "trace_id": span.context.trace_id,
         "method": request.method, "path": request.path[:256], "status": response.status,
         "cache": response.headers.get("cf-aig-cache-status", "-"), "route": route or handler, "handler": handler,
         "ms": round(max(0.0, now - started) * 1000, 1),

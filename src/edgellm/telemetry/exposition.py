@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .metrics import Histogram
+from .metrics import Histogram, status_label
 
 if TYPE_CHECKING:
     from ..deps import Deps
@@ -69,6 +69,14 @@ def _histogram(name: str, help: str, labels: tuple[str, ...], series: dict[tuple
     return family
 
 
+def _by_status_class(requests: dict[tuple[str, str, str, int], int]) -> dict[tuple[str, ...], int]:
+    out: dict[tuple[str, ...], int] = {}
+    for (route, model, tenant, digit), n in requests.items():
+        key = (route, model, tenant, status_label(digit))
+        out[key] = out.get(key, 0) + n
+    return out
+
+
 def engine_load(deps: Deps) -> dict[str, Any] | None:
     """The engine's slots, when the AI binding says (the local edge's llama.cpp slot pool)."""
     try:
@@ -84,7 +92,7 @@ def families(deps: Deps) -> list[Family]:
     t, cache, admission, routing = state.telemetry, state.cache, state.admission, state.routing
     out = [
         _counter("requests", "Requests answered, by route template, model served, tenant and status class.",
-                 ("route", "model", "tenant", "status"), t.requests),
+                 ("route", "model", "tenant", "status"), _by_status_class(t.requests)),
         _single("cache_hits", "counter", "Answers served from the KV cache.", cache.hits),
         _single("cache_misses", "counter", "Cacheable requests not in the KV cache (generated, then stored).", cache.misses),
         _single("cache_bypasses", "counter", "Requests that skipped the cache (asked to, uncacheable, or no KV).", cache.bypasses),

@@ -25,7 +25,12 @@ STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 
 
 def status_class(status: int) -> str:
-    return STATUS_CLASSES[min(4, max(0, status // 100 - 1))]
+    return status_label(status // 100)
+
+
+def status_label(digit: int) -> str:
+    """`2xx` for 2: the class of a status as `Telemetry.requests` keeps it (its hundreds digit)."""
+    return STATUS_CLASSES[min(4, max(0, digit - 1))]
 
 
 def served_by(route: str | None, cache_status: str) -> str:
@@ -83,7 +88,7 @@ class Histogram:
 class Telemetry:
     """Per-isolate counts of finished requests (labels in the order their family names them)."""
 
-    requests: dict[tuple[str, str, str, str], int] = field(default_factory=dict)  # (route, model, tenant, status)
+    requests: dict[tuple[str, str, str, int], int] = field(default_factory=dict)  # (route, model, tenant, status // 100)
     prompt_tokens: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, tenant)
     generation_tokens: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, tenant)
     ttft: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
@@ -102,7 +107,9 @@ class Telemetry:
         return tenant
 
     def count_request(self, route: str, model: str, tenant: str, status: int) -> None:
-        key = (route, model, tenant, status_class(status))
+        """One finished request. Its status is kept as its class's digit (2 for 2xx), spelled out
+        when scraped (`status_label`): a HIT pays for one tuple and one dict update here."""
+        key = (route, model, tenant, status // 100)
         requests = self.requests
         if key in requests:
             requests[key] += 1

@@ -23,7 +23,7 @@ import re
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from ..ids import RandomIds
 
@@ -41,9 +41,9 @@ GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_FINISH_REASONS = "gen_ai.response.finish_reasons"
 
 
-@dataclass(frozen=True, slots=True)
-class SpanContext:
-    """A span's place in its trace: W3C's trace id (32 hex), span id (16 hex) and sampled flag."""
+class SpanContext(NamedTuple):
+    """A span's place in its trace: W3C's trace id (32 hex), span id (16 hex) and sampled flag.
+    A tuple: one is made per request, and a frozen dataclass costs several times as much."""
 
     trace_id: str
     span_id: str
@@ -75,12 +75,23 @@ def new_trace(ids: RandomIds) -> SpanContext:
 
 class Span:
     """A span that records nothing (`NoopTracer`'s): its context, and calls that do nothing.
-    Implementations add what they record; callers only `set` attributes and `end` it."""
+    Implementations add what they record; callers only `set` attributes and `end` it.
 
-    __slots__ = ("context",)
+    Made for every request, read by few (a log line, an origin call): its context is worked out
+    when first read, from the client's `traceparent` or a new trace, so a cache HIT with its log
+    off draws no ids for it."""
 
-    def __init__(self, context: SpanContext) -> None:
-        self.context = context
+    __slots__ = ("_context", "_traceparent", "_ids")
+
+    def __init__(self, context: SpanContext | None = None, *, traceparent: str | None = None, ids: RandomIds | None = None) -> None:
+        self._context, self._traceparent, self._ids = context, traceparent, ids
+
+    @property
+    def context(self) -> SpanContext:
+        context = self._context
+        if context is None:
+            context = self._context = parse_traceparent(self._traceparent) or new_trace(self._ids or RandomIds(block=24))
+        return context
 
     def set(self, key: str, value: Any) -> None:
         pass
@@ -97,7 +108,7 @@ class NoopTracer:
     recording: bool = False
 
     def start_span(self, name: str, parent: SpanContext | None, attributes: Mapping[str, Any] | None = None) -> Span:
-        return Span(parent if parent is not None else new_trace(RandomIds(block=24)))
+        return Span(parent)
 
 
 @dataclass
@@ -142,10 +153,9 @@ class LoggedSpan(Span):
 def request_span(tracer: Any, ids: RandomIds, method: str, traceparent: str | None) -> Any:
     """A request's span: a child of the client's span when it sent a valid `traceparent`, else the
     root of a new trace; with nothing recording, only its context (ids from the isolate's `ids`)."""
-    parent = parse_traceparent(traceparent)
     if tracer.recording:
-        return tracer.start_span(method, parent, {"http.request.method": method})
-    return Span(parent if parent is not None else new_trace(ids))
+        return tracer.start_span(method, parse_traceparent(traceparent), {"http.request.method": method})
+    return Span(traceparent=traceparent, ids=ids)
 
 
 _CURRENT: ContextVar[Span | None] = ContextVar("edgellm_span", default=None)

@@ -58,6 +58,19 @@ let drawn = null;  // redraws the charts at the page's new width (a phone turned
 let resizing = 0;
 window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => drawn?.(), 100); });
 
+// "admin routes are off" only when they are: asked without a token, an edge without one answers 404
+// `route_not_found` (one with a token: 401)
+async function adminRoutes() {
+  let off = false;
+  try {
+    const response = await fetch("/admin/usage");
+    off = response.status === 404 && (await response.json())?.error?.code === "route_not_found";
+  } catch { off = false; }
+  $("admin-off").hidden = !off;
+  document.body.dataset.admin = off ? "off" : "on";
+}
+adminRoutes();
+
 $("auth").addEventListener("submit", show);
 // Enabled only now: clicked before this module ran, the form submitted natively and reloaded the page, the token lost
 $("auth").querySelector("button[type=submit]").disabled = false;

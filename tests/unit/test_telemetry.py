@@ -155,3 +155,20 @@ def test_request_ids_are_unique_per_isolate_and_differ_between_isolates() -> Non
     ids = [one.new() for _ in range(1000)]
     assert len(set(ids)) == 1000 and len({i.split("-")[0] for i in ids}) == 1
     assert other.new().split("-")[0] != ids[0].split("-")[0]
+
+
+def test_the_grafana_dashboard_reads_only_metrics_the_edge_exposes() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "grafana" / "edgellm-dashboard.json").read_text())
+    exposed = set()
+    for family in families(busy_deps()):
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}[family.type]
+        exposed |= {family.name + s for s in suffixes}
+    used = {name for panel in dashboard["panels"] for target in panel["targets"] for name in re.findall(r"\bedgellm_\w+", target["expr"])}
+    assert used and used <= exposed, used - exposed
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    for shown in ("requests per minute", "errors", "cache hit ratio", "time to first token", "tokens per minute by tenant"):
+        assert shown in titles

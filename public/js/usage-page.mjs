@@ -58,14 +58,10 @@ let drawn = null;  // redraws the charts at the page's new width (a phone turned
 let resizing = 0;
 window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => drawn?.(), 100); });
 
-// "admin routes are off" only when they are: asked without a token, an edge without one answers 404
-// `route_not_found` (one with a token: 401)
+// "admin routes are off" only when they are: /healthz says (asking /admin itself logs a 401 in the console)
 async function adminRoutes() {
   let off = false;
-  try {
-    const response = await fetch("/admin/usage");
-    off = response.status === 404 && (await response.json())?.error?.code === "route_not_found";
-  } catch { off = false; }
+  try { off = (await (await fetch("/healthz")).json()).admin_routes === false; } catch { off = false; }
   $("admin-off").hidden = !off;
   document.body.dataset.admin = off ? "off" : "on";
 }

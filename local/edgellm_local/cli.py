@@ -70,6 +70,9 @@ def _serve_dev(args: argparse.Namespace) -> int:
         for name, value in (("MODEL", args.model_id), ("ADMIN_TOKEN", args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"))):
             if value:
                 env[name] = value
+        # /metrics: open on loopback (Prometheus beside it), behind the admin token elsewhere
+        env.setdefault("METRICS_OPEN", "true" if loopback else "false")
+        env["LOG_PROMPTS"] = "true" if args.log_prompts else env.get("LOG_PROMPTS", "false")
         if args.max_waiting_generations is not None:
             env["MAX_WAITING_GENERATIONS"] = str(args.max_waiting_generations)
         if args.origin:
@@ -275,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="admission control: generations in progress before a miss gets 503 + Retry-After (default 32)")
     dev.add_argument("--open", dest="open", action="store_true", default=None, help="serve the API without keys (default on loopback)")
     dev.add_argument("--require-keys", dest="open", action="store_false", help="require API keys (default off loopback)")
-    dev.add_argument("--log-json", action="store_true", help="log each request as a JSON record instead of an access line")
+    dev.add_argument("--log-format", choices=("text", "json"), default="text",
+                     help="one line per request: readable text, or the JSON record (default: %(default)s)")
+    dev.add_argument("--log-json", dest="log_format", action="store_const", const="json", help="the same as --log-format json")
+    dev.add_argument("--log-prompts", action="store_true", help="the request's log line carries its prompt (never by default)")
     dev.add_argument("--server", choices=("fast", "baseline"), default="fast",
                      help="fast: httptools + uvloop, API routes before static files; baseline: h11 + asyncio, "
                           "static files first (for benchmarks) (default: %(default)s)")
@@ -302,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "dev":
-        install_access_log(as_json=args.log_json)
+        install_access_log(as_json=args.log_format == "json")
     return args.run(args)
 
 

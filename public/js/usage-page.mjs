@@ -58,6 +58,15 @@ let drawn = null;  // redraws the charts at the page's new width (a phone turned
 let resizing = 0;
 window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => drawn?.(), 100); });
 
+// "admin routes are off" only when they are: /healthz says (asking /admin itself logs a 401 in the console)
+async function adminRoutes() {
+  let off = false;
+  try { off = (await (await fetch("/healthz")).json()).admin_routes === false; } catch { off = false; }
+  $("admin-off").hidden = !off;
+  document.body.dataset.admin = off ? "off" : "on";
+}
+adminRoutes();
+
 $("auth").addEventListener("submit", show);
 // Enabled only now: clicked before this module ran, the form submitted natively and reloaded the page, the token lost
 $("auth").querySelector("button[type=submit]").disabled = false;

@@ -91,7 +91,7 @@ async def serve_generation(
         return _kept_answer(request, generation, shape, generation.rendered[memo_key])  # type: ignore[arg-type]
     if gen_request.inputs.get("tools"):  # whatever produced the calls (edge, origin, a HIT's replay), clients get them whole
         generation.events = whole_tool_calls(generation.events)
-    access.observe(request, generation)
+    access.observe(request, generation, deps.clock.now)
     if gen_request.stream:
         headers = generation_headers(generation)
         headers.update({"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"})
@@ -213,7 +213,9 @@ async def retrieve_model(request: Request, deps: Deps) -> Response:
 
 
 async def health(request: Request, deps: Deps) -> Response:
-    body: dict[str, Any] = {"status": "ok", "model": deps.config.model, "access": "open" if deps.config.open_access else "keys"}
+    body: dict[str, Any] = {"status": "ok", "model": deps.config.model, "access": "open" if deps.config.open_access else "keys",
+                            # what the usage page tells its reader (a 404 from /admin says the same to anyone)
+                            "admin_routes": bool(deps.config.admin_token)}
     if deps.config.open_access:
         body["warning"] = "OPEN ACCESS: API calls need no key; anyone who can reach this edge can spend inference."
     return json_response(body)

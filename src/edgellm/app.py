@@ -13,13 +13,16 @@ from .access import report as usage_report
 from .access.cors import cors_headers
 from .access.guard import key_ratelimit_headers
 from .access.revocation import revoke_key
-from .access.logs import log_request
+from .access.logs import request_id
 from .access.usage import Observation
 from .artifacts import hf
 from .cache import admin as cache_admin
 from .routing import admin as routing_admin
 from .errors import ErrorKind, GatewayError
 from .http import Request, Response
+from .telemetry import tracing
+from .telemetry.finished import request_ended, when_ended
+from .telemetry.routes import get_metrics
 from .deps import Deps
 from .router import Router, route
 from .validation import refuse_oversized
@@ -63,6 +66,7 @@ ROUTES = Router((
     route("POST", "/admin/keys/{key_id}/revoke", revoke_key),
     route("GET", "/admin/routing/stats", routing_admin.routing_stats),
     route(("GET", "POST"), "/admin/faults", fault_admin.faults),
+    route("GET", "/metrics", get_metrics),
 ))
 
 
@@ -95,12 +99,20 @@ def _preflight(request: Request, router: Router, deps: Deps) -> Response:
 
 def _error_response(request: Request, error: GatewayError, router: Router) -> Response:
     # the route says how its errors render (Cloudflare's envelope on the REST route); else OpenAI's `error`
+    error.request_id = request.id  # the body names it: the id a client quotes to find the log line
     render = router.error_renderer(request.path)
     return render(error) if render else error.to_response()
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
     started, handler_name = deps.clock.now(), "none"
+    request.id = request_id(request, deps.state.request_ids)
+    if deps.tracer.recording or deps.config.routing.active:
+        # the request's span (under the client's trace when it sent a W3C traceparent, else a new
+        # trace), current for what it calls: an origin is sent its trace. Nothing else reads it
+        # while the request runs; the log line makes one when it needs the trace id.
+        request.span = tracing.request_span(deps.tracer, deps.state.ids, request.method, request.headers.get("traceparent"))
+        tracing.enter(request.span)
     try:
         if request.method == "OPTIONS":
             handler_name = "preflight"
@@ -115,22 +127,27 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
     except GatewayError as error:
         if error.detail:  # a binding's own text: for the operator, never the client
             deps.log.warning("%s %s: %s", request.method, request.path, error.detail)
+        if error.code is not None and error.code.startswith("r2_"):  # every R2 failure is `binding_error(.., "r2")`'s
+            deps.state.telemetry.r2_errors += 1
         if error.spent and request.reservation is not None and request.observed is None:
             # the generation may have run to its end (a whole answer past its deadline): its usage
             # is settled as for a client that left before its JSON answer, at its reservation
             request.observed = Observation(request.reservation.model, "")
         response = _error_response(request, error, router)
-    except asyncio.CancelledError:  # the client left before its answer: still a usage row and a log line
-        log_request(request, access.departed(request, deps, started, route_name(request)), deps, started, handler_name)
+    except asyncio.CancelledError:  # the client left before its answer: still a usage row, its metrics and a log line
+        route = route_name(request)
+        request_ended(request, access.departed(request, deps, started, route), deps, started, route, handler_name)
         raise
     except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
         deps.log.exception("unhandled error on %s %s", request.method, request.path)
         response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"), router)
-    response = access.account(request, response, deps, started, route_name(request))
+    route = route_name(request)
+    response = access.account(request, response, deps, started, route)
     if request.principal is not None and request.principal.record is not None:  # every keyed answer says its limits
         for name, value in key_ratelimit_headers(deps, request.principal.record).items():
             response.headers.setdefault(name, value)
-    log_request(request, response, deps, started, handler_name)
+    response.headers["x-request-id"] = request.id
+    when_ended(request, response, deps, started, route, handler_name)
     for name, value in cors_headers(request, deps.config).items():
         response.headers.setdefault(name, value)
     if request.method == "HEAD" and not response.is_streaming:

@@ -50,10 +50,14 @@ class Observation:
     completion_tokens: int = 0
     delivered: int = 0  # Token and tool-call events passed on: the tokens of an answer cut before its Finish
     finished: bool = False
+    route: str | None = None  # where it ran (`x-edgellm-route`; a mid-stream failover's Finish updates it)
+    first_token_at: float | None = None  # when its first token passed (the clock's time): time to first token
 
     def copy(self) -> "Observation":
-        """Another request's own (usage fills in what it lacks); `dataclasses.replace` costs ~5x."""
-        return Observation(self.model, self.cache_status, self.prompt_tokens, self.completion_tokens, self.delivered, self.finished)
+        """Another request's own (usage fills in what it lacks); `dataclasses.replace` costs ~5x.
+        Its first token is its own: not copied."""
+        return Observation(self.model, self.cache_status, self.prompt_tokens, self.completion_tokens, self.delivered, self.finished,
+                           self.route)
 
 
 @dataclass

@@ -154,6 +154,9 @@ class Config:
     # ever configured, and said loudly (start banner, /healthz).
     open_access: bool = False
     cors_origins: tuple[str, ...] = ()  # besides the edge's own origin and localhost
+    metrics_open: bool = False  # GET /metrics without the admin token (METRICS_OPEN; the local edge on loopback)
+    log_prompts: bool = False  # the request log line carries the prompt (LOG_PROMPTS); never by default
+    trace_logs: bool = False  # on Cloudflare, each span as a JSON log line (TRACE_LOGS; locally: OTLP)
     # None: derived from the routes' windows (`max_messages`); MAX_MESSAGES sets a stricter one.
     fixed_max_messages: int | None = None
     # USD per million tokens (input, output), for the usage API's estimated cost.
@@ -236,6 +239,9 @@ class Config:
                                        if get("RUN_MIN_TOKENS_PER_SECOND") else base.run_min_tokens_per_second),
             open_access=_flag("OPEN_ACCESS", get("OPEN_ACCESS") or "false"),
             cors_origins=_json_text("CORS_ORIGINS", get("CORS_ORIGINS"), _list, "origins, comma-separated or a JSON list"),
+            metrics_open=_flag("METRICS_OPEN", get("METRICS_OPEN") or "false"),
+            log_prompts=_flag("LOG_PROMPTS", get("LOG_PROMPTS") or "false"),
+            trace_logs=_flag("TRACE_LOGS", get("TRACE_LOGS") or "false"),
             fixed_max_messages=_positive_int("MAX_MESSAGES", get("MAX_MESSAGES")) if get("MAX_MESSAGES") else None,
             model_prices=_json_text("MODEL_PRICES", get("MODEL_PRICES"), _prices,
                                     "a JSON object of model id -> [USD per million input tokens, output tokens]"),

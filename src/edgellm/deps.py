@@ -16,8 +16,10 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config
 from .durable import DurableObjectNamespace
-from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, RateLimiter, UsageSink
+from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, MetricsExposition, RateLimiter, Tracer, UsageSink
 from .state import IsolateState
+from .telemetry.exposition import TextExposition
+from .telemetry.tracing import NoopTracer
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class Deps:
     usage: UsageSink | None = None  # None: usage is not recorded
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
     faults: FaultControl | None = None  # the AI binding's fault injector (local edge); None: /admin/faults is a 404
+    tracer: Tracer = NoopTracer()  # where spans go (telemetry.tracing); by default nowhere
+    exposition: MetricsExposition = TextExposition()  # how /metrics writes the metrics (telemetry.exposition)
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

@@ -87,6 +87,7 @@ class GatewayError(Exception):
     retry_after: int | None = None  # None: the kind's default (`ErrorKind.retry_after`)
     headers: dict[str, str] = field(default_factory=dict)
     detail: str | None = None  # for the log only (a binding's own error text), never sent
+    request_id: str | None = None  # the request's id (`x-request-id`), named in the body when set (app.handle)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -105,14 +106,10 @@ class GatewayError(Exception):
         return self.code in SPENT_CODES
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        error: dict[str, Any] = {"message": self.message, "type": self.kind.type, "param": self.param, "code": self.code}
+        if self.request_id:
+            error["request_id"] = self.request_id
+        return {"error": error}
 
     def to_response(self, extra: dict[str, Any] | None = None) -> Response:
         headers = dict(self.headers)

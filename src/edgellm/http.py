@@ -35,6 +35,8 @@ class Request:
     observed: Observation | None = None  # of the generation served, for the usage record
     reservation: Reservation | None = None  # taken at admission, settled by the usage record
     cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
+    id: str = ""  # its request id (`x-request-id`), set by app.handle (access.logs.request_id)
+    span: Any = None  # its span (telemetry.tracing), set by app.handle
 
     @property
     def tenant_scope(self) -> TenantScope:

@@ -300,3 +300,35 @@ class FaultControl(Protocol):
     def replace_plan(self, plan: Mapping[str, Any]) -> None:
         """Put a new plan in place (its JSON); a plan it cannot take raises ValueError or TypeError."""
         ...
+
+
+class TraceSpan(Protocol):
+    """One span: its W3C context (an object with `trace_id`, `span_id`, `sampled` and
+    `traceparent()`), attributes, and its end (`error`: why it failed, if it did)."""
+
+    context: Any
+
+    def set(self, key: str, value: Any) -> None: ...
+
+    def end(self, error: str | None = None) -> None: ...
+
+
+class Tracer(Protocol):
+    """Where spans go: nowhere (`telemetry.tracing.NoopTracer`, the default), log lines on
+    Cloudflare (`LogTracer`), the OpenTelemetry SDK on the local edge. `recording`: whether a span
+    is more than its context (a recording tracer's span ids are worth sending on)."""
+
+    recording: bool
+
+    def start_span(self, name: str, parent: Any, attributes: Mapping[str, Any] | None = None) -> TraceSpan:
+        """A span under `parent` (a span's context; None: a new trace)."""
+        ...
+
+
+class MetricsExposition(Protocol):
+    """How `/metrics` writes the isolate's metric families: the core's own Prometheus text writer
+    (`telemetry.exposition.TextExposition`, the Worker's), or `prometheus_client` locally."""
+
+    def render(self, families: list[Any]) -> tuple[bytes, str]:
+        """(body, content type) of these `telemetry.exposition.Family` values."""
+        ...

@@ -79,7 +79,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
         await store.begin(response_id)  # a DELETE while this is generated deletes it (it is then never stored)
     meta = wire.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=wire.message_id_of(response_id))
     generation = await cached_generation(deps, request, gen_request)
-    access.observe(request, generation)
+    access.observe(request, generation, deps.clock.now)
 
     async def on_complete(text: str, finish: Finish) -> None:
         if parsed.store and store is not None:

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Hashable
 
 from .admission import Admission
 from .config import Config
-from .ids import RandomIds
+from .ids import RandomIds, RequestIds
 from .routing.state import RoutingState
+from .telemetry.metrics import Telemetry
 
 if TYPE_CHECKING:  # a type only: importing it runs access/__init__, whose guard needs Deps, which holds this state
     from .access.keys import KeyCache
@@ -97,3 +98,5 @@ class IsolateState:
     access: AccessState = field(default_factory=AccessState)
     ids: RandomIds = field(default_factory=RandomIds)  # answer and request ids, from the CSPRNG a block at a time
     routing: RoutingState = field(default_factory=RoutingState)  # the edge's breaker, routing counters, tokenizers
+    telemetry: Telemetry = field(default_factory=Telemetry)  # counts of finished requests, for /metrics
+    request_ids: RequestIds = field(default_factory=RequestIds)  # x-request-id values (access.logs.request_id)

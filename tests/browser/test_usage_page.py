@@ -80,3 +80,14 @@ async def test_show_usage_waits_for_the_page_module(page: Page, start_edge: Call
     await page.goto(f"{edge.url}/usage")
     await expect(page.locator("body")).to_have_attribute("data-state", "idle")
     await expect(page.get_by_role("button", name="Show usage")).to_be_enabled()
+
+
+async def test_the_page_says_admin_routes_are_off_only_when_they_are(page: Page, start_edge: Callable[..., EdgeServer]) -> None:
+    off = start_edge(config=Config(open_access=True))
+    await page.goto(f"{off.url}/usage")
+    await expect(page.locator("body")).to_have_attribute("data-admin", "off")
+    await expect(page.locator("#admin-off")).to_be_visible()
+    on = start_edge(config=Config(open_access=True, admin_token=ADMIN))
+    await page.goto(f"{on.url}/usage")
+    await expect(page.locator("body")).to_have_attribute("data-admin", "on")
+    await expect(page.locator("#admin-off")).to_be_hidden()

@@ -250,7 +250,8 @@ def test_one_structured_record_per_request_without_prompt_text(keyed, caplog) ->
     records = [r for r in caplog.records if r.name == "edgellm.test.access"]
     api = next(r for r in records if r.edgellm["path"] == "/v1/chat/completions")
     assert api.edgellm["request_id"] == "8f2a1b3c4d5e6f70-AMS"
-    assert (api.edgellm["status"], api.edgellm["cache"], api.edgellm["route"], api.edgellm["tenant"]) == (200, "MISS", "create_chat_completion", "acme")
+    assert (api.edgellm["status"], api.edgellm["cache"], api.edgellm["route"], api.edgellm["tenant"]) == (200, "MISS", "/v1/chat/completions", "acme")
+    assert api.edgellm["handler"] == "create_chat_completion"
     assert json_module.loads(api.getMessage()) == api.edgellm
     assert all("secret" not in r.getMessage() for r in caplog.records)
     asset = next(r for r in records if r.edgellm["path"] == "/chat")

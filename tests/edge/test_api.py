@@ -279,7 +279,7 @@ def test_a_failing_binding_is_502_or_503_json_with_retry_after(
     assert response.headers["content-type"] == "application/json"
     assert int(response.headers["retry-after"]) > 0
     error_json = response.json()["error"]
-    assert set(error_json) == {"message", "type", "param", "code"}
+    assert set(error_json) == {"message", "type", "param", "code", "request_id"}
     assert str(error) not in error_json["message"] and error_json["message"]  # the binding's own text stays in the log
 
 

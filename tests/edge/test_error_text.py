@@ -35,7 +35,7 @@ def test_a_bindings_own_text_stays_in_the_log(start_edge: Callable[..., object],
                                     "temperature": 0})  # deterministic: cacheable, so a miss goes through the flights object
     assert response.status_code == 502 and int(response.headers["retry-after"]) > 0, response.text
     error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "upstream_error"
+    assert set(error) == {"message", "type", "param", "code", "request_id"} and error["code"] == "upstream_error"
     assert SECRET not in response.text and "llama.cpp" not in response.text and "RuntimeError" not in response.text
     assert error["message"].startswith("The AI binding failed")
     assert any(SECRET in record.getMessage() for record in caplog.records)  # the operator still sees it

@@ -183,7 +183,7 @@ def test_the_workers_admission_answers_a_stream_that_cannot_start_with_a_503(sta
     assert ai.called == 1  # the stream call reached the binding
     assert waited.status_code == 503 and int(waited.headers["retry-after"]) > 0, waited.text
     error = waited.json()["error"]
-    assert error["code"] == "start_timeout" and "1 s" in error["message"] and set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "start_timeout" and "1 s" in error["message"] and set(error) == {"message", "type", "param", "code", "request_id"}
     assert server.app.deps.state.admission.active == 0  # its place came back
     assert chat(server, "whole").status_code == 200
 
@@ -224,7 +224,7 @@ def test_a_whole_answer_the_binding_never_gives_is_a_503_charged_its_reservation
         if route == "workers-ai":
             assert "did not finish this answer" in error["message"]
         else:
-            assert error["code"] == "answer_timeout" and "0.508 s" in error["message"] and set(error) == {"message", "type", "param", "code"}
+            assert error["code"] == "answer_timeout" and "0.508 s" in error["message"] and set(error) == {"message", "type", "param", "code", "request_id"}
     rows = usage.wait_rows(2)
     assert [row.status for row in rows] == [503, 503]
     assert all(row.prompt_tokens > 0 and row.completion_tokens == 8 for row in rows), rows  # the whole reservation

@@ -139,7 +139,7 @@ class OpenAPIDoc:
         schema_pointer = f"{pointer}/content/{_escape(media_type)}/schema"
         if 400 <= status < 500:
             error = json.loads(body)["error"]
-            assert set(error) == {"message", "type", "param", "code"} and error["message"], described
+            assert set(error) == {"message", "type", "param", "code", "request_id"} and error["message"], described
         if media_type == "application/json" and status != 206:  # a byte range of JSON is not JSON
             self.validate(json.loads(body), schema_pointer)
         elif media_type == "text/event-stream":

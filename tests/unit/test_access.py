@@ -180,7 +180,7 @@ async def test_a_tenants_cache_stats_when_kv_list_fails_is_a_502_or_503_with_ret
     assert response.status == status, (response.status, response.body)
     assert response.headers["retry-after"] == "5"
     body = json.loads(response.body)["error"]
-    assert set(body) == {"message", "type", "param", "code"} and body["code"] == code and "KV" in body["message"]
+    assert set(body) == {"message", "type", "param", "code", "request_id"} and body["code"] == code and "KV" in body["message"]
     # the binding's own text goes to the edge's log, never to the caller (issue 25)
     assert "KV LIST failed" not in body["message"] and "KV LIST failed" in caplog.text
 

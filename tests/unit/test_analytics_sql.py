@@ -130,6 +130,6 @@ async def test_a_non_finite_time_is_a_400_naming_its_field_never_a_500(field: st
     response = await handle(usage_request(f"{field}={value}"), deps)
     assert response.status == 400, (response.status, response.body)
     error = json.loads(response.body)["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", field, "invalid_value")
     assert api.sent == []  # refused before any query

@@ -55,7 +55,7 @@ def assert_error(response: Response, status: int, code: str | None = None) -> di
     assert response.status == status
     assert response.headers["content-type"] == "application/json"
     error = body_json(response)["error"]
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
     assert error["message"] and "Traceback" not in error["message"]
     if code:
         assert error["code"] == code

@@ -69,7 +69,7 @@ async def test_a_bad_plan_is_a_400_in_the_openai_shape() -> None:
     faults = RecordingFaults()
     for body in (b'{"bad": 1}', b"[1, 2]", b"{nope"):
         response, data = await answer("POST", deps_with(faults), body)
-        assert response.status == 400 and set(data["error"]) == {"message", "type", "param", "code"}
+        assert response.status == 400 and set(data["error"]) == {"message", "type", "param", "code", "request_id"}
         assert data["error"]["type"] == "invalid_request_error"
     assert faults.plans == []
 

@@ -135,7 +135,8 @@ def test_admin_routes_need_the_bearer_token(doc: dict[str, Any]) -> None:
     for path, item in doc["paths"].items():
         for method, op in item.items():
             security = op.get("security") or []
-            assert ({"adminBearer": []} in security) == path.startswith("/admin/"), (path, method)
+            # /metrics too: behind the admin token unless the edge opens it (the local edge on loopback)
+            assert ({"adminBearer": []} in security) == (path.startswith("/admin/") or path == "/metrics"), (path, method)
             if path.startswith("/admin/"):
                 assert {"401", "403", "404"} <= set(op["responses"])
 
@@ -152,7 +153,7 @@ def test_api_routes_document_the_key_scheme_and_its_refusals(doc: dict[str, Any]
             if is_api_path(path):
                 assert {"apiKeyBearer": []} in op["security"] and {"apiKeyHeader": []} in op["security"], (path, method)
                 assert {"401", "429"} <= set(op["responses"]), (path, method)
-            elif not path.startswith("/admin/"):
+            elif not (path.startswith("/admin/") or path == "/metrics"):
                 assert "security" not in op, (path, method)  # pages, health and artifacts stay public
     tenant_routes = {p for p, item in doc["paths"].items() for op in item.values() if {"apiKeyBearer": []} in op.get("security", []) and p.startswith("/admin/")}
     assert tenant_routes == {"/admin/cache/purge", "/admin/cache/stats", "/admin/usage"}

@@ -1,6 +1,6 @@
 """The local edge's access line: the core's structured request record, formatted for a person
 watching traffic (`GET /v1/chat/completions 200 HIT create_chat_completion 1.2ms tenant=acme`),
-or as the JSON itself with `edgellm dev --log-json`.
+or as the JSON itself with `edgellm dev --log-format json`.
 
 The lines are formatted and written by a thread of its own, in batches: the request only appends
 its record to a list, and the thread, woken once per batch (not once per line: handing the
@@ -22,8 +22,15 @@ class AccessLineFormatter(logging.Formatter):
         data = getattr(record, "edgellm", None)
         if not isinstance(data, dict):
             return super().format(record)
-        line = f"{data['method']} {data['path']} {data['status']} {data['cache']} {data['route']} {data['ms']}ms"
-        return line + (f" tenant={data['tenant']}" if data.get("tenant") else "") + f" id={data['request_id']}"
+        line = f"{data['method']} {data['path']} {data['status']} {data['cache']} {data['handler']} {data['ms']}ms"
+        if data.get("ttft_ms") is not None:
+            line += f" ttft={data['ttft_ms']}ms"
+        if data.get("model"):
+            line += f" model={data['model']}"
+        if data.get("prompt_tokens") is not None:
+            line += f" tokens={data['prompt_tokens']}+{data['completion_tokens']}"
+        line += (f" tenant={data['tenant']}" if data.get("tenant") else "") + f" id={data['request_id']}"
+        return line + (f" prompt={data['prompt']!r}" if data.get("prompt") else "")
 
 
 class BatchedLines(logging.Handler):

@@ -42,7 +42,7 @@ class RequestLog:
     def _write(self, scope: dict[str, Any], body: bytes) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         entry = {"method": scope["method"], "path": scope["path"], "authorization": headers.get("authorization"),
-                 "session": headers.get("x-session-affinity"), "body": body.decode("utf-8", "replace")}
+                 "session": headers.get("x-session-affinity"), "traceparent": headers.get("traceparent"), "body": body.decode("utf-8", "replace")}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(entry, ensure_ascii=False) + "\n")
             f.flush()

@@ -18,7 +18,7 @@ from typing import Any, Awaitable
 
 import uvicorn
 
-from edgellm.access.logs import log_request
+from edgellm.access.logs import log_request, request_id
 from edgellm.app import ROUTES, handle
 from edgellm.http import Request, Response
 from edgellm.deps import Deps
@@ -206,6 +206,8 @@ class EdgeApp:
             response = self.assets.serve(request)
         if response is not None:
             response = self.page_headers.apply(request.path, response)
+            request.id = request_id(request, self.deps.state.request_ids)
+            response.headers["x-request-id"] = request.id
             log_request(request, response, self.deps, self.deps.clock.now(), "asset")
         if response is None:
             response = await handle(request, self._request_deps())

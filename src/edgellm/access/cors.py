@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from ..config import Config
 from ..http import Request
 
-EXPOSE = ("cf-aig-cache-status, age, x-edgellm-model, x-edgellm-route, x-edgellm-cache-key, etag, content-length, content-range,"
+EXPOSE = ("cf-aig-cache-status, x-request-id, age, x-edgellm-model, x-edgellm-route, x-edgellm-cache-key, etag, content-length, content-range,"
           " accept-ranges, retry-after, x-repo-commit, x-linked-etag, x-linked-size, x-error-code")
 _LOCALHOST = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?$")
 

@@ -1,5 +1,8 @@
-"""One structured log record per request: JSON with a request id (`cf-ray` on Cloudflare), and
-never the prompt or the answer. The local edge formats the same record as an access line."""
+"""One structured log record per request, written when it ends (a stream: when its body ends):
+its request id and trace id, who asked (tenant, key), what served it (model, route, cache status),
+its status, tokens, time to first token and duration. Never the prompt or the answer, unless the
+operator asks for prompts (`LOG_PROMPTS`, `edgellm dev --log-prompts`). The local edge formats the
+same record as a readable line or writes it as JSON (`edgellm_local.emulator.access_log`)."""
 
 from __future__ import annotations
 
@@ -10,17 +13,23 @@ from typing import Any
 
 from ..http import Request, Response
 from ..deps import Deps
-from ..ids import RandomIds
+from ..ids import RequestIds
+from ..telemetry.tracing import Span
 
-_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# a client's own id is kept when it is one a log search can hold (W3C and most tracers' ids fit)
+_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+PROMPT_CHARS = 4096  # the most of a prompt a log line carries (`log_prompts`)
 
 
-def request_id(request: Request, ids: RandomIds) -> str:
-    for name in ("cf-ray", "x-request-id"):
-        value = request.header(name)
+def request_id(request: Request, ids: RequestIds) -> str:
+    """The client's `x-request-id` if well-formed, else Cloudflare's `cf-ray`, else a new one
+    (`IsolateState.request_ids`)."""
+    headers = request.headers
+    for name in ("x-request-id", "cf-ray"):
+        value = headers.get(name)
         if value and _ID.match(value):
             return value
-    return ids.hex(8)  # the isolate's ids (`IsolateState.ids`): no OS call per request
+    return ids.new()
 
 
 class _AsJson:
@@ -33,20 +42,47 @@ class _AsJson:
         self.record = record
 
     def __str__(self) -> str:
-        return json.dumps(self.record, separators=(",", ":"))
+        return json.dumps(self.record, separators=(",", ":"), ensure_ascii=False)
 
 
-def log_request(request: Request, response: Response, deps: Deps, started: float, route: str) -> dict[str, Any] | None:
+def prompt_of(request: Request) -> Any:
+    """What the request asked (its `messages`, `prompt` or `input`), cut to `PROMPT_CHARS`: only
+    for an operator who turned `log_prompts` on."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    asked = next((body[k] for k in ("messages", "prompt", "input") if k in body), None)
+    if asked is None:
+        return None
+    text = asked if isinstance(asked, str) else json.dumps(asked, ensure_ascii=False)
+    return text[:PROMPT_CHARS]
+
+
+def log_request(request: Request, response: Response, deps: Deps, started: float, handler: str,
+                route: str | None = None) -> dict[str, Any] | None:
     logger = deps.log.getChild("access")
     if not logger.isEnabledFor(logging.INFO):
         return None
-    principal = request.principal
+    principal, seen, span = request.principal, request.observed, request.span
+    if span is None:  # nothing needed it while it ran (no tracer, no origin): its trace, for the line
+        span = request.span = Span(traceparent=request.headers.get("traceparent"), ids=deps.state.ids)
+    now = deps.clock.now()
     record = {
-        "request_id": request_id(request, deps.state.ids), "method": request.method, "path": request.path[:256], "status": response.status,
-        "cache": response.headers.get("cf-aig-cache-status", "-"), "route": route,
-        "ms": round(max(0.0, deps.clock.now() - started) * 1000, 1),
+        "request_id": request.id or request_id(request, deps.state.request_ids),
+        "trace_id": span.context.trace_id,
+        "method": request.method, "path": request.path[:256], "status": response.status,
+        "cache": response.headers.get("cf-aig-cache-status", "-"), "route": route or handler, "handler": handler,
+        "ms": round(max(0.0, now - started) * 1000, 1),
+        "ttft_ms": round(max(0.0, seen.first_token_at - started) * 1000, 1) if seen is not None and seen.first_token_at else None,
         "tenant": principal.tenant if principal else None, "key_id": principal.key_id if principal else None,
-        "model": response.headers.get("x-edgellm-model"),
+        "model": seen.model if seen is not None else response.headers.get("x-edgellm-model"),
+        "prompt_tokens": seen.prompt_tokens if seen is not None else None,
+        "completion_tokens": seen.completion_tokens if seen is not None else None,
     }
+    if deps.config.log_prompts:
+        record["prompt"] = prompt_of(request)
     logger.info("%s", _AsJson(record), extra={"edgellm": record})
     return record

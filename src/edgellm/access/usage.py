@@ -23,26 +23,31 @@ from .reservation import settle
 CLIENT_LEFT = 499  # the status recorded for a request whose client left before its answer (nginx's)
 
 
-def _seen_by(seen: Observation) -> Callable[[Event], None]:
-    """The tap filling `seen` from a generation's events as they pass to the renderer."""
+def _seen_by(seen: Observation, now: Callable[[], float] | None) -> Callable[[Event], None]:
+    """The tap filling `seen` from a generation's events as they pass to the renderer (and, with
+    `now`, when its first token passed: the request's time to first token)."""
 
     def see(event: Event) -> None:
         if isinstance(event, Finish):
             seen.prompt_tokens, seen.completion_tokens = event.usage.prompt_tokens, event.usage.completion_tokens
             seen.finished = True
+            if event.route:
+                seen.route = event.route
         elif isinstance(event, (Token, ToolCallDelta)):
+            if not seen.delivered and now is not None:
+                seen.first_token_at = now()
             seen.delivered += 1
 
     return see
 
 
-def observe(request: Request, generation: Generation) -> None:
+def observe(request: Request, generation: Generation, now: Callable[[], float] | None = None) -> None:
     """Called by the API handlers with the generation they serve: taps its events. A `Stream`,
     so closing it unread (a client gone before the first byte) still closes the events behind it,
-    and with them the generation's admission ticket."""
-    seen = Observation(generation.model, generation.cache_status or "BYPASS")
+    and with them the generation's admission ticket. `now`: the clock (`deps.clock.now`)."""
+    seen = Observation(generation.model, generation.cache_status or "BYPASS", route=generation.route)
     request.observed = seen
-    generation.events = Stream(generation.events).tap(_seen_by(seen))
+    generation.events = Stream(generation.events).tap(_seen_by(seen, now))
 
 
 def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bool) -> None:

@@ -29,6 +29,7 @@ from ..deps import Deps
 from ..inference import start_generation
 from ..routing.breaker import CircuitBreaker
 from ..routing.failover import start_routed
+from ..telemetry.spans import traced_generation
 from ..routing.plan import Plan, first_token_budget, plan_route, routing_state
 from ..routing.state import RoutingState
 from .entry import record
@@ -342,7 +343,8 @@ class FlightObject:
                 return replace(await start_generation(routing_deps, order.request), route="edge; reason=primary")
             return await start_routed(routing_deps, Request("POST", FLIGHT_URL), order.request, plan, order.plan.first_token_s)
 
-        self.current = RoutedFlight(routing=routing).start(run, on_done)  # type: ignore[assignment]
+        # the flight's generation: a span under the flight's (the starter's request's), when one records
+        self.current = RoutedFlight(routing=routing).start(lambda: traced_generation(routing_deps, order.request, run), on_done)  # type: ignore[assignment]
         deps.wait_until(self.current.producer)  # keeps the object alive until the answer is complete
         return self.current
 

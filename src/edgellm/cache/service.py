@@ -7,6 +7,7 @@ the flights Durable Object (`cache.coalescing`); without it every miss generates
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable
 
@@ -16,6 +17,8 @@ from ..routing.failover import start_routed
 from ..routing.regions import regional_cache
 from ..deps import Deps
 from ..stream import Stream
+from ..telemetry import tracing
+from ..telemetry.spans import step, traced_generation
 from .coalescing import FlightOrder, FlightPlan, flight_name, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
@@ -117,8 +120,9 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
 
 def own_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Awaitable[Generation]:
     """This request's own generation (on the routing plan), if the isolate admits it."""
-    return deps.state.admission.admitted(deps.config.max_waiting_generations,
-                                         lambda: start_routed(deps, request, gen_request), request.tenant_scope.admission_tenant)
+    return deps.state.admission.admitted(
+        deps.config.max_waiting_generations,
+        lambda: traced_generation(deps, gen_request, lambda: start_routed(deps, request, gen_request)), request.tenant_scope.admission_tenant)
 
 
 async def cached_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
@@ -132,7 +136,11 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
         return generation
     key, policy = decision.key, decision.policy
     if policy.read:
+        span = step(deps, "cache.lookup", {"edgellm.cache.namespace": deps.config.cache_namespace})
         answer, size = await lookup(deps, key)
+        if span is not None:
+            span.set("edgellm.cache_status", "HIT" if answer is not None else "MISS")
+            span.end()
         if answer is not None:
             counters.hits += 1
             counters.bytes_served += size
@@ -142,9 +150,19 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters.misses += 1
     if deps.flights is not None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))
-        generation, joined = await deps.state.admission.admitted_flight(
-            flight_name(order.kv_key, order.write, order.ttl), deps.config.max_waiting_generations,
-            lambda: shared_generation(deps, order), request.tenant_scope.admission_tenant)
+        span = step(deps, "cache.flight")
+        try:
+            with tracing.using(span) if span is not None else nullcontext():
+                generation, joined = await deps.state.admission.admitted_flight(
+                    flight_name(order.kv_key, order.write, order.ttl), deps.config.max_waiting_generations,
+                    lambda: shared_generation(deps, order), request.tenant_scope.admission_tenant)
+        except BaseException as exc:
+            if span is not None:
+                span.end(type(exc).__name__)
+            raise
+        if span is not None:
+            span.set("edgellm.flight", "joined" if joined else "started")
+            span.end()
         counters.coalesced += joined
     else:
         generation = await own_generation(deps, request, gen_request)

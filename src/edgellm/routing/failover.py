@@ -143,7 +143,7 @@ async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tup
     for origin in origins:
         assert deps.fetch is not None
         try:
-            events = await OriginClient(origin, deps.fetch).start(gen_request)
+            events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request)
         except GatewayError as exc:
             if exc.kind not in FAILOVER_KINDS:
                 raise
@@ -267,7 +267,7 @@ async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[O
     for origin in origins:
         assert deps.fetch is not None
         try:
-            return await OriginClient(origin, deps.fetch).start(gen_request, prefill=text, max_tokens=remaining)
+            return await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request, prefill=text, max_tokens=remaining)
         except GatewayError as exc:
             routing_state(deps).counters.origin_errors += 1
             deps.log.warning("origin %s could not continue: %s", origin.name, exc.detail or exc.message)

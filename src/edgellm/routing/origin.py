@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..errors import ErrorKind, GatewayError, is_context_refusal, window_figures
 from ..generation import Event, Finish, GenerationRequest, Token, Usage
 from ..http import json_bytes
+from ..ids import RandomIds
 from ..ports import FetchError, HTTPFetch
 from ..sse import DONE, SSEDecoder, SSEFrameTooLarge
 from ..stream import close_source
 from ..structured import tool_call_deltas
+from ..telemetry.tracing import outgoing
 from .affinity import slot_for
 from .config import OriginConfig
 
@@ -132,6 +134,8 @@ def _detail(data: bytes) -> str:
 class OriginClient:
     origin: OriginConfig
     fetch: HTTPFetch
+    tracer: Any = None  # the edge's tracer (`Deps.tracer`): whether the current span is worth sending on
+    ids: RandomIds = field(default_factory=RandomIds)  # the span id an origin call gets when no span records it
 
     @property
     def timeout(self) -> float:
@@ -146,6 +150,7 @@ class OriginClient:
             headers["authorization"] = f"Bearer {self.origin.token}"
         if request.session:  # Workers AI's spelling; an EdgeLLM origin keeps the session's slot warm with it
             headers["x-session-affinity"] = request.session
+        headers["traceparent"] = outgoing(self.tracer, self.ids)  # the request's trace goes on to the origin
         deadline = asyncio.get_running_loop().time() + self.origin.total_ms / 1000
         try:
             response = await self.fetch.post(self.origin.base_url + path, json_bytes(body), headers, self.timeout)

@@ -12,6 +12,7 @@ from ..artifacts.cached_store import CachedBlobStore
 from ..config import Config
 from ..deps import Deps
 from ..state import IsolateState
+from ..telemetry.tracing import LogTracer, NoopTracer
 from .pyodide_ai import WorkersAI
 from .pyodide_conversations import conversation_namespace
 from .pyodide_durable import WorkersDurableObjectNamespace
@@ -43,6 +44,8 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
         rate_limiter=_rate_limiter(env),
         usage=_usage(env),
         fetch=WorkersFetch() if state.config.routing.origins else None,
+        # spans as log lines beside Workers' own traces ([observability]), when TRACE_LOGS asks
+        tracer=LogTracer(ids=state.ids) if state.config.trace_logs else NoopTracer(),
     )
 
 

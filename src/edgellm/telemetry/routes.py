@@ -1,0 +1,21 @@
+"""`GET /metrics`: this isolate's metrics in the Prometheus text format.
+
+Behind the admin token (`Authorization: Bearer ADMIN_TOKEN`, as Prometheus' `authorization`
+scrape option sends it) unless the edge says they are open (`METRICS_OPEN`: the local edge on a
+loopback address). On Cloudflare each isolate answers with its own counts: a scrape reaches one
+isolate, so the numbers are a sample of the fleet, never its sum (docs/observability.md).
+"""
+
+from __future__ import annotations
+
+from ..cache.admin import require_admin
+from ..deps import Deps
+from ..http import Request, Response
+from .exposition import families
+
+
+async def get_metrics(request: Request, deps: Deps) -> Response:
+    if not deps.config.metrics_open:
+        require_admin(request, deps)
+    body, content_type = deps.exposition.render(families(deps))
+    return Response(200, {"content-type": content_type, "cache-control": "no-store"}, body)

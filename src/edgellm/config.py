@@ -106,6 +106,9 @@ def _capabilities(value: Any) -> dict[str, Any]:
 class Config:
     model: str = DEFAULT_MODEL
     fallback_models: tuple[str, ...] = DEFAULT_FALLBACK_MODELS
+    # the embedding models `/v1/embeddings` serves (EMBEDDING_MODELS, comma-separated; wrangler.toml
+    # names Workers AI's bge ids, the local edge its stand-in's); none: embeddings are not served
+    embedding_models: tuple[str, ...] = ()
     context_window: int = 8192
     max_body_bytes: int = MAX_BODY_BYTES
     cache_namespace: str = "default"
@@ -195,6 +198,7 @@ class Config:
             model=str(get("MODEL") or base.model),
             # present but empty turns fallback off; absent keeps the default list
             fallback_models=_list(env.get("FALLBACK_MODELS")) if env.get("FALLBACK_MODELS") is not None else base.fallback_models,
+            embedding_models=_list(get("EMBEDDING_MODELS")),
             context_window=int(get("CONTEXT_WINDOW") or base.context_window),
             cache_namespace=str(get("CACHE_NAMESPACE") or base.cache_namespace),
             cache_default_ttl=int(get("CACHE_DEFAULT_TTL") or base.cache_default_ttl),

@@ -93,6 +93,13 @@ class AIBinding(Protocol):
 
     async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
 
+    async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
+        """An embedding model's vectors for `texts`, in order: Workers AI's bge output
+        `{"shape": [n, d], "data": [[...], ...]}`, with `usage.prompt_tokens` where the backend
+        counts them (llama.cpp does; Workers AI does not say). A text past the model's input
+        tokens raises `InvalidModelInput`; an id that is no embedding model `ModelNotFound`."""
+        ...
+
     def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
         """Extra facts about a model for `/v1/models` (the local edge names its GGUF).
         `live=False`: only the facts that stay while it serves (backend, build, capabilities),

@@ -29,6 +29,7 @@ from edgellm_local.emulator.r2 import FileR2
 from edgellm_local.emulator.request_log import RequestLog
 from edgellm_local.emulator.server import EdgeApp
 from edgellm_local.emulator.usage_sqlite import SqliteUsage
+from edgellm_local.emulator.vector_index import SqliteVectorIndex
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PUBLIC = PROJECT_ROOT / "public"
@@ -113,6 +114,8 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         state=state,
         usage=SqliteUsage(settings.state_dir / "usage.sqlite3"),
         fetch=HttpxFetch(),
+        # the semantic cache's index (Vectorize's stand-in), only where embeddings are served
+        vectors=SqliteVectorIndex(settings.state_dir / "vectors.sqlite3") if settings.config.embedding_models else None,
     )
 
 

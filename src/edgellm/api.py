@@ -37,6 +37,8 @@ def generation_headers(generation: Generation) -> dict[str, str]:
         headers["age"] = str(generation.age)
     if generation.cache_key:
         headers["x-edgellm-cache-key"] = generation.cache_key
+    if generation.cache_match:
+        headers["x-edgellm-cache-match"] = generation.cache_match
     route = generation.route or ("edge; reason=cache" if generation.cache_status == "HIT" else None)
     if route:
         headers["x-edgellm-route"] = route

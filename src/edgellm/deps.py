@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config
 from .durable import DurableObjectNamespace
-from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, RateLimiter, UsageSink
+from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, RateLimiter, UsageSink, VectorIndex
 from .state import IsolateState
 
 
@@ -51,6 +51,7 @@ class Deps:
     usage: UsageSink | None = None  # None: usage is not recorded
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
     faults: FaultControl | None = None  # the AI binding's fault injector (local edge); None: /admin/faults is a 404
+    vectors: VectorIndex | None = None  # the semantic cache's index (Vectorize; SQLite locally); None: no semantic cache
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

@@ -6,10 +6,8 @@ field."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -18,19 +16,7 @@ from edgellm.config import Config
 from edgellm.deps import Deps
 from edgellm_local.emulator.server import EdgeServer
 from edgellm_local.llama.embedding_runner import EmbeddingRunner
-from edgellm_local.llama.bert_gguf import convert_zip
-
-BGE = "@cf/baai/bge-small-en-v1.5"
-
-
-@pytest.fixture(scope="session")
-def minilm_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddingRunner]:
-    """The stand-in converted here, not read from the user's cache: the converter is under test too."""
-    package = Path(importlib.util.find_spec("all_minilm_l6_v2").submodule_search_locations[0])  # type: ignore[union-attr,index]
-    gguf = convert_zip(package / "model.zip", tmp_path_factory.mktemp("embedding") / "all-MiniLM-L6-v2.f16.gguf")
-    runner = EmbeddingRunner(gguf, threads=1).load()
-    yield runner
-    runner.close()
+from tests.support.minilm import BGE, minilm_runner  # noqa: F401 (a fixture)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from .pyodide_r2 import WorkersEdgeCache, WorkersR2
 from .pyodide_ratelimit import WorkersRateLimit
 from .pyodide_toolbox import is_missing
 from .pyodide_usage import AnalyticsEngineUsage
+from .pyodide_vectorize import WorkersVectorize
 
 
 def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) -> Deps:
@@ -43,6 +44,7 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
         rate_limiter=_rate_limiter(env),
         usage=_usage(env),
         fetch=WorkersFetch() if state.config.routing.origins else None,
+        vectors=_vectors(env),
     )
 
 
@@ -64,6 +66,12 @@ def _usage(env: Any) -> AnalyticsEngineUsage | None:
         return AnalyticsEngineUsage(binding)
     dataset = optional_binding(env, "USAGE_DATASET") or "edgellm_usage"
     return AnalyticsEngineUsage(binding, AnalyticsEngineSQL(WorkersFetch(), str(account), str(token), str(dataset)))
+
+
+def _vectors(env: Any) -> WorkersVectorize | None:
+    """The semantic cache's Vectorize index; without it there is no semantic cache."""
+    binding = optional_binding(env, "VECTORIZE")
+    return None if binding is None or is_missing(binding) else WorkersVectorize(binding)
 
 
 def _flights(binding: Any) -> WorkersDurableObjectNamespace | None:

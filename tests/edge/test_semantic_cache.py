@@ -82,6 +82,7 @@ def test_a_paraphrase_is_a_hit_that_says_so(semantic: tuple[EdgeServer, Deps], c
     ("Is coffee bad for your health?", "Is coffee not bad for your health?"),
     ("Can I take ibuprofen with food?", "Can I not take ibuprofen with food?"),
     ("Who wrote the novel Emma?", "Who wrote the novel Dracula?"),
+    ("Is it ok to swim after eating?", "Is it unsafe to swim after eating?"),
 ])
 def test_a_near_miss_never_hits(semantic: tuple[EdgeServer, Deps], clock: Any, seed: str, near_miss: str) -> None:
     server, deps = semantic

@@ -15,6 +15,8 @@ from edgellm.cache.semantic_guard import disagreement, facts
     ("Convert 100 dollars to euros", "convert 100 USD into euros please".replace("USD", "dollars")),
     ("Is it safe to swim after eating?", "Can I safely swim right after I eat?"),
     ("Who wrote Hamlet?", "Hamlet was written by whom?"),
+    ("How do I unpack a tarball?", "how to unpack a tarball"),
+    ("Explain how universities are ranked", "how are universities ranked? explain"),
     ("Give me 3 tips for sleeping better", "Give me three tips to sleep better"),
     ("Summarise GPT-4's paper", "summarise the GPT-4 paper"),
 ])
@@ -30,6 +32,8 @@ def test_paraphrases_agree(a: str, b: str) -> None:
     ("Give me 3 tips", "Give me four tips", "numbers"),
     ("Is coffee bad for you?", "Is coffee not bad for you?", "negation"),
     ("Can I take ibuprofen with food?", "Can't I take ibuprofen with food?", "negation"),
+    ("Is it ok to swim after eating?", "Is it unsafe to swim after eating?", "negation"),
+    ("Is this paint toxic?", "Is this paint non-toxic?", "negation"),
     ("Flights from NYC to Paris", "Flights from LAX to Paris", "entities"),
     ("Explain GPT-4", "Explain GPT-3", "numbers"),
 ])

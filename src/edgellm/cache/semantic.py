@@ -114,22 +114,34 @@ def match_header(score: float) -> str:
     return f"semantic; score={score:.2f}"
 
 
-def accepts(text: str, match: VectorMatch, now: float) -> bool:
-    """Whether a candidate may answer `text` (module docstring: the three checks)."""
-    meta = match.metadata
-    try:
-        if float(meta.get("expires", 0)) <= now:
-            return False
-        if match.score < max(BASE_THRESHOLD, float(meta.get("threshold", BASE_THRESHOLD))):
-            return False
-    except (TypeError, ValueError):
-        return False
-    other = meta.get("text")
-    return isinstance(other, str) and isinstance(meta.get("digest"), str) and disagreement(text, other) is None
+def candidates(text: str, matches: list[VectorMatch], now: float, *, base: float = BASE_THRESHOLD,
+               learned: bool = True, guard: bool = True) -> list[VectorMatch]:
+    """The matches (best first) that may answer `text`, in order (module docstring: the three
+    checks; `base`, `learned` and `guard` vary them for bench.bench_semantic). A candidate under
+    its threshold ends the search: where a closer entry could not answer, no farther one may (a
+    farther entry with a lower learned threshold would otherwise answer for a query its nearer,
+    stricter neighbour refused). One the guard refuses is skipped: another name or number, and a
+    farther entry may name the same ones."""
+    found = []
+    for match in matches:
+        meta = match.metadata
+        try:
+            expires, own = float(meta.get("expires", 0)), float(meta.get("threshold", base))
+        except (TypeError, ValueError):
+            continue
+        other = meta.get("text")
+        if expires <= now or not isinstance(other, str) or not isinstance(meta.get("digest"), str):
+            continue
+        if match.score < (max(base, own) if learned else base):
+            break
+        if guard and disagreement(text, other) is not None:
+            continue
+        found.append(match)
+    return found
 
 
-def learned_threshold(neighbour: float) -> float:
-    return min(0.995, max(BASE_THRESHOLD, neighbour + MARGIN))
+def learned_threshold(neighbour: float, base: float = BASE_THRESHOLD) -> float:
+    return min(0.995, max(base, neighbour + MARGIN))
 
 
 async def _embed(deps: Deps, text: str) -> tuple[float, ...] | None:
@@ -164,9 +176,7 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
         return None
     now = deps.clock.now()
     if policy.read:
-        for match in matches:
-            if not accepts(text, match, now):
-                continue
+        for match in candidates(text, sorted(matches, key=lambda m: -m.score), now):
             answer, _ = await read(deps, CacheKey(key.scope, str(match.metadata["digest"])))
             if answer is None:  # expired, purged or not yet written: the next candidate may still do
                 continue

@@ -8,7 +8,8 @@ the numbers, the names or the polarity of the question, so a candidate must carr
 - numbers (digits, and the number words one to a billion), as a multiset;
 - named entities: words written capitalised inside a sentence, acronyms and words mixing
   letters and digits; each one either text names must appear (case aside) in the other;
-- negation: both negated or neither.
+- negation: both negated or neither (a negative word, `n't`, or a word negated by its prefix:
+  "unsafe", "non-toxic"; the common words that only start like one, "under", "unique", are not).
 
 Pure functions of two strings (table-driven tests: tests/unit/test_semantic_guard.py).
 """
@@ -22,6 +23,9 @@ _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'’\-]*")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _SENTENCE_END = re.compile(r"[.!?:;]\s*$")
 NEGATIONS = frozenset({"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "cannot", "without", "nowhere"})
+# words that begin with "un" but negate nothing
+NOT_NEGATED = ("under", "understand", "unit", "uni", "until", "unless", "unto", "unveil", "unravel", "unleash", "unload", "unpack",
+               "undo", "unlock")
 NUMBER_WORDS = {w: str(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty".split())}
@@ -46,6 +50,12 @@ def _bare(word: str) -> str:
     return word
 
 
+def _negated_by_prefix(word: str) -> bool:
+    if word.startswith("non-") or (word.startswith("non") and len(word) >= 7):
+        return True
+    return word.startswith("un") and len(word) >= 6 and not word.startswith(NOT_NEGATED)
+
+
 def facts(text: str) -> Facts:
     numbers: list[str] = [n.replace(",", "") for n in _NUMBER.findall(text)]
     entities: set[str] = set()
@@ -58,7 +68,7 @@ def facts(text: str) -> Facts:
         words.add(word)
         if word in NUMBER_WORDS:
             numbers.append(NUMBER_WORDS[word])
-        if word in NEGATIONS or word.endswith("n't"):
+        if word in NEGATIONS or word.endswith("n't") or _negated_by_prefix(word):
             negated = True
         has_digit = any(c.isdigit() for c in raw)
         mixed = has_digit and any(c.isalpha() for c in raw)  # GPT-4, iPhone15, B2B

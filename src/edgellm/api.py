@@ -16,6 +16,7 @@ from . import access, embeddings, openai, workers_ai
 from .capabilities import capabilities_of, enforce, required_capabilities
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
+from .inference import whole_tool_calls
 from .caller import Observation
 from .http import Request, Response, json_response
 from .kept_json import JSONShape, KeptJSON
@@ -90,6 +91,8 @@ async def serve_generation(
     memo_key = (shape.name, generation.model, generation.system_fingerprint) if shape is not None else None
     if memo_key is not None and generation.rendered is not None and not gen_request.stream and memo_key in generation.rendered:
         return _kept_answer(request, generation, shape, generation.rendered[memo_key])  # type: ignore[arg-type]
+    if gen_request.inputs.get("tools"):  # whatever produced the calls (edge, origin, a HIT's replay), clients get them whole
+        generation.events = whole_tool_calls(generation.events)
     access.observe(request, generation)
     if gen_request.stream:
         headers = generation_headers(generation)

@@ -22,6 +22,7 @@ from .errors import ErrorKind, GatewayError
 from .http import Request, Response
 from .deps import Deps
 from .router import Router, route
+from .validation import refuse_oversized
 from . import workers_ai
 
 ROUTES = Router((
@@ -110,6 +111,7 @@ async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Respo
             handler_name = getattr(handler, "__name__", "handler")
             request.path_params = params
             request.principal = await access.authenticate(request, deps)
+            refuse_oversized(request, deps.config.max_body_bytes)
             response = await handler(request, deps)
     except GatewayError as error:
         if error.detail:  # a binding's own text: for the operator, never the client

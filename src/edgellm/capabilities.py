@@ -8,7 +8,7 @@ Where a model's capabilities come from, first match wins:
 1. configuration: `MODEL_CAPABILITIES` (`{"model id": ["json_mode", "tools", ...]}`);
 2. the backend, when it states them (`AIBinding.describe(model)["capabilities"]`: the local
    edge's llama.cpp does, since its constrained generation makes any GGUF honour all of them);
-3. Cloudflare's published lists for Workers AI models (`WORKERS_AI_CAPABILITIES`);
+3. Cloudflare's model catalog for Workers AI models (`WORKERS_AI_MODELS`);
 4. nothing: plain text generation only.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import invalid
@@ -65,21 +66,52 @@ NONE = Capabilities()
 
 _JSON = Capabilities(json_mode=True, json_schema=True)
 _JSON_TOOLS = Capabilities(json_mode=True, json_schema=True, tools=True)
-# From Cloudflare's Workers AI docs (JSON mode's "Supported models"; function calling's models).
-# Workers AI has no forced tool choice and no logprobs. Configuration overrides any entry.
-WORKERS_AI_CAPABILITIES: dict[str, Capabilities] = {
-    "@cf/meta/llama-3.1-8b-instruct-fast": _JSON,
-    "@cf/meta/llama-3.1-70b-instruct": _JSON,
-    "@cf/meta/llama-3.3-70b-instruct-fp8-fast": _JSON_TOOLS,
-    "@cf/meta/llama-3-8b-instruct": _JSON,
-    "@cf/meta/llama-3.1-8b-instruct": _JSON,
-    "@cf/meta/llama-3.2-11b-vision-instruct": _JSON,
-    "@hf/nousresearch/hermes-2-pro-mistral-7b": _JSON_TOOLS,
-    "@hf/thebloke/deepseek-coder-6.7b-instruct-awq": _JSON,
-    "@cf/deepseek-ai/deepseek-r1-distill-qwen-32b": _JSON,
-    "@cf/meta/llama-4-scout-17b-16e-instruct": Capabilities(tools=True),
-    "@cf/mistralai/mistral-small-3.1-24b-instruct": Capabilities(tools=True),
+_TOOLS = Capabilities(tools=True)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What Cloudflare's model catalog says of a Workers AI model: its context window (tokens) and
+    what it honours (JSON mode's "Supported models", function calling's models). Shipped as data
+    because the `Ai` binding describes nothing (workerd: it has no `describe()`), and the Worker
+    must answer `/v1/models` and `system_fingerprint` as the local edge does."""
+
+    context_window: int
+    capabilities: Capabilities = NONE
+
+
+# Cloudflare's Workers AI catalog (developers.cloudflare.com/workers-ai/models/, each model's
+# "Properties": context window, function calling, JSON mode). Workers AI has no forced tool choice
+# and no logprobs. Configuration overrides any entry (`MODEL_CAPABILITIES`, `CONTEXT_WINDOW`).
+WORKERS_AI_MODELS: dict[str, ModelFacts] = {
+    "@cf/meta/llama-2-7b-chat-int8": ModelFacts(8192),  # the runtime notes: "Context window listed as 8192 tokens"
+    "@cf/meta/llama-2-7b-chat-fp16": ModelFacts(4096),
+    "@cf/meta/llama-2-7b-chat-hf-lora": ModelFacts(8192),
+    "@cf/meta/llama-3-8b-instruct": ModelFacts(7968, _JSON),
+    "@cf/meta/llama-3.1-8b-instruct": ModelFacts(7968, _JSON),
+    "@cf/meta/llama-3.1-8b-instruct-fast": ModelFacts(128000, _JSON),
+    "@cf/meta/llama-3.1-70b-instruct": ModelFacts(24000, _JSON),
+    "@cf/meta/llama-3.2-11b-vision-instruct": ModelFacts(128000, _JSON),
+    "@cf/meta/llama-3.3-70b-instruct-fp8-fast": ModelFacts(24000, _JSON_TOOLS),
+    "@cf/meta/llama-4-scout-17b-16e-instruct": ModelFacts(131000, _TOOLS),
+    "@cf/mistralai/mistral-small-3.1-24b-instruct": ModelFacts(128000, _TOOLS),
+    "@hf/nousresearch/hermes-2-pro-mistral-7b": ModelFacts(24000, _JSON_TOOLS),
+    "@hf/thebloke/deepseek-coder-6.7b-instruct-awq": ModelFacts(4096, _JSON),
+    "@cf/deepseek-ai/deepseek-r1-distill-qwen-32b": ModelFacts(80000, _JSON),
 }
+
+
+@lru_cache(maxsize=64)  # read-only and a pure function of the id: every answer (HITs too) reads it
+def workers_ai_description(model: str) -> Mapping[str, Any]:
+    """`AIBinding.describe` for a Workers AI model, from the catalog: the same keys the local edge
+    gives (`backend`, `build`, `capabilities`, and `context_window` where the catalog lists one).
+    A model the catalog lacks is described without capabilities: plain text generation only,
+    unless configuration says more."""
+    facts = WORKERS_AI_MODELS.get(model)
+    described: dict[str, Any] = {"backend": "workers-ai", "build": "workers-ai"}
+    if facts is not None:
+        described.update(capabilities=tuple(facts.capabilities.names()), context_window=facts.context_window)
+    return MappingProxyType(described)
 
 
 def capabilities_of(model: str, configured: Mapping[str, Any], described: Mapping[str, Any] | None) -> Capabilities:
@@ -88,7 +120,8 @@ def capabilities_of(model: str, configured: Mapping[str, Any], described: Mappin
         return Capabilities.parse(configured[model])
     if described and described.get("capabilities") is not None:
         return Capabilities.parse(described["capabilities"])
-    return WORKERS_AI_CAPABILITIES.get(model, NONE)
+    facts = WORKERS_AI_MODELS.get(model)
+    return facts.capabilities if facts is not None else NONE
 
 
 def required_capabilities(inputs: Mapping[str, Any]) -> list[tuple[str, str]]:

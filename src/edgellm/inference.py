@@ -8,17 +8,18 @@ caller sees one clean answer (and `model` says which model gave it).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from . import errors
 from .errors import ErrorKind, GatewayError, RetryAfter
 from .capabilities import capabilities_of, missing
-from .generation import Event, Finish, Generation, GenerationRequest, Token, Usage
+from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from .ports import BindingError, ModelNotFound
 from .deps import Deps
-from .structured import response_text, tool_call_deltas
+from .structured import new_call_id, response_text, tool_call_deltas
 from .access.reservation import prompt_estimate
 from .stream import Stream, close_source
 
@@ -62,9 +63,12 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
     for model in capable_models(deps, request):
         try:
             seen = PromptSeen()
-            if request.stream:
+            live = reads_live(request)
+            if live:
                 events = await _opened(deps, deps.ai.stream(model, {**request.inputs, "stream": True}, **options))
-                source = _from_stream(events, request.max_tokens, seen)
+                # a whole answer read from a stream still has the whole answer's deadline
+                read = events if request.stream else _within(events, deps, request.max_tokens)
+                source = _from_stream(read, request.max_tokens, seen)
             else:
                 result = await _answered(deps, deps.ai.run(model, request.inputs, **options), request.max_tokens)
                 source = _from_result(result, request.max_tokens)
@@ -78,10 +82,42 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
             raise
         except Exception as exc:  # an adapter that let a runtime error through is still a failing dependency
             raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), model) from exc
-        events_of = apply_stop(source, request.stop, live=request.stream, prompt=(seen, prompt_estimate(request.inputs)))
-        return Generation(model=model, events=owning(events_of, events) if request.stream else events_of)
+        events_of = apply_stop(source, request.stop, live=live, prompt=(seen, prompt_estimate(request.inputs)))
+        return Generation(model=model, events=owning(events_of, events) if live else events_of)
     assert last is not None
     raise binding_error(last, request.model)
+
+
+def reads_live(request: GenerationRequest) -> bool:
+    """Whether the binding's answer is read as a stream: every streamed request, and a whole one
+    with stop sequences (Workers AI has none: the gateway cuts the text). Read live, a whole
+    answer stops generating at its stop sequence, as its stream does, and reports the same usage;
+    read whole, the binding would have generated (and charged) the rest. JSON mode and tool calls
+    stay whole answers: Workers AI does not stream them."""
+    if request.stream:
+        return True
+    return bool(request.stop) and request.inputs.get("response_format") is None and not request.inputs.get("tools")
+
+
+async def _within(events: AsyncIterator[dict[str, Any]], deps: Deps, max_tokens: int) -> AsyncIterator[dict[str, Any]]:
+    """A stream read for a whole answer, ended by `answer_timeout` past the deadline `run` has."""
+    limit = deps.config.answer_timeout_seconds(max_tokens)
+    deadline = asyncio.get_running_loop().time() + limit
+    try:
+        while True:
+            timer = asyncio.timeout_at(deadline)
+            try:
+                async with timer:
+                    event = await anext(events)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if timer.expired():
+                    raise answer_timeout(limit) from None
+                raise
+            yield event
+    finally:
+        await close_source(events)
 
 
 def start_timeout(deps: Deps) -> GatewayError:
@@ -233,6 +269,62 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
                 pending = pending[len(pending) - hold :]
     finally:
         await close_source(events)
+
+
+@dataclass
+class _OpenCall:
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+async def whole_tool_calls(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """Tool calls as clients can use them, whatever the backend streamed: each call one event with
+    its id, one name and its own arguments, numbered from 0 in order, sent when the answer
+    finishes (text still streams as it comes).
+
+    Why held to the end: a call is only usable whole (the AI SDK and litellm parse `arguments` as
+    JSON), and only a finished answer tells a complete call from one the cut left half-written.
+    A fragment that names another function (or another id) under an index already named starts a
+    call of its own, never glued onto the first; a call that never got a name is dropped; and when
+    the answer was cut (`length`), a last call whose arguments are not JSON is the cut's
+    half-written call and is dropped too (the finish reason says the answer was cut). A JSON
+    answer and its stream, both read through this, give the same calls."""
+    calls: list[_OpenCall] = []  # in the order begun
+    filling: dict[int, _OpenCall] = {}  # the backend's index -> the call its fragments extend
+    try:
+        async for event in events:
+            if isinstance(event, ToolCallDelta):
+                call = filling.get(event.index)
+                if call is None or (event.name is not None and call.name is not None
+                                    and (event.name != call.name or (event.id is not None and event.id != call.id))):
+                    call = filling[event.index] = _OpenCall(event.id, event.name, event.arguments)
+                    calls.append(call)
+                else:
+                    call.id = call.id or event.id
+                    call.name = call.name or event.name
+                    call.arguments += event.arguments
+                continue
+            if isinstance(event, Finish):
+                whole = [c for c in calls if c.name is not None]
+                if whole and event.finish_reason == "length" and whole[-1] is calls[-1] and not _is_json(whole[-1].arguments):
+                    whole.pop()
+                for index, call in enumerate(whole):
+                    yield ToolCallDelta(index, call.id or new_call_id(), call.name, call.arguments)
+                if event.finish_reason == "tool_calls" and not whole:
+                    event = replace(event, finish_reason="stop")
+                calls, filling = [], {}
+            yield event
+    finally:
+        await close_source(events)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def owning(events: AsyncIterator[Event], owned: AsyncIterator[dict[str, Any]]) -> Stream[Event]:

@@ -198,6 +198,11 @@ def validate_tool_message(message: dict[str, Any], where: str) -> dict[str, Any]
 # --- what a backend returns -----------------------------------------------------------------
 
 
+def new_call_id() -> str:
+    """An id for a call the backend gave none (OpenAI's `call_` and 24 hex digits)."""
+    return f"call_{secrets.token_hex(12)}"
+
+
 def tool_call_deltas(raw: Any, *, first_index: int = 0) -> list[ToolCallDelta]:
     """A binding's `tool_calls` -> events. Accepts OpenAI's shape (whole calls or stream
     fragments: `{index?, id?, type, function: {name?, arguments?}}`) and Workers AI's
@@ -219,7 +224,7 @@ def tool_call_deltas(raw: Any, *, first_index: int = 0) -> list[ToolCallDelta]:
         name = function.get("name") if isinstance(function.get("name"), str) else None
         call_id = call.get("id") if isinstance(call.get("id"), str) else None
         if call_id is None and name is not None:  # the first fragment of a call names it
-            call_id = f"call_{secrets.token_hex(12)}"
+            call_id = new_call_id()
         deltas.append(ToolCallDelta(index, call_id, name, arguments))
     return deltas
 

@@ -56,11 +56,18 @@ def json_too_deep(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return data.count(b"[") + data.count(b"{") > limit and json_depth(data) > limit
 
 
-def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, or a 413/400 that says what is wrong with it."""
+def refuse_oversized(request: Request, limit: int) -> None:
+    """A 413 for a body over `limit`, read or only declared: a runtime never reads a body whose
+    Content-Length is over it (the request reaches the core without it), so every route refuses
+    it, not only those that parse one (an empty body means something to some)."""
     declared = request.header("content-length")
     if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
         raise GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large")
+
+
+def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, or a 413/400 that says what is wrong with it."""
+    refuse_oversized(request, limit)
     if not request.body.strip():
         raise invalid("The request body is empty; send a JSON object.", None, "invalid_json")
     return loads_bounded(request.body)

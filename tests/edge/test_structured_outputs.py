@@ -126,8 +126,10 @@ def test_a_tool_round_trip_call_result_final_answer(client: openai.OpenAI, strea
         chunks = list(client.chat.completions.create(messages=ASK, tool_choice="required", stream=True, **request))
         calls = stream_tool_calls(chunks)
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-        pieces = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or [] if d.index == 0 and d.function.arguments]
-        assert len(pieces) > 1  # the arguments stream as they are generated, not in one piece at the end
+        pieces = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or [] if d.index == 0]
+        # a call is sent whole once the answer is complete (id, name and arguments in one delta):
+        # a half-written call is never sent, so a client's assembled call always parses
+        assert len(pieces) == 1 and pieces[0].id and pieces[0].function.name == "get_weather"
         assert len(calls) >= 1 and calls[0]["id"] and calls[0]["name"] == "get_weather"
         assistant = {"role": "assistant", "content": None, "tool_calls": [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls.values()]}

@@ -19,6 +19,11 @@ Every contract kept names its source:
           controller, signal)`, and raises `AbortError` for a `JsException`.
 - [notes] a line of /work/shared/docs/workers-runtime.md, quoted where it is kept.
 - [sdk]   what a workers/*.py file of the SDK reads of a JS object (named there).
+- [length] which streams workerd knows the length of: a body stream (an R2 object's, a fixed
+          body's) and the readable half of a `FixedLengthStream` ("Provided readable stream must
+          have a known length (request/response body or readable half of FixedLengthStream)",
+          workerd's error quoted in Miniflare PR #712); a Response over any other stream goes out
+          chunked, without Content-Length ([notes] "Seen in workerd (2026-12-04)").
 """
 
 from __future__ import annotations
@@ -194,12 +199,18 @@ class FakeReadableStream(JsProxy):
 
     js_name = "ReadableStream"
 
-    def __init__(self, source: Any = None, chunks: list[bytes] | None = None) -> None:
+    def __init__(self, source: Any = None, chunks: list[bytes] | None = None, length: int | None = None) -> None:
         self.source = _unproxy(source)
         self.chunks = list(chunks or [])
         self.owner = current_request()
         self.reader: "FakeReader | None" = None
         self.from_python = False
+        # [length] what workerd knows of the stream's length: a body stream's (an R2 object's, a
+        # fixed body's) or a FixedLengthStream's readable half; None for `from_` (a Python generator)
+        self.length = length
+
+    def pipeThrough(self, transform: Any) -> "FakeReadableStream":  # noqa: N802 (JS name)
+        return transform.piped(self)
 
     @classmethod
     def from_(cls, source: Any) -> "FakeReadableStream":
@@ -222,6 +233,38 @@ class FakeReadableStream(JsProxy):
             parts.append(result.value.to_bytes())
         reader.releaseLock()
         return b"".join(parts)
+
+
+class FixedLengthStream(JsProxy):
+    """[length] workerd's `FixedLengthStream(n)`: an identity transform whose readable half has a
+    known length (so a Response over it keeps `Content-Length`) and which fails a stream that
+    carries more or fewer than `n` bytes ("Provided readable stream must have a known length
+    (request/response body or readable half of FixedLengthStream)", workerd via Miniflare #712)."""
+
+    js_name = "FixedLengthStream"
+
+    def __init__(self, length: int) -> None:
+        self.length = int(length)
+
+    @classmethod
+    def new(cls, length: int) -> "FixedLengthStream":
+        return cls(length)
+
+    def piped(self, source: FakeReadableStream) -> FakeReadableStream:
+        expected = self.length
+
+        async def counted() -> Any:
+            seen = 0
+            reader = source.getReader()
+            while not (result := await reader.read()).done:
+                seen += len(result.value.to_bytes())
+                if seen > expected:
+                    raise JsException(f"FixedLengthStream: more than the {expected} bytes expected", "TypeError")
+                yield result.value
+            if seen != expected:
+                raise JsException(f"FixedLengthStream: {seen} of the {expected} bytes expected", "TypeError")
+
+        return FakeReadableStream(counted(), length=expected)
 
 
 class FakeReader:
@@ -284,9 +327,9 @@ def _body_stream(body: Any) -> Any:
     if isinstance(body, FakeReadableStream):
         return body
     if isinstance(body, (Uint8Array, ArrayBuffer)):
-        return FakeReadableStream(_BytesSource(body.data))
+        return FakeReadableStream(_BytesSource(body.data), length=len(body.data))
     if isinstance(body, str):
-        return FakeReadableStream(_BytesSource(body.encode()))
+        return FakeReadableStream(_BytesSource(body.encode()), length=len(body.encode()))
     if isinstance(body, (bytes, bytearray)):
         # [notes] "R2 `put(key, bytes)` fails with a TypeError: pass `pyodide.ffi.to_js(data)`"
         raise JsException("a Python bytes body must go through to_js (or the SDK's getBuffer)", "TypeError")
@@ -431,8 +474,12 @@ class FakeJsResponse(JsProxy):
     @classmethod
     def new(cls, body: Any = None, init: Any = None, **kwargs: Any) -> "FakeJsResponse":
         options = _init(init, kwargs)
-        return cls(_body_stream(body), int(options.get("status") or 200), Headers.new(options.get("headers")),
-                   str(options.get("statusText") or ""))
+        stream, headers = _body_stream(body), Headers.new(options.get("headers"))
+        if isinstance(stream, FakeReadableStream) and stream.length is None:
+            # [notes] "An R2 object body served through the Worker reached the client without
+            # `content-length`": over a stream of unknown length workerd sends the body chunked
+            headers.values.pop("content-length", None)
+        return cls(stream, int(options.get("status") or 200), headers, str(options.get("statusText") or ""))
 
     async def arrayBuffer(self) -> ArrayBuffer:  # noqa: N802 (JS name)
         if self.bodyUsed:
@@ -557,6 +604,64 @@ def _js_error(exc: Exception) -> JsException:
     return JsException(str(exc))
 
 
+class JsAi(JsProxy):
+    """The `Ai` binding (`env.AI`) as workerd hands it to Python, answered by a real local AI
+    binding (`backend`: the local edge's llama.cpp binding, or `ScriptedAI`), as the KV and R2
+    stand-ins are kept by real local stores. Its contract, each line from its source:
+    - `run(model, inputs, options?)`: `inputs` must be a JS object ([notes] "Pass every options
+      object to a binding as `to_js(d, dict_converter=js.Object.fromEntries)`"); the answer is a
+      JS object whose `.to_py()` is the dict ([notes] "`await env.AI.run(...)` returns a JsProxy:
+      `.to_py()` gives the dict").
+    - whenever `inputs.stream` is truthy the answer is a `ReadableStream` of SSE bytes instead, for
+      every model and whatever else the inputs hold, JSON mode and tools included ([notes] "Seen in
+      workerd (2026-12-04)": "a caller that wants an object must not pass `stream` at all"); one
+      `data: {...}` event per backend event (`{"response": token}`, a last one with `usage`), then
+      `data: [DONE]` ([notes] "Workers AI: ... Stream").
+    - failures are `JsException`s carrying Workers AI's numbered message (`InferenceUpstreamError:
+      5007: No such model ...`), at the call or from the stream's reader ([notes] "Errors surface as
+      `pyodide.ffi.JsException` with the JS message").
+    - the binding has no `describe()` ([notes] "The `Ai` binding class has no `describe()`").
+    `calls` keeps (model, inputs as a dict, options) per call."""
+
+    js_name = "Ai"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.calls: list[tuple[str, dict[str, Any], Any]] = []
+
+    async def run(self, model: str, inputs: Any, options: Any = None) -> Any:
+        opts = {name: to_plain(value) for name, value in require_js_object(inputs).items()}
+        self.calls.append((model, opts, to_plain(options) if options is not None else None))
+        rest = {name: value for name, value in opts.items() if name != "stream"}
+        try:
+            if opts.get("stream"):
+                return FakeReadableStream(self._sse(await self.backend.stream(model, rest)))
+            return JsDict(await self.backend.run(model, rest))
+        except Exception as exc:
+            raise _ai_error(exc) from None
+
+    @staticmethod
+    async def _sse(events: Any) -> Any:
+        import json
+
+        try:
+            async for event in events:
+                yield b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        except Exception as exc:
+            raise _ai_error(exc) from None
+        finally:
+            close = getattr(events, "aclose", None)
+            if close is not None:
+                await close()
+
+
+def _ai_error(exc: Exception) -> JsException:
+    """A backend's failure as the binding raises it: its numbered text under the JS error name
+    Workers AI gives it ([notes] "`InferenceUpstreamError: 5006: <message>`")."""
+    return JsException(f"InferenceUpstreamError: {exc}", "InferenceUpstreamError")
+
+
 class JsKVNamespace:
     """A KV namespace binding as workerd hands it to Python (`getWithMetadata(key, "arrayBuffer")`,
     options as JS objects, a miss as `jsnull`, failures as `JsException`s with KV's message), kept
@@ -612,7 +717,7 @@ def _js_r2_object(obj: Any) -> Any:
         httpMetadata=JsObject(dict(obj.http_metadata)), customMetadata=JsObject(dict(obj.custom_metadata)),
         checksums=types.SimpleNamespace(toJSON=lambda: JsObject(checksums)),
         range=types.SimpleNamespace(offset=obj.range[0], length=obj.range[1]) if obj.range else None,
-        body=FakeReadableStream(obj.body) if obj.body is not None else None,
+        body=FakeReadableStream(obj.body, length=obj.range[1] if obj.range else obj.size) if obj.body is not None else None,
     )
 
 
@@ -701,7 +806,10 @@ class FakeCache:
         hit = await self.store.match(request.url, request.headers.values)
         if hit is None:
             return None  # JS undefined
-        return FakeJsResponse(FakeReadableStream(hit.body), hit.status, FakeHeaders(hit.headers))
+        declared = str(hit.headers.get("content-length", ""))
+        # [length] a response body: its length is known where the stored response declared one
+        body = FakeReadableStream(hit.body, length=int(declared) if declared.isdigit() else None)
+        return FakeJsResponse(body, hit.status, FakeHeaders(hit.headers))
 
     async def put(self, url: str, response: FakeJsResponse) -> None:
         reader = response.body.getReader()
@@ -850,6 +958,7 @@ def installed(**flags: bool) -> Iterator[types.SimpleNamespace]:
     js.Response = FakeJsResponse  # type: ignore[attr-defined]
     js.Headers = Headers  # type: ignore[attr-defined]
     js.ReadableStream = FakeReadableStream  # type: ignore[attr-defined]
+    js.FixedLengthStream = FixedLengthStream  # type: ignore[attr-defined]
     js.AbortController = AbortController  # type: ignore[attr-defined]
     js.Array = types.SimpleNamespace(new=list)  # type: ignore[attr-defined]
     js.Error = types.SimpleNamespace(new=lambda message: JsException(message))  # type: ignore[attr-defined]

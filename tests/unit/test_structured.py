@@ -236,3 +236,35 @@ def test_a_request_checked_against_one_models_capabilities_is_checked_again_agai
     plain = parse_chat_request({"messages": [{"role": "user", "content": "x"}]}, config)
     enforce_capabilities(deps, plain, {"capabilities": []})  # type: ignore[arg-type]
     assert plain.derived["needs"] == () and request.derived["needs"] == (("json_mode", "response_format"),)
+
+
+def test_the_local_tool_call_stream_keeps_each_calls_arguments_under_its_own_index() -> None:
+    """Two calls in one piece (a whole answer is read in one piece; a token can hold `}}, {`): the
+    first call's arguments stay the first's, never glued onto the second's."""
+    from edgellm_local.llama.grammar import ToolCallStream
+
+    answer = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "arguments": {"city": "Lon'
+    calls: dict[int, str] = {}
+    for event in ToolCallStream().feed(answer):
+        calls[event["index"]] = calls.get(event["index"], "") + event["function"]["arguments"]
+    assert calls == {0: '{"city": "Paris"}', 1: '{"city": "Lon'}
+
+
+async def test_whole_tool_calls_gives_each_call_one_name_its_own_arguments_and_drops_the_cut_one() -> None:
+    from edgellm.generation import Finish, Token, ToolCallDelta, Usage
+    from edgellm.inference import whole_tool_calls
+
+    async def events(*items: object):  # type: ignore[no-untyped-def]
+        for item in items:
+            yield item
+
+    async def run(*items: object) -> list[object]:
+        return [e async for e in whole_tool_calls(events(*items))]
+
+    cut = await run(ToolCallDelta(0, "a", "f", '{"x":'), ToolCallDelta(0, None, None, "1}"),
+                    ToolCallDelta(0, "b", "g", '{"y":'), Token("t"), Finish("length", Usage(1, 9)))
+    assert cut == [Token("t"), ToolCallDelta(0, "a", "f", '{"x":1}'), Finish("length", Usage(1, 9))]  # g: a second name, cut
+    nameless = await run(ToolCallDelta(0, None, None, "{}"), Finish("tool_calls", Usage(1, 2)))
+    assert nameless == [Finish("stop", Usage(1, 2))]  # no usable call: not a tool-calls finish
+    whole = await run(ToolCallDelta(3, "a", "f", "{}"), ToolCallDelta(5, "b", "f", '{"z":2}'), Finish("tool_calls", Usage()))
+    assert whole == [ToolCallDelta(0, "a", "f", "{}"), ToolCallDelta(1, "b", "f", '{"z":2}'), Finish("tool_calls", Usage())]

@@ -12,9 +12,18 @@ from urllib.parse import unquote
 from edgellm.artifacts.conditional import none_match
 from edgellm.http import Request, Response
 
-mimetypes.add_type("text/javascript", ".mjs")
-mimetypes.add_type("text/javascript", ".js")
-mimetypes.add_type("application/json", ".json")
+# Where the `mime` package wrangler types assets with differs from Python's table (3.11 says
+# application/javascript for .js and knows no .mjs); the rest is the same for what public/ holds.
+_TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".json": "application/json", ".wasm": "application/wasm"}
+
+
+def asset_content_type(name: str) -> str:
+    """An asset's Content-Type as Workers Static Assets serves it: the type wrangler records when
+    it uploads the file (wrangler 4.86 `getContentType`: the `mime` package's type, with
+    `; charset=utf-8` added to `text/*` types only, so `.json` is a bare `application/json`)."""
+    suffix = Path(name).suffix.lower()
+    kind = _TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return f"{kind}; charset=utf-8" if kind.startswith("text/") and "charset" not in kind else kind
 
 
 def same_origin(path: str) -> str:
@@ -69,8 +78,7 @@ class StaticAssets:
         headers = {
             "etag": etag,
             "cache-control": "public, max-age=0, must-revalidate",
-            "content-type": (mimetypes.guess_type(file.name)[0] or "application/octet-stream")
-            + ("; charset=utf-8" if file.suffix in (".html", ".css", ".js", ".mjs", ".json", ".txt", ".md") else ""),
+            "content-type": asset_content_type(file.name),
         }
         if none_match(request.header("if-none-match"), etag):
             return Response(304, headers)

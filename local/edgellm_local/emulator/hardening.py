@@ -76,13 +76,18 @@ def refuse_head(scope: dict[str, Any], max_body_bytes: int, limits: ServerLimits
     if b"transfer-encoding" in names and b"content-length" in names:
         return _closing(invalid("Transfer-Encoding together with Content-Length is ambiguous (RFC 9112); send one.",
                                 "transfer-encoding", "ambiguous_length"), path)
-    lengths = {v.strip() for k, v in raw if k.lower() == b"content-length"}
-    if len(lengths) == 1:
-        declared = next(iter(lengths))
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            return _closing(GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {max_body_bytes} bytes.",
-                                         code="request_too_large"), path)
     return None
+
+
+def declared_too_large(scope: dict[str, Any], max_body_bytes: int) -> bool:
+    """A `Content-Length` over the limit: the body is never read, and the core answers the request
+    without it (its 413, with every header it gives, as the Worker answers it), on a connection
+    then closed, since its unread body is still on the wire."""
+    lengths = {v.strip() for k, v in scope["headers"] if k.lower() == b"content-length"}
+    if len(lengths) != 1:
+        return False
+    declared = next(iter(lengths))
+    return declared.isdigit() and int(declared) > max_body_bytes
 
 
 def body_timed_out() -> Response:

@@ -28,7 +28,7 @@ from edgellm_local.emulator.durable import local_flights
 from edgellm_local.emulator.isolation import InTask, as_runtime, request_context
 from edgellm_local.emulator.edge_encoding import encoded
 from edgellm_local.emulator.page_headers import HeaderRules
-from edgellm_local.emulator.hardening import ServerLimits, receive_body, refuse_head, uvicorn_options
+from edgellm_local.emulator.hardening import ServerLimits, declared_too_large, receive_body, refuse_head, uvicorn_options
 from edgellm_local.emulator.r2 import FileBody
 from edgellm_local.emulator.zero_copy import EXTENSION, ZeroCopyStats
 
@@ -151,6 +151,12 @@ class EdgeApp:
         if refusal is not None:
             await self._send(refusal, send)
             return
+        if declared_too_large(scope, self.deps.config.max_body_bytes):
+            unread = self._request_of(scope, b"")  # the core refuses it by its declared length, as on the Worker
+            response = encoded(await handle(unread, self._request_deps()), unread, compress=self.compress)
+            response.headers["connection"] = "close"
+            await self._send(response, send)
+            return
         request = await self._read_request(scope, receive)
         if isinstance(request, Response):  # too slow or too large: answered, connection closes
             await self._send(request, send)
@@ -210,6 +216,10 @@ class EdgeApp:
         body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits.body_timeout, self.limits.body_min_rate)
         if body is None or isinstance(body, Response):
             return body
+        return self._request_of(scope, body)
+
+    @staticmethod
+    def _request_of(scope: dict[str, Any], body: bytes) -> Request:
         path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         query = scope.get("query_string", b"").decode("latin-1")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}

@@ -90,7 +90,7 @@ class LlamaCppAI:
             return None
         kept = self._facts.get(model)
         if kept is None or kept[0] is not runner:
-            facts = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name,
+            facts = {"backend": "llama.cpp", "gguf": str(runner.path), "gguf_name": runner.path.name, "context_window": runner.slot_context,
                      # constrained generation makes any GGUF honour every one of these (structured.py)
                      "capabilities": tuple(CAPABILITY_NAMES), "build": _build()}
             kept = self._facts[model] = (runner, MappingProxyType(facts))
@@ -188,7 +188,9 @@ class LlamaCppAI:
     async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None,
                   prefix_scope: str | None = None) -> dict[str, Any]:
         """The whole answer, generated through llama.cpp's streaming callback so that cancelling
-        this (a client that left before its JSON answer) stops the generation at its next token."""
+        this (a client that left before its JSON answer) stops the generation at its next token.
+        Its text, tool calls and logprobs are read by the same `structured_events` a stream goes
+        through, so a whole answer is what its own stream assembles to (a cut envelope included)."""
         runner, kind, body = self._prepare(model, inputs)
         plan, top = self._structure(inputs, kind, body)
         self._as_text(runner, body)  # after the structure: tool descriptions and past calls become message text
@@ -197,30 +199,34 @@ class LlamaCppAI:
         usage: dict[str, Any] = {}
         finish: str | None = None
         logprobs: list[dict[str, Any]] = []
+        calls: dict[int, dict[str, Any]] = {}
         tenant = admitted_tenant()
         lease = await self._admitted_lease(runner, session, body, tenant, prefix_scope)
         then = None
         try:
             events = stream_events(runner, kind, body, tenant, placed=self.slots is None)
+            raw = events
+            if plan is not None or top is not None:
+                events = structured_events(events, plan, top)
             try:
                 async for event in events:
                     parts.append(event.get("response") or "")
                     usage = event.get("usage") or usage
                     finish = event.get("finish_reason") or finish
                     if top is not None and "logprobs" in event:
-                        logprobs.extend(structured.logprobs_of(event, top) or [])
+                        logprobs.extend(event["logprobs"] or [])
+                    for fragment in event.get("tool_calls") or ():
+                        _merge_call(calls, fragment)
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
+                if events is not raw:
+                    await raw.aclose()  # type: ignore[attr-defined]
             then = self._next_turn(runner, kind, body, lease, plan, "".join(parts))
         finally:
             await self._release(lease, then)
-        text = "".join(parts)
-        out: dict[str, Any] = {"response": text, "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, **usage}}
-        if plan is not None:
-            answer, calls = plan.parse(text)
-            out["response"] = answer or ""
-            if calls:
-                out["tool_calls"] = calls
+        out: dict[str, Any] = {"response": "".join(parts), "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, **usage}}
+        if calls:
+            out["tool_calls"] = [calls[i] for i in sorted(calls)]
         if top is not None:
             out["logprobs"] = logprobs
         if finish:
@@ -260,3 +266,12 @@ def _build() -> str:
         return f"xllamacpp-{version('xllamacpp')}"
     except PackageNotFoundError:
         return "xllamacpp"
+
+
+def _merge_call(calls: dict[int, dict[str, Any]], fragment: Mapping[str, Any]) -> None:
+    """One OpenAI tool-call fragment into the whole call of its index (as a streaming client does)."""
+    function = fragment.get("function") or {}
+    call = calls.setdefault(int(fragment.get("index") or 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    call["id"] = fragment.get("id") or call["id"]
+    call["function"]["name"] = function.get("name") or call["function"]["name"]
+    call["function"]["arguments"] += function.get("arguments") or ""

@@ -313,6 +313,10 @@ class ToolCallStream:
                 self.keys.pop()
                 if self.arguments_open and self.depth == 3:
                     self.arguments_open = False
+                    # this call's arguments end here: sent under its own index now, before a next
+                    # call in the same piece moves `index` on (it was glued onto that call)
+                    out.append({"index": self.index, "function": {"arguments": "".join(fragment)}})
+                    fragment.clear()
             elif ch == "," and self.kinds and self.kinds[-1] == "{":
                 self.expecting_key[-1] = True
         if fragment:

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Mapping
 
 from pyodide.ffi import JsException  # type: ignore[import-not-found]
 
+from ..capabilities import workers_ai_description
 from ..ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound, StreamCutError
 from ..sse import IncompleteStream, decode_events
 from ..structured import for_workers_ai_binding
@@ -45,10 +46,14 @@ class WorkersAI:
     binding: Any
 
     def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
-        return None
+        """From the catalog the Worker ships: the binding itself describes nothing (workerd)."""
+        return workers_ai_description(model)
 
     async def run(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> dict[str, Any]:
-        inputs = for_workers_ai_binding(inputs)
+        """The whole answer as an object. Never with `stream` in the inputs: the binding answers a
+        ReadableStream for any truthy `stream`, whatever else they hold (workerd, JSON mode and
+        tools included), and a caller may hand on inputs that were meant for a stream."""
+        inputs = for_workers_ai_binding({name: value for name, value in inputs.items() if name != "stream"})
         try:
             result = await self.binding.run(model, js_options(inputs), *ai_run_options(session))
         except JsException as exc:

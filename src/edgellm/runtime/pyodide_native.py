@@ -34,4 +34,6 @@ def to_native_response(response: Response) -> Any:
     headers = dict(response.headers)
     if not response.is_streaming:
         return WorkersResponse(bytes(response.body), status=response.status, headers=headers)
-    return WorkersResponse(to_native_body(response.body), status=response.status, headers=headers)  # type: ignore[arg-type]
+    declared = headers.get("content-length", "")
+    length = int(declared) if declared.isdigit() else None  # an artifact's: kept on the way out (to_native_body)
+    return WorkersResponse(to_native_body(response.body, length), status=response.status, headers=headers)  # type: ignore[arg-type]

@@ -204,7 +204,9 @@ class WorkersEdgeCache:
 
     async def put(self, url: str, status: int, headers: Mapping[str, str], body: AsyncIterator[bytes]) -> None:
         try:
-            response = js.Response.new(to_native_body(body), js_options({"status": status, "headers": dict(headers)}))
+            declared = headers.get("content-length", "")
+            native = to_native_body(body, int(declared) if declared.isdigit() else None)  # stored with its length, as served
+            response = js.Response.new(native, js_options({"status": status, "headers": dict(headers)}))
             cache = await js.caches.open(self.name)
             await cache.put(url, response)
         except JsException:

@@ -65,9 +65,14 @@ async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         await close_source(body)
 
 
-def to_native_body(body: AsyncIterator[bytes]) -> Any:
-    """A core body as a JS ReadableStream: an R2 or AI stream passes straight through."""
+def to_native_body(body: AsyncIterator[bytes], length: int | None = None) -> Any:
+    """A core body as a JS ReadableStream: an R2 or AI stream passes straight through. One made in
+    Python has no length workerd knows, so a Response over it would go out chunked, its
+    Content-Length dropped; given `length`, it goes through a `FixedLengthStream`, whose readable
+    half has that length (and which fails a body that is not exactly that long)."""
     native = getattr(body, "js_stream", None)
     if native is None:
         native = js.ReadableStream.from_(create_proxy(_js_chunks(body)))
+        if length is not None:
+            native = native.pipeThrough(js.FixedLengthStream.new(length))
     return native

@@ -19,6 +19,7 @@ from typing import Any
 from .cache.key import CacheKey, _digest
 from .cache.policy import CachePolicy, cache_policy
 from .cache.service import counters_of, current_scope
+from .capabilities import WORKERS_AI_MODELS
 from .deps import Deps
 from .errors import ErrorKind, GatewayError, binding_error, invalid
 from .generation import GenerationRequest
@@ -27,13 +28,6 @@ from .validation import read_json
 from .workers_ai import result_envelope
 from .ports import BindingError, InvalidModelInput
 
-# Workers AI's embedding models (Cloudflare's model pages): id -> (dimensions, input tokens)
-EMBEDDING_MODELS: dict[str, tuple[int, int]] = {
-    "@cf/baai/bge-small-en-v1.5": (384, 512),
-    "@cf/baai/bge-base-en-v1.5": (768, 512),
-    "@cf/baai/bge-large-en-v1.5": (1024, 512),
-    "@cf/baai/bge-m3": (1024, 8192),
-}
 DEFAULT_EMBEDDING_MODEL = "@cf/baai/bge-small-en-v1.5"
 # Workers AI takes at most 100 texts in one `text` array (bge's input schema)
 MAX_TEXTS = 100
@@ -53,8 +47,15 @@ class EmbeddingRequest:
 
 
 def embedding_dimensions(model: str) -> int | None:
-    facts = EMBEDDING_MODELS.get(model)
-    return facts[0] if facts else None
+    """From the shipped catalog (`capabilities.WORKERS_AI_MODELS`); None for a model it lacks."""
+    facts = WORKERS_AI_MODELS.get(model)
+    return facts.dimensions if facts is not None and facts.kind == "embedding" else None
+
+
+def input_tokens(model: str) -> int:
+    """The most tokens one text may have (512, bge's positions, for a model the catalog lacks)."""
+    facts = WORKERS_AI_MODELS.get(model)
+    return facts.context_window if facts is not None and facts.kind == "embedding" else 512
 
 
 def is_embedding_model(deps: Deps, model: str) -> bool:
@@ -75,7 +76,7 @@ def _texts(value: Any, param: str, model: str) -> tuple[tuple[str, ...], bool]:
         raise invalid(f"'{param}' must be a string or an array of strings.", param, "invalid_type")
     if len(texts) > MAX_TEXTS:
         raise invalid(f"'{param}' holds {len(texts)} texts; at most {MAX_TEXTS} in one request.", param, "too_many_inputs")
-    limit = EMBEDDING_MODELS.get(model, (0, 512))[1]
+    limit = input_tokens(model)
     for i, text in enumerate(texts):
         where = param if single else f"{param}[{i}]"
         if not text.strip():
@@ -112,14 +113,14 @@ def parse_openai(body: Any, deps: Deps) -> EmbeddingRequest:
     if encoding not in ENCODINGS:
         raise invalid(f"'encoding_format' must be one of {', '.join(ENCODINGS)}; got {encoding!r}.", "encoding_format", "invalid_value")
     dimensions = body.get("dimensions")
-    native = embedding_dimensions(model)
     if dimensions is not None:
+        native = (deps.ai.describe(model, live=False) or {}).get("dimensions") or embedding_dimensions(model)
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
             raise invalid("'dimensions' must be a positive integer.", "dimensions", "invalid_type")
         if dimensions != native:
-            raise invalid(f"'dimensions' {dimensions} is not available: {model} makes {native}-dimensional vectors "
-                          "and cannot shorten them (omit 'dimensions', or send "
-                          f"{native}).", "dimensions", "unsupported_dimensions")
+            made = f"makes {native}-dimensional vectors" if native else "has a fixed dimension"
+            raise invalid(f"'dimensions' {dimensions} is not available: {model} {made} and cannot shorten them "
+                          "(omit 'dimensions').", "dimensions", "unsupported_dimensions")
     return EmbeddingRequest(model, texts, encoding)
 
 

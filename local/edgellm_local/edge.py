@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.config import Config
+from edgellm.embeddings import DEFAULT_EMBEDDING_MODEL
 from edgellm.ports import Clock
 from edgellm.deps import Deps, SystemClock
 from edgellm.state import IsolateState
 
 from edgellm_local.llama.binding import LlamaCppAI
+from edgellm_local.llama.embedding_runner import EmbeddingRunner
 from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.llama.model_file import RESIDENT_BUDGET_MIB, check_gguf, resident_slots_within
 from edgellm_local.llama.slot_pool import DEFAULT_DISK_BUDGET, SlotPool
@@ -28,6 +30,7 @@ from edgellm_local.emulator.request_log import RequestLog
 from edgellm_local.emulator.server import EdgeApp
 from edgellm_local.emulator.usage_sqlite import SqliteUsage
 from edgellm_local.telemetry import PrometheusExposition, otlp_tracer
+from edgellm_local.emulator.vector_index import SqliteVectorIndex
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PUBLIC = PROJECT_ROOT / "public"
@@ -48,6 +51,8 @@ class EdgeSettings:
     threads: int | None = None  # llama.cpp's threads (None: every core the machine has)
     slot_disk_budget: int = DEFAULT_DISK_BUDGET  # saved llama.cpp slot states under state_dir/slots
     chat_template: str | None = None  # llama.cpp's --chat-template (None: the GGUF's own); stand_ins.py names them
+    # the embedding GGUF standing in for every `config.embedding_models` id (None: no embeddings served)
+    embedding_model_path: Path | None = None
 
 
 def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> Config:
@@ -91,6 +96,13 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
     settings = replace(settings, config=served_tokenizer(settings.config, settings.model_path, state))
     ai = LlamaCppAI.for_config(settings.config, runner)
     ai.slots = SlotPool(runner, disk_budget=settings.slot_disk_budget)
+    if settings.embedding_model_path is not None:  # the stand-in answers for bge-small unless EMBEDDING_MODELS names others
+        if not settings.config.embedding_models:
+            settings = replace(settings, config=replace(settings.config, embedding_models=(DEFAULT_EMBEDDING_MODEL,)))
+        embedder = EmbeddingRunner(check_gguf(settings.embedding_model_path), threads=runner.threads)
+        ai.embedders = {model: embedder for model in settings.config.embedding_models}
+    elif settings.config.embedding_models:  # nothing stands in for them: not listed, not served
+        settings = replace(settings, config=replace(settings.config, embedding_models=()))
     return Deps(
         config=settings.config,
         ai=ai,
@@ -105,6 +117,8 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         fetch=HttpxFetch(),
         tracer=otlp_tracer(),
         exposition=PrometheusExposition(),
+        # the semantic cache's index (Vectorize's stand-in), only where embeddings are served
+        vectors=SqliteVectorIndex(settings.state_dir / "vectors.sqlite3") if settings.config.embedding_models else None,
     )
 
 

@@ -233,7 +233,10 @@ async function loadModels() {
     const response = await fetch("/v1/models");
     if (!response.ok) return;
     const { data } = await response.json();
-    for (const model of data || []) ui.model.append(new Option(model.id, model.id));
+    for (const model of data || []) {
+      if (model.edgellm?.kind === "embedding") continue;  // it makes vectors, not chat answers
+      ui.model.append(new Option(model.id, model.id));
+    }
   } catch { /* the default model still works */ }
 }
 

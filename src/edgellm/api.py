@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import hashlib
 
-from . import access, openai, workers_ai
+from . import access, embeddings, openai, workers_ai
 from .capabilities import capabilities_of, enforce, required_capabilities
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
@@ -38,6 +38,8 @@ def generation_headers(generation: Generation) -> dict[str, str]:
         headers["age"] = str(generation.age)
     if generation.cache_key:
         headers["x-edgellm-cache-key"] = generation.cache_key
+    if generation.cache_match:
+        headers["x-edgellm-cache-match"] = generation.cache_match
     route = generation.route or ("edge; reason=cache" if generation.cache_status == "HIT" else None)
     if route:
         headers["x-edgellm-route"] = route
@@ -176,6 +178,8 @@ async def create_completion(request: Request, deps: Deps) -> Response:
 async def run_model(request: Request, deps: Deps) -> Response:
     """Cloudflare's REST shape: `POST /client/v4/accounts/{account_id}/ai/run/{model}`."""
     model = request.path_params["model"]
+    if embeddings.is_embedding_model(deps, model):
+        return await embeddings.run_embedding_model(request, deps, model)
     if model not in deps.config.models:
         raise GatewayError(ErrorKind.NOT_FOUND, f"No such model {model}; GET /v1/models lists the models served.", param="model", code="model_not_found")
     inputs, stream = workers_ai.validate_inputs(read_json(request, deps.config.max_body_bytes), deps.config)
@@ -192,6 +196,7 @@ async def list_models(request: Request, deps: Deps) -> Response:
         entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **described,
                             "capabilities": capabilities_of(model, deps.config.model_capabilities, described).names()}
         data.append(entry)
+    data.extend(embeddings.model_entries(deps))
     for alias, target in deps.config.aliases.items():
         data.append({"id": alias, "object": "model", "created": 0, "owned_by": "edgellm",
                      "edgellm": {"role": "alias", "alias_of": target}})
@@ -204,6 +209,8 @@ async def retrieve_model(request: Request, deps: Deps) -> Response:
     if model in deps.config.aliases:  # every id models.list lists can be retrieved, aliases as listed there
         return json_response({"id": model, "object": "model", "created": 0, "owned_by": "edgellm",
                               "edgellm": {"role": "alias", "alias_of": deps.config.aliases[model]}})
+    if embeddings.is_embedding_model(deps, model):
+        return json_response(next(e for e in embeddings.model_entries(deps) if e["id"] == model))
     if model not in deps.config.models:
         raise GatewayError(ErrorKind.NOT_FOUND, f"The model '{model}' does not exist on this gateway; GET /v1/models lists the models served.",
                            param="model", code="model_not_found")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from functools import lru_cache
 
-from . import access, api, artifacts, fault_admin, model_catalog, responses_api
+from . import access, api, artifacts, embeddings, fault_admin, model_catalog, responses_api
 from .access import report as usage_report
 from .access.cors import cors_headers
 from .access.guard import key_ratelimit_headers
@@ -31,6 +31,7 @@ from . import workers_ai
 ROUTES = Router((
     route("POST", "/v1/chat/completions", api.create_chat_completion),
     route("POST", "/v1/completions", api.create_completion),
+    route("POST", "/v1/embeddings", embeddings.create_embedding),
     route("GET", "/v1/models", api.list_models),
     route("GET", "/v1/models/{model:path}", api.retrieve_model),
     route("POST", "/v1/responses", responses_api.create_response),

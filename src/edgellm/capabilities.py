@@ -76,8 +76,10 @@ class ModelFacts:
     because the `Ai` binding describes nothing (workerd: it has no `describe()`), and the Worker
     must answer `/v1/models` and `system_fingerprint` as the local edge does."""
 
-    context_window: int
+    context_window: int  # an embedding model's: the most tokens one text may have
     capabilities: Capabilities = NONE
+    kind: str = "text-generation"  # or "embedding" (the bge models: `/v1/embeddings`)
+    dimensions: int | None = None  # an embedding model's vector width
 
 
 # Cloudflare's Workers AI catalog (developers.cloudflare.com/workers-ai/models/, each model's
@@ -98,6 +100,11 @@ WORKERS_AI_MODELS: dict[str, ModelFacts] = {
     "@hf/nousresearch/hermes-2-pro-mistral-7b": ModelFacts(24000, _JSON_TOOLS),
     "@hf/thebloke/deepseek-coder-6.7b-instruct-awq": ModelFacts(4096, _JSON),
     "@cf/deepseek-ai/deepseek-r1-distill-qwen-32b": ModelFacts(80000, _JSON),
+    # text embeddings (each bge model's page: "Max input tokens", the vector's dimension)
+    "@cf/baai/bge-small-en-v1.5": ModelFacts(512, kind="embedding", dimensions=384),
+    "@cf/baai/bge-base-en-v1.5": ModelFacts(512, kind="embedding", dimensions=768),
+    "@cf/baai/bge-large-en-v1.5": ModelFacts(512, kind="embedding", dimensions=1024),
+    "@cf/baai/bge-m3": ModelFacts(8192, kind="embedding", dimensions=1024),
 }
 
 
@@ -111,6 +118,8 @@ def workers_ai_description(model: str) -> Mapping[str, Any]:
     described: dict[str, Any] = {"backend": "workers-ai", "build": "workers-ai"}
     if facts is not None:
         described.update(capabilities=tuple(facts.capabilities.names()), context_window=facts.context_window)
+        if facts.kind == "embedding":
+            described.update(kind=facts.kind, dimensions=facts.dimensions)
     return MappingProxyType(described)
 
 

@@ -129,6 +129,9 @@ def _capabilities(value: Any) -> dict[str, Any]:
 class Config:
     model: str = DEFAULT_MODEL
     fallback_models: tuple[str, ...] = DEFAULT_FALLBACK_MODELS
+    # the embedding models `/v1/embeddings` serves (EMBEDDING_MODELS, comma-separated; wrangler.toml
+    # names Workers AI's bge ids, the local edge its stand-in's); none: embeddings are not served
+    embedding_models: tuple[str, ...] = ()
     context_window: int = 8192
     max_body_bytes: int = MAX_BODY_BYTES
     cache_namespace: str = "default"
@@ -222,6 +225,7 @@ class Config:
             # present but empty turns fallback off; absent keeps the default list
             fallback_models=_json_text("FALLBACK_MODELS", env.get("FALLBACK_MODELS"), _list,
                                        "model ids, comma-separated or a JSON list") if env.get("FALLBACK_MODELS") is not None else base.fallback_models,
+            embedding_models=_json_text("EMBEDDING_MODELS", get("EMBEDDING_MODELS"), _list, "model ids, comma-separated or a JSON list"),
             context_window=_whole("CONTEXT_WINDOW", get("CONTEXT_WINDOW"), base.context_window),
             cache_namespace=str(get("CACHE_NAMESPACE") or base.cache_namespace),
             cache_default_ttl=_whole("CACHE_DEFAULT_TTL", get("CACHE_DEFAULT_TTL"), base.cache_default_ttl),

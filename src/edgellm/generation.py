@@ -145,6 +145,7 @@ class Generation:
     cache_key: str | None = None
     system_fingerprint: str | None = None
     route: str | None = None  # the `x-edgellm-route` value: "edge|origin|edge,origin; reason=..."
+    cache_match: str | None = None  # a semantic HIT's `x-edgellm-cache-match` ("semantic; score=0.97")
     # A HIT: the stored entry's memo, where the JSON answer rendered from it is kept for the
     # entry's next HITs (`kept_json`); shared by the tenant's HITs of that entry, so only what
     # is a pure function of the entry goes in.

@@ -35,6 +35,9 @@ def resolve_model(body: dict[str, Any], config: Config) -> str:
     if not isinstance(model, str):
         raise invalid("'model' must be a string.", "model", "invalid_type")
     model = config.aliases.get(model, model)
+    if model in config.embedding_models:  # it exists, but makes vectors, not text: the caller's mistake, said so
+        raise invalid(f"'{model}' is an embedding model: it cannot generate text; POST /v1/embeddings with it instead.",
+                      "model", "model_not_chat")
     if model not in config.models:
         raise GatewayError(
             ErrorKind.NOT_FOUND,

@@ -93,6 +93,13 @@ class AIBinding(Protocol):
 
     async def stream(self, model: str, inputs: Mapping[str, Any], *, session: str | None = None) -> AsyncIterator[dict[str, Any]]: ...
 
+    async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
+        """An embedding model's vectors for `texts`, in order: Workers AI's bge output
+        `{"shape": [n, d], "data": [[...], ...]}`, with `usage.prompt_tokens` where the backend
+        counts them (llama.cpp does; Workers AI does not say). A text past the model's input
+        tokens raises `InvalidModelInput`; an id that is no embedding model `ModelNotFound`."""
+        ...
+
     def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
         """Extra facts about a model for `/v1/models` (the local edge names its GGUF).
         `live=False`: only the facts that stay while it serves (backend, build, capabilities),
@@ -280,6 +287,43 @@ class HTTPFetch(Protocol):
     """
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> FetchResponse: ...
+
+
+@dataclass(frozen=True)
+class VectorRecord:
+    """One vector to upsert: `id` at most 64 bytes, `namespace` at most 64 bytes, `metadata` a
+    small JSON object (Vectorize: 10 KiB)."""
+
+    id: str
+    values: tuple[float, ...]
+    namespace: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VectorMatch:
+    id: str
+    score: float  # cosine similarity, 1.0 for the same direction
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+class VectorIndex(Protocol):
+    """Cloudflare Vectorize (a cosine index of fixed dimension), as the Worker binding offers it:
+    `query(vector, {topK, namespace, filter, returnMetadata: "all"})`, `upsert([{id, values,
+    namespace, metadata}])`, `deleteByIds(ids)` (developers.cloudflare.com/vectorize/reference/client-api/).
+
+    What callers may rely on, and no more: mutations are asynchronous (an upsert may take seconds
+    to be seen by a query, so a miss just after one is normal); an upsert replaces a vector with
+    the same id in full; a query sees only its `namespace` and the vectors whose metadata equals
+    every `filter` value (an indexed string property, `$eq`); at most 20 matches with metadata;
+    scores are cosine similarities, best first."""
+
+    async def query(self, vector: list[float], *, top_k: int, namespace: str,
+                    filter: Mapping[str, str] | None = None) -> list[VectorMatch]: ...
+
+    async def upsert(self, records: list[VectorRecord]) -> None: ...
+
+    async def delete_by_ids(self, ids: list[str]) -> None: ...
 
 
 class Clock(Protocol):

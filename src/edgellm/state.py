@@ -27,6 +27,7 @@ class CacheCounters:
     bypasses: int = 0
     bytes_served: int = 0
     coalesced: int = 0
+    semantic_hits: int = 0  # of `hits`, those answered by meaning (cache/semantic.py)
     write_errors: int = 0
     read_errors: int = 0
 

@@ -26,6 +26,7 @@ class VarSpec:
 VARS: dict[str, VarSpec] = {
     "MODEL": VarSpec("text", "a Workers AI model id, e.g. @cf/meta/llama-2-7b-chat-int8"),
     "FALLBACK_MODELS": VarSpec("list", "model ids, comma-separated or a JSON list (empty: no fallback)"),
+    "EMBEDDING_MODELS": VarSpec("list", "embedding model ids served at /v1/embeddings, comma-separated or a JSON list"),
     "MODEL_ALIASES": VarSpec("json_object", 'a JSON object of alias -> model id ("" = MODEL), e.g. {"gpt-4o-mini": ""}'),
     "MODEL_CAPABILITIES": VarSpec("json_object", 'a JSON object of model id -> capabilities, e.g. {"@cf/...": ["json_mode"]}'),
     "MODEL_PRICES": VarSpec("json_object", "a JSON object of model id -> [USD per million input, output tokens]"),

@@ -116,12 +116,15 @@ def test_every_error_response_is_the_error_shape_and_5xx_says_retry_after(doc: d
 def test_generation_routes_document_cache_headers_and_sse(doc: dict[str, Any], path: str, body_schema: str) -> None:
     op = doc["paths"][path]["post"]
     headers = {resolve(doc, p)["name"].lower() for p in op["parameters"] if resolve(doc, p)["in"] == "header"}
-    session = {"x-session-affinity"} if path == "/v1/chat/completions" else set()  # a session keeps the prompt cached
+    chat = path == "/v1/chat/completions"
+    # a session keeps the prompt cached; the semantic cache matches a chat's last user message
+    session = {"x-session-affinity", "x-edgellm-semantic-cache"} if chat else set()
     assert headers == {"cf-aig-skip-cache", "cf-aig-cache-ttl", "cf-aig-cache-key", "cache-control", CLASS_HEADER} | session
     assert op["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/" + body_schema)
     ok = op["responses"]["200"]
     assert set(ok["content"]) == {"application/json", "text/event-stream"}
-    assert {h.lower() for h in ok["headers"]} == {"cf-aig-cache-status", "age", "x-edgellm-cache-key", "x-edgellm-model"}
+    semantic = {"x-edgellm-cache-match"} if chat else set()
+    assert {h.lower() for h in ok["headers"]} == {"cf-aig-cache-status", "age", "x-edgellm-cache-key", "x-edgellm-model"} | semantic
     assert set(op["responses"]) == {"200", "400", "401", "403", "404", "413", "429", "502", "503"}
 
 

@@ -105,6 +105,11 @@ class FaultyAI:
             await asyncio.sleep(self.plan.delay_s)
         return await self.inner.run(model, inputs, **options)
 
+    async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
+        """Embeddings pass the same seam: a planned failure or retirement hits them too."""
+        self._at_call(model)
+        return await self.inner.embed(model, texts)  # type: ignore[attr-defined]
+
     async def stream(self, model: str, inputs: Mapping[str, Any], **options: Any) -> AsyncIterator[dict[str, Any]]:
         self._at_call(model)
         delay = self._roll("delay_first", model)

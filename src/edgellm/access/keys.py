@@ -50,6 +50,9 @@ class KeyRecord:
     token_budget: int = 0
     models: tuple[str, ...] = ()
     share_cache: bool = False
+    # the semantic cache (cache/semantic.py) for every request of this key, unless a request
+    # says `x-edgellm-semantic-cache: off`; off by default
+    semantic_cache: bool = False
     created: float = 0.0
     revoked: float | None = None
     name: str = ""
@@ -120,7 +123,7 @@ def rotated(record: KeyRecord, now: float) -> tuple[KeyRecord, NewKey]:
     """(the old record, revoked now; a new key with the same tenant and limits)."""
     fresh = new_key(record.tenant, now, requests_per_minute=record.requests_per_minute,
                     tokens_per_minute=record.tokens_per_minute, token_budget=record.token_budget,
-                    models=record.models, share_cache=record.share_cache, name=record.name)
+                    models=record.models, share_cache=record.share_cache, semantic_cache=record.semantic_cache, name=record.name)
     return replace(record, revoked=now), fresh
 
 

@@ -19,6 +19,7 @@ from ..deps import Deps
 from ..stream import Stream
 from ..telemetry import tracing
 from ..telemetry.spans import step, traced_generation
+from . import semantic
 from .coalescing import FlightOrder, FlightPlan, flight_name, shared_generation
 from .entry import CachedAnswer, CorruptEntry, record
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
@@ -147,6 +148,11 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             age = max(0, int(deps.clock.now() - answer.created))
             kept = answer.derived if size <= MEMO_MAX_ENTRY_BYTES else None  # an entry the isolate keeps decoded keeps its renderings
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest, rendered=kept)
+    plan = await semantic.lookup(deps, request, gen_request, key, policy, lookup)
+    if isinstance(plan, semantic.Hit):
+        counters.hits += 1
+        counters.semantic_hits += 1
+        return plan.generation
     counters.misses += 1
     if deps.flights is not None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))
@@ -168,6 +174,8 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
         generation = await own_generation(deps, request, gen_request)
         if policy.write:
             generation.events = stored_afterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
+    if plan is not None and policy.write:  # once the exact entry is written, its vector points at it
+        generation.events = semantic.remembered_afterwards(deps, plan, key, policy.ttl, generation.events)
     generation.cache_status, generation.cache_key = "MISS", key.digest
     return generation
 

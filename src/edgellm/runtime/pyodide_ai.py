@@ -73,6 +73,18 @@ class WorkersAI:
         return _ai_events(decode_events(read_stream(stream)))
 
 
+    # --- embeddings (the bge models): `env.AI.run(model, {"text": [...]})` -> {shape, data} ---
+
+    async def embed(self, model: str, texts: list[str]) -> dict[str, Any]:
+        """Workers AI's bge output is `{"shape": [n, d], "data": [[...]], "pooling"?}` (Cloudflare's
+        bge-small-en-v1.5 model page); it carries no token count, so the core estimates usage."""
+        try:
+            result = await self.binding.run(model, js_options({"text": list(texts)}))
+        except JsException as exc:
+            raise ai_error(exc) from exc
+        return result.to_py()
+
+
 async def _ai_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
     async with aclosing(events):  # type: ignore[type-var]
         try:

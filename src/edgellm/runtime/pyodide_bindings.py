@@ -23,6 +23,7 @@ from .pyodide_r2 import WorkersEdgeCache, WorkersR2
 from .pyodide_ratelimit import WorkersRateLimit
 from .pyodide_toolbox import is_missing
 from .pyodide_usage import AnalyticsEngineUsage
+from .pyodide_vectorize import WorkersVectorize
 
 
 def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) -> Deps:
@@ -46,6 +47,7 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
         fetch=WorkersFetch() if state.config.routing.origins else None,
         # spans as log lines beside Workers' own traces ([observability]), when TRACE_LOGS asks
         tracer=LogTracer(ids=state.ids) if state.config.trace_logs else NoopTracer(),
+        vectors=_vectors(env),
     )
 
 
@@ -67,6 +69,12 @@ def _usage(env: Any) -> AnalyticsEngineUsage | None:
         return AnalyticsEngineUsage(binding)
     dataset = optional_binding(env, "USAGE_DATASET") or "edgellm_usage"
     return AnalyticsEngineUsage(binding, AnalyticsEngineSQL(WorkersFetch(), str(account), str(token), str(dataset)))
+
+
+def _vectors(env: Any) -> WorkersVectorize | None:
+    """The semantic cache's Vectorize index; without it there is no semantic cache."""
+    binding = optional_binding(env, "VECTORIZE")
+    return None if binding is None or is_missing(binding) else WorkersVectorize(binding)
 
 
 def _flights(binding: Any) -> WorkersDurableObjectNamespace | None:

@@ -31,6 +31,7 @@ from tests.unit.test_workers_sdk import Platform, runtime  # noqa: F401  (the SD
 
 TOKENIZER = json.dumps({"model": {"vocab": {f"t{i}": i for i in range(4000)}}}).encode()
 TRANSPORT = {"date", "server", "content-length", "connection"}  # the HTTP server's own, not the answer's
+PER_REQUEST = {"x-request-id"}  # each request's own: present on both, compared by presence
 
 
 @pytest.fixture
@@ -61,14 +62,16 @@ async def test_a_body_over_the_limit_gets_the_same_413_from_the_worker_and_the_l
     body = {"model": "@cf/meta/llama-2-7b-chat-int8", "messages": [{"role": "user", "content": "x" * (limit + 1)}]}
     platform = Platform(rt, entry, fp.JsAi(ScriptedAI()))
     native = await platform.fetch(body, {"origin": "https://app.example"})
-    worker = (native.status, {k: v for k, v in native.headers.items() if k not in TRANSPORT}, json.loads(await native.bytes()))
+    worker = (native.status, {k: v for k, v in native.headers.items() if k not in TRANSPORT | PER_REQUEST}, json.loads(await native.bytes()))
+    assert native.headers.get("x-request-id") == worker[2]["error"].pop("request_id")
     server = EdgeServer(EdgeApp(Deps(config=Config(open_access=True), ai=ScriptedAI()), None)).start()
     try:
         answer = httpx.post(server.url + "/v1/chat/completions", content=json.dumps(body),
                             headers={"content-type": "application/json", "origin": "https://app.example"}, timeout=30)
     finally:
         server.stop()
-    local = (answer.status_code, {k: v for k, v in answer.headers.items() if k not in TRANSPORT}, answer.json())
+    local = (answer.status_code, {k: v for k, v in answer.headers.items() if k not in TRANSPORT | PER_REQUEST}, answer.json())
+    assert answer.headers["x-request-id"] == local[2]["error"].pop("request_id")
     assert worker[0] == 413 and worker[2]["error"]["code"] == "request_too_large"
     assert local == worker
     assert answer.headers["connection"] == "close"  # its unread body is still on the wire: the connection cannot be reused

@@ -122,7 +122,7 @@ def resolve_model(value: str | None) -> tuple[Path, str | None]:
     if _looks_like_a_name(value, path):  # type: ignore[arg-type]
         names = ", ".join(STAND_INS)
         raise UnknownStandIn(f"unknown stand-in model {value!r}: the stand-ins are {names} "
-                             "(docs/getting-started.md, 'Stand-in models'), or a path to a .gguf file")
+                             "(docs/getting-started.md, 'Stand-in models'), or a path to a GGUF file (.gguf)")
     return path, None
 
 

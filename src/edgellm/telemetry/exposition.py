@@ -98,6 +98,7 @@ def families(deps: Deps) -> list[Family]:
         _single("cache_bypasses", "counter", "Requests that skipped the cache (asked to, uncacheable, or no KV).", cache.bypasses),
         _single("cache_coalesced", "counter", "Misses that joined an identical generation already running (no generation of their own).",
                 cache.coalesced),
+        _single("cache_semantic_hits", "counter", "Of the cache hits, those answered by meaning (the semantic cache).", cache.semantic_hits),
         _single("cache_served_bytes", "counter", "Bytes of cache entries served.", cache.bytes_served),
         _counter("prompt_tokens", "Prompt tokens processed, by model and tenant (cache HITs count none).", ("model", "tenant"), t.prompt_tokens),
         _counter("generation_tokens", "Tokens generated, by model and tenant (cache HITs count none).", ("model", "tenant"),
@@ -117,6 +118,8 @@ def families(deps: Deps) -> list[Family]:
         _counter("kv_errors", "KV calls that failed (the cache fails open).", ("operation",),
                  {"read": cache.read_errors, "write": cache.write_errors}),
         _single("r2_errors", "counter", "R2 calls that failed.", t.r2_errors),
+        _single("isolate_start_time_seconds", "gauge", "Unix time this isolate (on the local edge: this process) began counting; "
+                "another value means another isolate, or a new one, whose counters start from zero.", t.started_at),
     ]
     breaker = routing.breaker  # None until routing first asks it: a breaker not yet made is closed
     now_state = breaker.state if breaker is not None else "closed"

@@ -13,6 +13,7 @@ folded into `other`, so no traffic can grow the exposition without end.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
@@ -94,6 +95,9 @@ class Telemetry:
     ttft: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     r2_errors: int = 0
+    # when this isolate began counting (the first request made its state): a scrape that finds
+    # another value reached another isolate, or a new one, whose counters start again from zero
+    started_at: float = field(default_factory=time.time)
     tenants: set[str] = field(default_factory=set)  # the tenants labels were made for (bounded by MAX_SERIES)
 
     def tenant_label(self, tenant: str | None) -> str:

@@ -25,9 +25,10 @@ same way.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 from .errors import ErrorKind, GatewayError, RetryAfter
 from .generation import Event, Generation
@@ -40,6 +41,18 @@ _ADMITTED_TENANT: ContextVar[str | None] = ContextVar("edgellm_admitted_tenant",
 
 def admitted_tenant() -> str | None:
     return _ADMITTED_TENANT.get()
+
+
+@contextmanager
+def admitted_as(tenant: str | None) -> Iterator[None]:
+    """What starts inside (a task copies the context it starts in) runs for `tenant`, admitted
+    elsewhere: the flights object runs a generation the Worker admitted, in an isolate of its
+    own where only the order can say whose it is."""
+    token = _ADMITTED_TENANT.set(tenant)
+    try:
+        yield
+    finally:
+        _ADMITTED_TENANT.reset(token)
 
 
 def fair_share(limit: int, holding: Mapping[str | None, int], tenant: str | None) -> int:

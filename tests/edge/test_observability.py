@@ -258,8 +258,11 @@ def test_a_request_without_traceparent_starts_a_trace(start_edge: Callable[..., 
     assert root.parent is None and root.context.trace_id != 0  # an invalid traceparent is a new trace
 
 
+@pytest.mark.parametrize("coalesced", [False, True], ids=["own-generation", "through-the-flights-object"])
 def test_the_origin_receives_the_requests_trace_with_a_span_id_of_its_own(
-        start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Any], tiny_model: Any, tmp_path: Any) -> None:
+        start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Any], tiny_model: Any, tmp_path: Any, coalesced: bool) -> None:
+    """With a KV namespace a miss runs in the flights object, which on Cloudflare is another
+    isolate: the trace reaches the origin only because the Worker sends it along."""
     from edgellm_local.doubles.faults import FaultPlan, FaultyAI
     from edgellm_local.emulator.http_fetch import HttpxFetch
     from tests.support.origin_process import OriginProcess
@@ -269,7 +272,9 @@ def test_the_origin_receives_the_requests_trace_with_a_span_id_of_its_own(
         config = Config.from_env({"ORIGINS": json.dumps([{"name": "central", "url": origin.url, "context_window": 2048}]),
                                   "OPEN_ACCESS": "true", "METRICS_OPEN": "true", "EDGE_FIRST_TOKEN_MS": "60000", "EDGE_STALL_MS": "60000"})
         deps = make_deps(config=config)
-        deps = replace(deps, ai=FaultyAI(deps.ai, FaultPlan(fail=1.0)), fetch=HttpxFetch(), kv=None)  # the edge fails: the origin answers
+        deps = replace(deps, ai=FaultyAI(deps.ai, FaultPlan(fail=1.0)), fetch=HttpxFetch())  # the edge fails: the origin answers
+        if not coalesced:
+            deps = replace(deps, kv=None)
         server = start_edge(deps)
         with httpx.Client(base_url=server.url, timeout=60) as client:
             answered = client.post("/v1/chat/completions", json=chat(), headers={"traceparent": TRACEPARENT})

@@ -29,6 +29,7 @@ Every contract kept names its source:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import traceback
 import types
@@ -936,8 +937,13 @@ class DurableObjectStub(JsProxy):
         request = FakeRequest.new(url, init)
         self.namespace.calls.append((self.name, request))
         workers = sys.modules["workers"]
+        # in a context of its own: the object runs in another isolate ([notes] "on Cloudflare a
+        # Durable Object runs in its own isolate"), where no context variable the Worker's request
+        # set (its span, its admitted tenant) exists
+        serving = asyncio.get_running_loop().create_task(self.namespace.instance(self.name).fetch(workers.Request(request)),
+                                                         context=contextvars.Context())
         try:
-            answer = await self.namespace.instance(self.name).fetch(workers.Request(request))
+            answer = await serving
         except Exception:
             raise JsException("PythonError: " + traceback.format_exc()) from None
         return answer.js_object

@@ -317,3 +317,31 @@ def test_a_bad_order_is_refused_without_echoing_the_parsers_text() -> None:
         assert response.status == 400 and data["error"]["message"] == "Bad flight order." and data["detail"]
 
     isolation.run(main())
+
+
+def test_the_object_runs_the_generation_for_the_tenant_the_order_names_not_the_callers_context() -> None:
+    """The object's context is its own (on Cloudflare: another isolate), so the tenant the Worker
+    admitted reaches the binding (the local engine's fair queue) only because the order says it."""
+    from edgellm.admission import admitted_as, admitted_tenant
+
+    class TenantSeeingAI(ScriptedAI):
+        seen: list[str | None] = []
+
+        async def stream(self, model: str, inputs: Any, **options: Any) -> Any:
+            self.seen.append(admitted_tenant())
+            return await super().stream(model, inputs, **options)
+
+    async def main() -> None:
+        ai = TenantSeeingAI()
+        deps, background = make(ai)
+
+        async def as_the_worker() -> Any:
+            with admitted_as("set-in-the-worker"):  # the Worker's own context: never the object's
+                generation, _ = await shared_generation(deps, replace(ORDER, tenant="acme"))
+                return [event async for event in generation.events]
+
+        await serve(as_the_worker(), "worker")
+        await asyncio.gather(*background)
+        assert ai.seen == ["acme"]
+
+    isolation.run(main())

@@ -272,3 +272,25 @@ async def test_a_rate_limit_refusal_retries_after_the_limiters_window(runtime: A
     # what ships says the binding's period where the Worker can read it
     wrangler = tomllib.loads((Path(__file__).parents[2] / "wrangler.toml").read_text())
     assert wrangler["vars"]["RATE_LIMIT_PERIOD"] == str(wrangler["ratelimits"][0]["simple"]["period"])
+
+
+async def test_the_flight_objects_spans_join_the_requests_trace(runtime: Any, caplog: Any) -> None:
+    """The object runs in an isolate of its own on Cloudflare (here: a context of its own), where
+    the request's span does not exist: the Worker sends `traceparent` with the order, so the
+    generation's span and its KV write's, logged by the object (`TRACE_LOGS`), sit in the client's
+    trace under the Worker's `cache.flight` span."""
+    rt, entry = runtime
+    platform = Platform(rt, entry, PlatformAI(), TRACE_LOGS="true")
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    caplog.set_level("INFO", logger="edgellm.trace")
+    native = await platform.fetch(ask(), headers={"traceparent": f"00-{client_trace}-{client_span}-01"})
+    assert native.status == 200 and native.headers.get("cf-aig-cache-status") == "MISS"
+    await native.bytes()
+    await platform.settle()
+    spans = [json.loads(r.getMessage()) for r in caplog.records if r.name == "edgellm.trace"]
+    by_name = {s["span"]: s for s in spans}
+    assert {"cache.flight", f"chat {MODEL}", "cache.write"} <= set(by_name), sorted(by_name)
+    assert {s["trace_id"] for s in spans} == {client_trace}  # one trace, the client's, on both sides of the object
+    assert by_name[f"chat {MODEL}"]["parent_span_id"] == by_name["cache.flight"]["span_id"]
+    (_, order), = platform.flights.calls
+    assert order.headers.get("traceparent") == f"00-{client_trace}-{by_name['cache.flight']['span_id']}-01"

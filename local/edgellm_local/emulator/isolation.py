@@ -170,8 +170,11 @@ def _runtime_context() -> contextvars.Context:
 
 
 def context_of(owner: RequestContext) -> contextvars.Context:
-    """A context in which code runs while serving `owner`."""
-    context = contextvars.copy_context()
+    """A context in which code runs while serving `owner`: a new one, never a copy of the
+    caller's. A Durable Object runs in an isolate of its own on Cloudflare, where nothing the
+    calling request set (its span, its admitted tenant) exists: what it needs is sent with the
+    request, so code that leaned on the caller's context variables fails here too."""
+    context = contextvars.Context()
     context.run(CURRENT.set, owner)
     return context
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
+from ..admission import admitted_as
 from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error
 from ..generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
 from ..http import Request, Response, json_bytes
@@ -29,6 +31,7 @@ from ..deps import Deps
 from ..inference import start_generation
 from ..routing.breaker import CircuitBreaker
 from ..routing.failover import start_routed
+from ..telemetry import tracing
 from ..telemetry.spans import traced_generation
 from ..routing.plan import Plan, first_token_budget, plan_route, routing_state
 from ..routing.state import RoutingState
@@ -168,12 +171,14 @@ class FlightOrder:
     write: bool
     ttl: int
     plan: FlightPlan = field(default_factory=FlightPlan)
+    tenant: str | None = None  # whose generation the Worker admitted (the local engine's fair queue is told it)
 
     def encode(self) -> bytes:
         r = self.request
         return json_bytes({"model": r.model, "inputs": r.inputs, "stop": list(r.stop), "stream": r.stream,
                            "include_usage": r.include_usage, "session": r.session, "prefix_scope": r.prefix_scope,
-                           "kv_key": self.kv_key, "write": self.write, "ttl": self.ttl, "plan": self.plan.to_json()})
+                           "kv_key": self.kv_key, "write": self.write, "ttl": self.ttl, "plan": self.plan.to_json(),
+                           "tenant": self.tenant})
 
     @classmethod
     def decode(cls, data: bytes) -> "FlightOrder":
@@ -183,7 +188,9 @@ class FlightOrder:
                                     # the first asker's session warms the model's cache (never part of the key)
                                     session=str(obj["session"]) if obj.get("session") else None,
                                     prefix_scope=str(obj["prefix_scope"]) if obj.get("prefix_scope") else None)
-        return cls(request, str(obj["kv_key"]), bool(obj["write"]), int(obj["ttl"]), FlightPlan.from_json(obj.get("plan")))
+        tenant = obj.get("tenant")
+        return cls(request, str(obj["kv_key"]), bool(obj["write"]), int(obj["ttl"]), FlightPlan.from_json(obj.get("plan")),
+                   str(tenant) if tenant is not None else None)
 
 
 def flight_name(kv_key: str, write: bool, ttl: int) -> str:
@@ -304,7 +311,7 @@ class FlightObject:
             return refused.to_response({"detail": refused.detail})
         flight, role = self.current, "joined"
         if flight is None or flight.done:
-            flight, role = self._start(order), "started"
+            flight, role = self._start(order, tracing.parse_traceparent(request.header("traceparent"))), "started"
         else:
             self.joined += 1
         subscription = flight.join()
@@ -325,7 +332,10 @@ class FlightObject:
             headers["x-edgellm-route"] = flight.route
         return Response(200, headers, FlightBody(subscription, flight.routing))
 
-    def _start(self, order: FlightOrder) -> RoutedFlight:
+    def _start(self, order: FlightOrder, trace: tracing.SpanContext | None) -> RoutedFlight:
+        """The flight's producer, started under what the Worker sent (the object's isolate has none
+        of the request's context): its trace, so the generation's span, the KV write's and an
+        origin's `traceparent` stay in the client's trace, and its admitted tenant."""
         deps, routing_deps, plan, routing = self.deps, *order.plan.in_object(self.deps)
         self.generations += 1
 
@@ -343,8 +353,9 @@ class FlightObject:
                 return replace(await start_generation(routing_deps, order.request), route="edge; reason=primary")
             return await start_routed(routing_deps, Request("POST", FLIGHT_URL), order.request, plan, order.plan.first_token_s)
 
-        # the flight's generation: a span under the flight's (the starter's request's), when one records
-        self.current = RoutedFlight(routing=routing).start(lambda: traced_generation(routing_deps, order.request, run), on_done)  # type: ignore[assignment]
+        # the flight's generation: a span under the Worker's `cache.flight` span, when one records
+        with tracing.using(tracing.Span(trace)) if trace is not None else nullcontext(), admitted_as(order.tenant):
+            self.current = RoutedFlight(routing=routing).start(lambda: traced_generation(routing_deps, order.request, run), on_done)  # type: ignore[assignment]
         deps.wait_until(self.current.producer)  # keeps the object alive until the answer is complete
         return self.current
 
@@ -408,7 +419,10 @@ async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation,
     already running)."""
     assert deps.flights is not None
     stub = deps.flights.get(flight_name(order.kv_key, order.write, order.ttl))
-    request = Request("POST", FLIGHT_URL, {"content-type": "application/json"}, order.encode())
+    # the request's trace goes on to the object as to any service it calls (W3C trace context):
+    # on Cloudflare the object runs in an isolate of its own, which sees nothing else of it
+    headers = {"content-type": "application/json", "traceparent": tracing.outgoing(deps.tracer, deps.state.ids)}
+    request = Request("POST", FLIGHT_URL, headers, order.encode())
     try:
         response = await stub.fetch(request)
     except GatewayError:

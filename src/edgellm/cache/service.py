@@ -155,7 +155,8 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
         return plan.generation
     counters.misses += 1
     if deps.flights is not None:
-        order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request))
+        order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request),
+                            request.tenant_scope.admission_tenant)
         span = step(deps, "cache.flight")
         try:
             with tracing.using(span) if span is not None else nullcontext():

@@ -52,12 +52,13 @@ class Observation:
     finished: bool = False
     route: str | None = None  # where it ran (`x-edgellm-route`; a mid-stream failover's Finish updates it)
     first_token_at: float | None = None  # when its first token passed (the clock's time): time to first token
+    generated: bool = True  # False for embeddings: no token comes out, so there is no time to a first one
 
     def copy(self) -> "Observation":
         """Another request's own (usage fills in what it lacks); `dataclasses.replace` costs ~5x.
         Its first token is its own: not copied."""
         return Observation(self.model, self.cache_status, self.prompt_tokens, self.completion_tokens, self.delivered, self.finished,
-                           self.route)
+                           self.route, generated=self.generated)
 
 
 @dataclass

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass
 from typing import Any
 
+from .access.guard import admit_tokens
+from .access.reservation import CHARS_PER_TOKEN
 from .cache.key import CacheKey, _digest
+from .caller import Observation
 from .cache.policy import CachePolicy, cache_policy
 from .cache.service import counters_of, current_scope
 from .capabilities import WORKERS_AI_MODELS
@@ -178,15 +182,25 @@ async def _cache_key(deps: Deps, request: Request, embedding: EmbeddingRequest) 
     return key, policy
 
 
-def admit(request: Request, embedding: EmbeddingRequest) -> None:
-    """The key may use the model (its `models` list), as for a generation."""
-    record = request.principal.record if request.principal is not None else None
-    if record is not None and not record.allows_model(embedding.model):
-        raise GatewayError(ErrorKind.PERMISSION, f"This key may not use the model {embedding.model}.", param="model", code="model_not_allowed")
+def reserved_tokens(embedding: EmbeddingRequest) -> int:
+    """What a request reserves of its key's tokens: cautious, as a generation's prompt estimate
+    is (`access.reservation`), and never more than the model reads of each text."""
+    limit = input_tokens(embedding.model)
+    return sum(min(limit, math.ceil(len(text) / CHARS_PER_TOKEN) + 2) for text in embedding.texts)
 
 
 async def embed(deps: Deps, request: Request, embedding: EmbeddingRequest, param: str = "input") -> Embedded:
-    admit(request, embedding)
+    """The vectors, from the cache or the binding. The key's model list, token window and budget
+    hold as for a generation (its input tokens are the whole cost; a HIT is charged none), and
+    usage, metrics and the log line record them."""
+    await admit_tokens(request, deps, embedding.model, reserved_tokens(embedding), 0)
+    embedded = await _embedded(deps, request, embedding, param)
+    request.observed = Observation(embedding.model, embedded.cache_status or "BYPASS", embedded.prompt_tokens, finished=True,
+                                   route="edge", generated=False)
+    return embedded
+
+
+async def _embedded(deps: Deps, request: Request, embedding: EmbeddingRequest, param: str) -> Embedded:
     key, policy = await _cache_key(deps, request, embedding)
     counters = counters_of(deps)
     if key is not None and deps.kv is not None and policy.read:

@@ -156,3 +156,59 @@ def test_a_key_limited_to_other_models_is_refused_embeddings(start_edge: Callabl
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
     assert post(edge, {"model": BGE, "input": "x"}, authorization=f"Bearer {allowed.api_key}").status_code == 200
     assert post(edge, {"model": BGE, "input": "x"}).status_code == 401  # keys mode: no key, no vectors
+
+
+def test_embeddings_spend_the_keys_tokens_and_are_recorded_in_usage_and_metrics(
+        start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], minilm_runner: EmbeddingRunner, tmp_path: Any) -> None:
+    """A key's token budget and per-minute window hold for embeddings as for chat: the input tokens
+    are the cost, reserved at admission and settled at the answer; a HIT is charged none. The usage
+    row, the token counters and the latency histogram say the embedding model; no time to a first
+    token is made up for an answer that generates none."""
+    import asyncio
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgellm.access.keys import KeyRing, new_key
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
+
+    deps = make_deps(Config(embedding_models=(BGE,), admin_token="admin", metrics_open=True), usage=SqliteUsage(tmp_path / "usage.sqlite3"))
+    deps.ai.embedders = {BGE: minilm_runner}  # type: ignore[attr-defined]
+    budgeted, windowed = new_key("acme", 0, token_budget=12), new_key("bravo", 0, tokens_per_minute=1000)
+    for made in (budgeted, windowed):
+        asyncio.run(KeyRing(deps.kv).put(made.record))
+    edge = start_edge(deps)
+
+    def as_key(made: Any, text: str) -> httpx.Response:
+        return post(edge, {"model": BGE, "input": text}, authorization=f"Bearer {made.api_key}")
+
+    first = as_key(budgeted, "The first text to embed, long enough to spend the budget.")
+    assert first.status_code == 200 and first.headers["cf-aig-cache-status"] == "MISS"
+    spent = first.json()["usage"]["prompt_tokens"]
+    assert spent >= 12  # the budget is spent by this one answer
+    edge.drain()
+    refused = as_key(budgeted, "Another text.")
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota"
+
+    missed = as_key(windowed, "Counted in the window.")
+    hit = as_key(windowed, "Counted in the window.")
+    assert (missed.headers["cf-aig-cache-status"], hit.headers["cf-aig-cache-status"]) == ("MISS", "HIT")
+    tokens = missed.json()["usage"]["prompt_tokens"]
+    assert int(hit.headers["x-ratelimit-remaining-tokens"]) == 1000 - tokens  # the HIT charged nothing
+    edge.drain()
+
+    admin = {"authorization": "Bearer admin"}
+    report = httpx.get(edge.url + "/admin/usage", params={"group_by": "tenant,model"}, headers=admin, timeout=30).json()
+    rows = {(row["tenant"], row["model"]): row for row in report["data"]}
+    assert rows[("acme", BGE)]["prompt_tokens"] == spent and rows[("acme", BGE)]["completion_tokens"] == 0
+    assert rows[("bravo", BGE)]["prompt_tokens"] == tokens and rows[("bravo", BGE)]["hits"] == 1
+
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(edge.url + "/metrics", timeout=30).text)}
+
+    def value(family: str, sample: str, **labels: str) -> float:
+        return sum(s.value for s in families[family].samples if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    assert value("edgellm_prompt_tokens", "edgellm_prompt_tokens_total", model=BGE, tenant="acme") == spent
+    assert value("edgellm_prompt_tokens", "edgellm_prompt_tokens_total", model=BGE, tenant="bravo") == tokens
+    latency, ttft = "edgellm_e2e_request_latency_seconds", "edgellm_time_to_first_token_seconds"
+    assert value(latency, latency + "_count", model=BGE) == 3  # the 429 was refused before any model served it
+    assert value(ttft, ttft + "_count", model=BGE) == 0

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from edgellm.access.keys import KeyRing, new_key
 from edgellm.config import Config
@@ -73,6 +74,10 @@ def test_a_paraphrase_is_a_hit_that_says_so(semantic: tuple[EdgeServer, Deps], c
                           headers={"authorization": f"Bearer {key}", **ON}, timeout=60)
     assert streamed.headers["cf-aig-cache-status"] == "HIT" and "data: [DONE]" in streamed.text
     assert httpx.get(server.url + "/admin/cache/stats", headers={"authorization": f"Bearer {ADMIN}"}).json()["semantic_hits"] == 4
+    metrics = httpx.get(server.url + "/metrics", headers={"authorization": f"Bearer {ADMIN}"}).text
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    assert [s.value for s in families["edgellm_cache_semantic_hits"].samples] == [4.0]  # of the hits
+    assert [s.value for s in families["edgellm_cache_hits"].samples] == [4.0]
 
 
 @pytest.mark.parametrize(("seed", "near_miss"), [

@@ -18,7 +18,7 @@ from ..ports import BindingError
 from ..deps import Deps
 from .keys import KeyCache, KeyRecord, KeyRing, is_reserved_tenant, parse_api_key
 from .ratelimit import check_tokens, rate_limited, ratelimit_headers, take_request
-from .reservation import reserve
+from .reservation import prompt_estimate, reserve
 from ..caller import Principal  # here since the request names its type (also edgellm.access.Principal)
 OPEN_KEY_ID = "open"
 ADMIN_KEY_ID = "admin"
@@ -135,15 +135,22 @@ def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
 
 
 async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> None:
-    """Before a generation (or a HIT): the key may use the model, has tokens left in its window
-    and in its budget; what the request may cost is then reserved until its usage is recorded."""
+    """Before a generation (or a HIT): its input within bounds, then `admit_tokens` for its
+    prompt (estimated) and its `max_tokens`."""
     check_input_limits(gen_request, deps.config)
+    await admit_tokens(request, deps, gen_request.model, prompt_estimate(gen_request.inputs), gen_request.max_tokens)
+
+
+async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, max_tokens: int) -> None:
+    """Before any call that spends tokens (a generation, embeddings) or its HIT: the key may use
+    the model, has tokens left in its window and in its budget; what the request may cost (the
+    `prompt` estimate plus `max_tokens`) is then reserved until its usage is recorded."""
     principal: Principal | None = request.principal
     record = principal.record if principal else None
     if record is None:
         return
-    if not record.allows_model(gen_request.model):
-        raise GatewayError(ErrorKind.PERMISSION, f"This key may not use the model {gen_request.model}.", param="model", code="model_not_allowed")
+    if not record.allows_model(model):
+        raise GatewayError(ErrorKind.PERMISSION, f"This key may not use the model {model}.", param="model", code="model_not_allowed")
     if record.token_budget > 0:
         spent = deps.state.access.spent.get(record.key_id, 0)
         if deps.usage is not None:
@@ -157,4 +164,4 @@ async def admit_generation(request: Request, deps: Deps, gen_request: Generation
                                code="insufficient_quota")
     # checked and reserved with no await between: a concurrent request sees this one's reservation
     check_tokens(deps.state.access, record.key_id, record.tokens_per_minute, deps.clock.now())
-    request.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, gen_request, deps.clock.now())
+    request.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, model, prompt, max_tokens, deps.clock.now())

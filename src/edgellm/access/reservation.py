@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..generation import GenerationRequest
 from ..state import AccessState
 from ..caller import Reservation
 from .ratelimit import Window
@@ -39,16 +38,16 @@ def prompt_estimate(inputs: dict[str, Any]) -> int:
     return math.ceil(len(str(inputs.get("prompt") or "")) / CHARS_PER_TOKEN) + TOKENS_PER_PROMPT
 
 
-def reserve(state: AccessState, key_id: str, per_minute: int, gen_request: GenerationRequest, now: float) -> Reservation:
-    prompt = prompt_estimate(gen_request.inputs)
-    tokens = prompt + max(0, gen_request.max_tokens)
+def reserve(state: AccessState, key_id: str, per_minute: int, model: str, prompt: int, max_tokens: int, now: float) -> Reservation:
+    """Hold `prompt` (an estimate) plus `max_tokens` of the key's window and budget."""
+    tokens = prompt + max(0, max_tokens)
     start = None
     if per_minute > 0:
         window = Window(state, f"{key_id}/tokens", per_minute)
         window.spend(now, tokens)
         start = state.windows[window.name][0]
     state.reserved[key_id] = state.reserved.get(key_id, 0) + tokens
-    return Reservation(key_id, tokens, prompt, gen_request.max_tokens, per_minute, start, gen_request.model)
+    return Reservation(key_id, tokens, prompt, max_tokens, per_minute, start, model)
 
 
 def settle(state: AccessState, reservation: Reservation, actual: int, now: float) -> None:

@@ -27,7 +27,7 @@ def request_ended(request: Request, response: Response, deps: Deps, started: flo
         if seen.first_token_at is not None:
             ttft: float | None = max(0.0, seen.first_token_at - started)
         else:  # an answer replayed from its kept JSON (no event read): its first token came with it
-            ttft = latency if seen.finished else None
+            ttft = latency if seen.finished and seen.generated else None
         telemetry.observe_times(model, where, ttft, latency)
     if span is not None and deps.tracer.recording:
         span.set("http.route", route)

@@ -419,9 +419,11 @@ async def shared_generation(deps: Deps, order: FlightOrder) -> tuple[Generation,
     already running)."""
     assert deps.flights is not None
     stub = deps.flights.get(flight_name(order.kv_key, order.write, order.ttl))
-    # the request's trace goes on to the object as to any service it calls (W3C trace context):
-    # on Cloudflare the object runs in an isolate of its own, which sees nothing else of it
-    headers = {"content-type": "application/json", "traceparent": tracing.outgoing(deps.tracer, deps.state.ids)}
+    headers = {"content-type": "application/json"}
+    if tracing.current_span() is not None:  # a trace someone reads (a tracer records, or an origin may be called)
+        # goes on to the object as to any service the request calls (W3C trace context): on
+        # Cloudflare the object runs in an isolate of its own, which sees nothing else of it
+        headers["traceparent"] = tracing.outgoing(deps.tracer, deps.state.ids)
     request = Request("POST", FLIGHT_URL, headers, order.encode())
     try:
         response = await stub.fetch(request)

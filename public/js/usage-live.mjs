@@ -141,14 +141,15 @@ export function scrapeOf(parsed, at) {
 /** What each series rose by from `earlier` to `later`: null unless both are scrapes of the same
  * isolate (another isolate's counters say nothing about this interval). A value lower than before
  * means the counter restarted from zero, as Prometheus' rate() reads a reset: it rose by its
- * whole new value, never by a negative amount. A series new since `earlier` rose from zero. */
+ * whole new value, never by a negative amount. A series new since `earlier` rose from zero.
+ * Series that did not rise are kept: an empty bucket is still the lower bound of the next one. */
 export function increase(earlier, later) {
   if (!earlier || !later || earlier.isolate !== later.isolate || !(later.at > earlier.at)) return null;
   const rose = [];
   for (const [key, sample] of later.values) {
     const before = earlier.values.get(key)?.value ?? 0;
     const by = sample.value >= before ? sample.value - before : sample.value;
-    if (by > 0) rose.push({ name: sample.name, labels: sample.labels, value: by });
+    rose.push({ name: sample.name, labels: sample.labels, value: by });
   }
   return { from: earlier.at, to: later.at, isolate: later.isolate, rose };
 }
@@ -217,7 +218,8 @@ export function figuresOf(intervals) {
     requestsPerMinute: perMinute(requests), clientErrorsPerMinute: perMinute(clientErrors), serverErrorsPerMinute: perMinute(serverErrors),
     hitRatio: cacheable ? hits / cacheable : null, semanticHitRatio: cacheable ? semanticHits / cacheable : null,
     ttftP50: histogramQuantile(0.5, buckets), ttftP99: histogramQuantile(0.99, buckets),
-    tokens: [...tokens.values()].sort((a, b) => (a.tenant < b.tenant ? -1 : a.tenant > b.tenant ? 1 : 0)),
+    tokens: [...tokens.values()].filter((t) => t.prompt + t.generated > 0)  // a tenant idle all window is no bar
+      .sort((a, b) => (a.tenant < b.tenant ? -1 : a.tenant > b.tenant ? 1 : 0)),
   };
 }
 

@@ -100,6 +100,21 @@ def tokens_by_tenant(exposition: str) -> dict[tuple[str, str], float]:
     return out
 
 
+def generation_ttft(exposition: str) -> Histogram:
+    """/metrics' time to first token of generations (served_by != cache), every model summed, as
+    the core's Histogram: what the page's p50 and p99 must equal when its window began at zero."""
+    cumulative: dict[float, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        if family.name == "edgellm_time_to_first_token_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket") and sample.labels["served_by"] != "cache":
+                    le = float(sample.labels["le"])
+                    cumulative[le] = cumulative.get(le, 0.0) + sample.value
+    counts = [cumulative.get(bound, 0.0) for bound in (*TIME_BUCKETS, math.inf)]
+    per_bucket = [int(n - (counts[i - 1] if i else 0)) for i, n in enumerate(counts)]
+    return Histogram(buckets=per_bucket, count=int(counts[-1]))
+
+
 def post(edge: EdgeServer, key: str | None, body: dict[str, Any]) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
     response = httpx.post(edge.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
@@ -142,6 +157,10 @@ async def test_live_view_draws_the_traffic_as_metrics_counts_it(page: Page, star
     assert now["hit-ratio"] == 0.5
     assert now["ttft-p50"] is not None and now["ttft-p99"] is not None and 0 < now["ttft-p50"] <= now["ttft-p99"]
     assert now["ttft-p50"] * 1000 == pytest.approx(p50[0])
+    # the window began at zero, so this interval holds every generation /metrics has counted
+    counted_ttft = generation_ttft(httpx.get(edge.url + "/metrics", headers={"authorization": f"Bearer {ADMIN}"}, timeout=10).text)
+    assert counted_ttft.count == 1
+    assert (p50[0], p99[0]) == (pytest.approx(counted_ttft.quantile(0.5) * 1000), pytest.approx(counted_ttft.quantile(0.99) * 1000))
 
     assert post(edge, keys["bob"], Q).status_code == 200
     await expect(page.locator('#live-tokens rect.bar[data-label="bob"]')).to_have_count(2)  # prompt and generated
@@ -241,6 +260,7 @@ edgellm_time_to_first_token_seconds_count{served_by="edge"} 2.0
 edgellm_time_to_first_token_seconds_sum{served_by="edge"} 1.5e-3
 # TYPE edgellm_slots gauge
 edgellm_slots{state="a}b,c=d"} -Inf
+edgellm_slots{state="x"} +Inf
 """
 
 
@@ -255,7 +275,7 @@ async def test_the_parser_reads_what_prometheus_client_reads(page: Page, edge: E
     assert [(s["name"], s["labels"], s["value"]) for s in parsed["samples"]] == expected
     assert parsed["samples"][1]["labels"] == {"route": "C:\\dir\\", "tenant": "two\nlines", "status": "4xx"}
     assert parsed["samples"][0]["labels"]["tenant"] == 'say "hi"'
-    assert parsed["samples"][3]["labels"]["le"] == "+Inf" and parsed["samples"][-1]["value"] == -math.inf
+    assert parsed["samples"][3]["labels"]["le"] == "+Inf" and [s["value"] for s in parsed["samples"][-2:]] == [-math.inf, math.inf]
     assert parsed["types"] == {"edgellm_requests_total": "counter", "edgellm_time_to_first_token_seconds": "histogram", "edgellm_slots": "gauge"}
     assert parsed["help"]["edgellm_requests_total"] == "Requests, with \\ a backslash and \n a new line in the help."
     for broken in ('edgellm_x{a="b} 1', "edgellm_x{a=b} 1", "edgellm_x", "edgellm_x one"):
@@ -300,6 +320,61 @@ async def test_a_reset_or_another_isolate_is_never_a_negative_or_huge_rate(page:
     assert got["intervals"] == 1 and got["backFrom"] == 0  # A against A, across B
     assert got["perMinute"] == pytest.approx(6 * 60 / 20)  # never (3 - 5000) nor 5003 in 10 s
     assert got["reset"] == 4  # a counter lower than before restarted: it rose by its new value, not -46
+
+
+INTERVAL = """# TYPE edgellm_requests_total counter
+edgellm_requests_total{route="/v1/chat/completions",model="m",tenant="a",status="2xx"} 4
+edgellm_requests_total{route="/v1/chat/completions",model="m",tenant="a",status="4xx"} 2
+edgellm_requests_total{route="/v1/completions",model="m",tenant="b",status="5xx"} 1
+edgellm_requests_total{route="/metrics",model="",tenant="",status="2xx"} 50
+# TYPE edgellm_cache_hits_total counter
+edgellm_cache_hits_total 3
+# TYPE edgellm_cache_misses_total counter
+edgellm_cache_misses_total 1
+# TYPE edgellm_cache_semantic_hits_total counter
+edgellm_cache_semantic_hits_total 1
+# TYPE edgellm_prompt_tokens_total counter
+edgellm_prompt_tokens_total{model="m",tenant="a"} 10
+edgellm_prompt_tokens_total{model="m",tenant="b"} 5
+edgellm_prompt_tokens_total{model="m",tenant="c"} 0
+# TYPE edgellm_generation_tokens_total counter
+edgellm_generation_tokens_total{model="m",tenant="a"} 4
+edgellm_generation_tokens_total{model="m2",tenant="a"} 6
+# TYPE edgellm_time_to_first_token_seconds histogram
+edgellm_time_to_first_token_seconds_bucket{model="m",served_by="cache",le="0.001"} 3
+edgellm_time_to_first_token_seconds_bucket{model="m",served_by="cache",le="+Inf"} 3
+edgellm_time_to_first_token_seconds_bucket{model="m",served_by="edge",le="0.01"} 0
+edgellm_time_to_first_token_seconds_bucket{model="m",served_by="edge",le="0.025"} 1
+edgellm_time_to_first_token_seconds_bucket{model="m",served_by="edge",le="+Inf"} 1
+# TYPE edgellm_num_requests_running gauge
+edgellm_num_requests_running 7
+# TYPE edgellm_isolate_start_time_seconds gauge
+edgellm_isolate_start_time_seconds 100
+"""
+QUIET = """# TYPE edgellm_requests_total counter
+edgellm_requests_total{route="/metrics",model="",tenant="",status="2xx"} 50
+# TYPE edgellm_isolate_start_time_seconds gauge
+edgellm_isolate_start_time_seconds 100
+"""
+
+
+async def test_what_half_a_minute_of_counters_reads_as(page: Page, edge: EdgeServer) -> None:
+    """From zero to INTERVAL in 30 s: rates per minute without the scrapes of /metrics, the hit ratio
+    of cacheable requests, TTFT of generations only (the cache's 1 ms would be the p50 otherwise),
+    tokens by tenant across models (a tenant with none is no bar); a gauge is no rate. Nothing cacheable, no generation: no
+    ratio and no TTFT, rather than a 0 that reads as "every request missed"."""
+    body = """const at = (text, ms) => m.scrapeOf(m.parseExposition(text), ms);
+      const start = `# TYPE edgellm_isolate_start_time_seconds gauge\nedgellm_isolate_start_time_seconds 100\n`;
+      return [m.figuresOf([m.increase(at(start, 0), at(arg, 30_000))]), [...at(arg, 0).values.keys()].some((k) => k.includes("running"))];"""
+    await page.goto(edge.url + "/")
+    figures, gauge_kept = await run_live(page, body, INTERVAL)
+    assert not gauge_kept
+    assert (figures["requests"], figures["requestsPerMinute"], figures["clientErrorsPerMinute"], figures["serverErrorsPerMinute"]) == (7, 14, 4, 2)
+    assert (figures["hitRatio"], figures["semanticHitRatio"]) == (0.75, 0.25)
+    assert figures["ttftP50"] == pytest.approx(0.0175) and figures["ttftP99"] == pytest.approx(0.01 + 0.015 * 0.99)
+    assert figures["tokens"] == [{"tenant": "a", "prompt": 10, "generated": 10}, {"tenant": "b", "prompt": 5, "generated": 0}]
+    quiet = (await run_live(page, body, QUIET))[0]
+    assert quiet["requestsPerMinute"] == 0 and quiet["hitRatio"] is None and quiet["ttftP50"] is None and quiet["tokens"] == []
 
 
 @pytest.mark.parametrize(("search", "every"), [("", 5000), ("?every=200", 200), ("?every=5", 100), ("?every=soon", 5000), ("?every=-1", 5000)])

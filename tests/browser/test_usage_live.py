@@ -197,6 +197,10 @@ async def test_an_unreachable_edge_leaves_the_last_charts_stale(page: Page, star
     await expect(page.locator("body")).to_have_attribute("data-live", "stale")
     await expect(page.locator("#live-status")).to_contain_text("Stale since")
     assert await values(page, "live-requests", "requests") == drawn  # the last charts stay
+    await page.set_viewport_size(PHONE)  # and are drawn again at a phone's width, with no scrape to redraw them
+    await page.wait_for_function("() => { const svg = document.getElementById('live-requests'); "
+                                 "return svg.viewBox.baseVal.width === svg.clientWidth && svg.clientWidth < 400; }")
+    assert await values(page, "live-requests", "requests") == drawn
 
     await page.unroute("**/metrics")
     await expect(page.locator("body")).to_have_attribute("data-live", "live")

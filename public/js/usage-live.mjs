@@ -17,6 +17,7 @@ const MIN_EVERY_MS = 100;  // ?every= below this would be a scrape loop, not a p
 export const WINDOW_MS = 15 * 60 * 1000;
 const MAX_INTERVALS = 720;  // a window's points at most, whatever ?every= says
 export const CURRENT_MS = 60 * 1000;  // the cards: the last minute of the window
+const SCRAPE_TIMEOUT_MS = 10 * 1000;  // an edge that takes longer is not answering: the charts go stale
 const SCRAPES_ROUTE = "/metrics";  // the scrapes themselves (this page's included) are not traffic
 
 // --- the Prometheus text format (0.0.4) ---------------------------------------------------------
@@ -352,7 +353,8 @@ export class LiveView {
     if (document.visibilityState === "hidden") { this.pause(); return; }
     this.scraping = run;
     try {
-      const response = await fetch("/metrics", { headers: this.token ? { authorization: `Bearer ${this.token}` } : {}, cache: "no-store" });
+      const response = await fetch("/metrics", { headers: this.token ? { authorization: `Bearer ${this.token}` } : {}, cache: "no-store",
+        signal: AbortSignal.timeout(Math.max(SCRAPE_TIMEOUT_MS, this.every)) });
       if (!response.ok) throw await errorFrom(response);
       const text = await response.text();
       if (run !== this.run) return;
@@ -389,10 +391,14 @@ export class LiveView {
     this.draw();
     document.body.dataset.liveSamples = String(this.window.scrapes);  // after drawing: a test that sees it sees the charts too
     const seconds = this.every / 1000;
-    const state = this.window.intervals.length ? "live" : "waiting";
-    this.setState(state, state === "live"
-      ? `Scraping every ${formatNumber(seconds)} s; last at ${clockTime(scrape.at)}, from the isolate started at ${scrape.isolate === null ? "(unknown)" : clockTime(scrape.isolate * 1000)}.`
-      : `First scrape at ${clockTime(scrape.at)}; the rates start with the next one, in ${formatNumber(seconds)} s.`);
+    if (this.window.intervals.length) {
+      const isolate = scrape.isolate === null ? "(unknown)" : clockTime(scrape.isolate * 1000);
+      this.setState("live", `Scraping every ${formatNumber(seconds)} s; last at ${clockTime(scrape.at)}, from the isolate started at ${isolate}.`);
+    } else if (this.window.scrapes === 1) {
+      this.setState("waiting", `First scrape at ${clockTime(scrape.at)}; the rates start with the next one, in ${formatNumber(seconds)} s.`);
+    } else {  // on Cloudflare, isolates that each answered once: a rate needs one to answer twice
+      this.setState("waiting", `${this.window.scrapes} scrapes, no isolate twice yet: the rates start when one answers again.`);
+    }
   }
 
   /** True when the view stopped for good (a refused token); false to keep polling. */

@@ -18,9 +18,11 @@ export function seriesBy(rows, key, measure) {
   return { days, series };
 }
 
-/** Bars `{label, values: [..]}` grouped side by side; returns the scale's maximum. */
+/** Bars `{label, values: [..]}` grouped side by side; returns the scale's maximum, 1 when every
+ * value is 0 (a chart of nothing reads 0 to 1, not 0 to 1e-12). */
 export function maxOf(groups) {
-  return Math.max(1e-12, ...groups.flatMap((g) => g.values));
+  const max = Math.max(0, ...groups.flatMap((g) => g.values));
+  return max > 0 ? max : 1;
 }
 
 function el(name, attrs, text) {
@@ -70,25 +72,51 @@ function legend(svg, f) {
   svg.append(g);
 }
 
-/** One line per series over the days; points carry data-value for tests and tooltips. */
-export function renderLines(svg, { days, series }) {
+/** Indices of the non-null values, in runs: a line breaks where a value is null. */
+export function runsOf(values) {
+  const runs = [];
+  let run = [];
+  values.forEach((v, i) => {
+    if (v === null || v === undefined || Number.isNaN(v)) { if (run.length) runs.push(run); run = []; }
+    else run.push(i);
+  });
+  if (run.length) runs.push(run);
+  return runs;
+}
+
+/** One line per series over the x labels `days` (days, or times of day); `at` (numbers, such as
+ * timestamps) spaces the points by time instead of evenly, so a pause shows as one. A null value
+ * is a gap, no point and a break in the line: an interval with nothing to measure is not a zero.
+ * Points carry data-value for tests and tooltips. `max` fixes the scale's top (a ratio's 1),
+ * `format` writes its figures. */
+export function renderLines(svg, { days, series, at }, { max, format = formatNumber } = {}) {
   const f = frame(svg, series.map((s) => s.name));
-  const max = maxOf(series), w = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
-  const x = (i) => f.left + (days.length > 1 ? (i * w) / (days.length - 1) : w / 2);
-  const y = (v) => f.top + h - (v / max) * h;
+  const top = max ?? maxOf(series.map((s) => ({ values: s.values.filter((v) => v !== null && !Number.isNaN(v)) })));
+  const w = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
+  const span = at && at.length > 1 ? at[at.length - 1] - at[0] : 0;
+  const x = (i) => f.left + (span > 0 ? ((at[i] - at[0]) * w) / span : days.length > 1 ? (i * w) / (days.length - 1) : w / 2);
+  const y = (v) => f.top + h - (Math.min(v, top) / top) * h;
   svg.append(el("line", { class: "axis", x1: f.left, y1: f.top + h, x2: f.width - f.right, y2: f.top + h }),
-             el("text", { x: 2, y: f.top + 10 }, formatNumber(max)), el("text", { x: 2, y: f.top + h }, "0"));
-  days.forEach((day, i) => {  // first and last day, anchored so neither runs off the chart
+             el("text", { x: 2, y: f.top + 10 }, format(top)), el("text", { x: 2, y: f.top + h }, format(0)));
+  days.forEach((day, i) => {  // first and last label, anchored so neither runs off the chart
     if (i !== 0 && i !== days.length - 1) return;
     const anchor = days.length === 1 ? "middle" : i === 0 ? "start" : "end";
     svg.append(el("text", { x: x(i), y: f.top + h + 14, "text-anchor": anchor }, day));
   });
   series.forEach((s, k) => {
     const colour = COLOURS[k % COLOURS.length];
-    svg.append(el("polyline", { fill: "none", stroke: colour, "stroke-width": 2,
-      points: s.values.map((v, i) => `${x(i)},${y(v)}`).join(" "), "data-series": s.name }));
-    s.values.forEach((v, i) => svg.append(el("circle", { cx: x(i), cy: y(v), r: 3, fill: colour, class: "point",
-      "data-series": s.name, "data-day": days[i], "data-value": v }, undefined)));
+    for (const run of runsOf(s.values)) {
+      svg.append(el("polyline", { fill: "none", stroke: colour, "stroke-width": 2,
+        points: run.map((i) => `${x(i)},${y(s.values[i])}`).join(" "), "data-series": s.name }));
+    }
+    s.values.forEach((v, i) => {
+      if (v === null || v === undefined || Number.isNaN(v)) return;
+      const point = el("circle", { cx: x(i), cy: y(v), r: 3, fill: colour, class: "point",
+        "data-series": s.name, "data-day": days[i], "data-value": v });
+      if (at) point.setAttribute("data-at", String(at[i]));
+      point.append(el("title", {}, `${s.name} ${format(v)} · ${days[i]}`));
+      svg.append(point);
+    });
   });
   legend(svg, f);
 }

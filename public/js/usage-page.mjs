@@ -1,8 +1,14 @@
-/** The usage page: asks /admin/usage with the caller's token and draws the charts. */
+/** The usage page: asks /admin/usage with the caller's token and draws the charts; with the admin
+ * token (or a /metrics open without one) the live view scrapes /metrics too (usage-live.mjs). */
 import { errorFrom } from "./api-errors.mjs";
 import { formatNumber, renderBars, renderLines, seriesBy } from "./usage-charts.mjs";
+import { LiveView, liveAccess, pollEvery } from "./usage-live.mjs";
 
 const $ = (id) => document.getElementById(id);
+const live = new LiveView({
+  status: $("live-status"), cards: $("live-cards"),
+  charts: { requests: $("live-requests"), errors: $("live-errors"), hits: $("live-hits"), ttft: $("live-ttft"), tokens: $("live-tokens") },
+}, pollEvery(location.search));
 
 async function usage(token, params) {
   const response = await fetch(`/admin/usage?${new URLSearchParams(params)}`, { headers: { authorization: `Bearer ${token}` } });
@@ -47,16 +53,25 @@ async function show(event) {
     };
     drawn();
     document.body.dataset.state = "shown";
+    watchLive(token, liveAccess({ tenant: daily.tenant }));
   } catch (error) {
     $("error").textContent = error.message;  // a 404 says how to turn the admin routes on
     $("error").hidden = false;
     document.body.dataset.state = "error";
+    watchLive(token, liveAccess({ status: error.status }));
   }
+}
+
+// /admin/usage has said who the token is: a tenant's key or a refused token is told so without
+// a /metrics request that could only be refused
+function watchLive(token, access) {
+  if (access === "scrape") live.start(token);
+  else live.refuse(access);
 }
 
 let drawn = null;  // redraws the charts at the page's new width (a phone turned, a window resized)
 let resizing = 0;
-window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => drawn?.(), 100); });
+window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => { drawn?.(); live.draw(); }, 100); });
 
 // "admin routes are off" only when they are: /healthz says (asking /admin itself logs a 401 in the console)
 async function adminRoutes() {
@@ -64,6 +79,9 @@ async function adminRoutes() {
   try { off = (await (await fetch("/healthz")).json()).admin_routes === false; } catch { off = false; }
   $("admin-off").hidden = !off;
   document.body.dataset.admin = off ? "off" : "on";
+  // No admin token to type: /metrics may still be open (edgellm dev on loopback opens it); if it
+  // is not, its 404 says how to turn the admin routes on
+  if (off && !live.running()) live.start("");
 }
 adminRoutes();
 

@@ -270,19 +270,12 @@ export function liveAccess({ tenant, status } = {}) {
   return "scrape";
 }
 
-/** An API key's shape (`el-<key id>.<secret>`, docs/access.md): /metrics refuses one with the same
- * 401 as a mistyped admin token, and the page can still say which of the two it was. */
-export function looksLikeApiKey(token) {
-  return /^el-[^.\s]+\.\S+$/.test(token ?? "");
-}
-
-/** Why a scrape with `token` failed, as the page says it: `stop` when asking again cannot help. */
-export function troubleOf(error, token) {
-  const apiKey = { state: "tenant", stop: true, message: "The live view needs the admin token: an API key cannot read /metrics." };
+/** Why a scrape failed, as the page says it: `stop` when asking again cannot help. /metrics
+ * refuses a tenant's API key with 403 and any other token with 401. */
+export function troubleOf(error) {
   switch (error?.status) {
-    case 401: return looksLikeApiKey(token) ? apiKey
-      : { state: "refused", stop: true, message: "The edge refused this token (401): the live view needs the admin token." };
-    case 403: return apiKey;
+    case 401: return { state: "refused", stop: true, message: "The edge refused this token (401): the live view needs the admin token." };
+    case 403: return { state: "tenant", stop: true, message: "The live view needs the admin token: an API key cannot read /metrics." };
     case 404: return { state: "admin-off", stop: true, message: `The live view cannot read /metrics: ${error.message}` };
     default: return { state: "stale", stop: false, message: error?.message || String(error) };
   }
@@ -403,7 +396,7 @@ export class LiveView {
 
   /** True when the view stopped for good (a refused token); false to keep polling. */
   failed(error) {
-    const trouble = troubleOf(error, this.token);
+    const trouble = troubleOf(error);
     if (trouble.stop) {
       this.stop();
       this.setState(trouble.state, trouble.message);

@@ -75,13 +75,14 @@ window.addEventListener("resize", () => { clearTimeout(resizing); resizing = set
 
 // "admin routes are off" only when they are: /healthz says (asking /admin itself logs a 401 in the console)
 async function adminRoutes() {
-  let off = false;
-  try { off = (await (await fetch("/healthz")).json()).admin_routes === false; } catch { off = false; }
+  let health = {};
+  try { health = await (await fetch("/healthz")).json(); } catch { health = {}; }
+  const off = health.admin_routes === false;
   $("admin-off").hidden = !off;
   document.body.dataset.admin = off ? "off" : "on";
-  // No admin token to type: /metrics may still be open (edgellm dev on loopback opens it); if it
-  // is not, its 404 says how to turn the admin routes on
-  if (off && !live.running()) live.start("");
+  // An open /metrics (edgellm dev on loopback) is watched with no token; with no admin token to
+  // type and /metrics closed, its 404 says how to turn the admin routes on
+  if ((health.metrics_open === true || off) && !live.running()) live.start("");
 }
 adminRoutes();
 

@@ -222,7 +222,9 @@ async def retrieve_model(request: Request, deps: Deps) -> Response:
 async def health(request: Request, deps: Deps) -> Response:
     body: dict[str, Any] = {"status": "ok", "model": deps.config.model, "access": "open" if deps.config.open_access else "keys",
                             # what the usage page tells its reader (a 404 from /admin says the same to anyone)
-                            "admin_routes": bool(deps.config.admin_token)}
+                            "admin_routes": bool(deps.config.admin_token),
+                            # whether /metrics answers without the admin token (the usage page's live view asks)
+                            "metrics_open": deps.config.metrics_open}
     if deps.config.open_access:
         body["warning"] = "OPEN ACCESS: API calls need no key; anyone who can reach this edge can spend inference."
     return json_response(body)

@@ -211,8 +211,8 @@ async def test_an_unreachable_edge_leaves_the_last_charts_stale(page: Page, star
 async def test_a_tenant_key_is_told_the_live_view_needs_the_admin_token(page: Page, start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps],
                                                                        tmp_path: Path, usage_store: bool) -> None:
     """With a usage store, /admin/usage names the key's tenant and the page asks /metrics nothing;
-    without one, /metrics itself refuses the key (401, as it refuses any token but the admin's), and
-    the key's shape says it was an API key. Either way the page says why."""
+    without one, /metrics itself refuses the key as a tenant's (403, where a wrong token is a 401).
+    Either way the page says why."""
     deps = make_deps(config=Config(admin_token=ADMIN), usage=SqliteUsage(tmp_path / "usage.sqlite3") if usage_store else None)
     key = await made_key(deps, "alice")
     edge = start_edge(deps)
@@ -223,7 +223,7 @@ async def test_a_tenant_key_is_told_the_live_view_needs_the_admin_token(page: Pa
     await open_live(page, edge, key)
     await expect(page.locator("body")).to_have_attribute("data-live", "tenant")
     await expect(page.locator("#live-status")).to_contain_text("needs the admin token")
-    assert scraped == ([] if usage_store else [401])
+    assert scraped == ([] if usage_store else [403])
     assert await page.locator("#live .charts svg > *, #live-cards > *").count() == 0  # nothing drawn
 
     await page.get_by_label("Admin token or API key").fill("wrong")
@@ -241,6 +241,12 @@ async def test_without_an_admin_token_the_live_view_runs_where_metrics_are_open(
     await open_live(page, open_metrics, token=None)
     await expect(page.locator("body")).to_have_attribute("data-live", "live")
     await expect(page.locator("#admin-off")).to_be_visible()
+
+    # admin routes on, /metrics open all the same (`edgellm dev --admin-token T` on loopback): /healthz says so
+    both = start_edge(config=Config(open_access=True, admin_token=ADMIN, metrics_open=True))
+    await open_live(page, both, token=None)
+    await expect(page.locator("body")).to_have_attribute("data-live", "live")
+    await expect(page.locator("#admin-off")).to_be_hidden()
 
     closed = start_edge(config=Config(open_access=True))
     await open_live(page, closed, token=None)

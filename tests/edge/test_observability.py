@@ -192,16 +192,28 @@ def test_metrics_parse_and_move_with_traffic_and_every_label_is_bounded(start_ed
                     assert value in allowed[name], (sample.name, name, value)
 
 
-def test_metrics_are_behind_the_admin_token_unless_open(start_edge: Callable[..., EdgeServer]) -> None:
-    closed = start_edge(config=Config(open_access=True, admin_token=ADMIN), kv=None)
+def test_metrics_are_behind_the_admin_token_unless_open(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Any]) -> None:
+    import asyncio
+
+    from edgellm.access.keys import KeyRing, new_key
+
+    deps = make_deps(config=Config(admin_token=ADMIN))
+    tenant_key = new_key("acme", 0)
+    asyncio.run(KeyRing(deps.kv).put(tenant_key.record))
+    closed = start_edge(deps)
     assert httpx.get(closed.url + "/metrics").status_code == 401
     assert httpx.get(closed.url + "/metrics", headers={"authorization": "Bearer wrong"}).status_code == 401
+    as_tenant = httpx.get(closed.url + "/metrics", headers={"authorization": f"Bearer {tenant_key.api_key}"})
+    assert as_tenant.status_code == 403 and as_tenant.json()["error"]["code"] == "admin_only"  # a key, known as one: not a bad token
     ok = httpx.get(closed.url + "/metrics", headers={"authorization": f"Bearer {ADMIN}"})
     assert ok.status_code == 200 and "edgellm_requests" in metrics_of(ok.text)
+    assert httpx.get(closed.url + "/healthz").json()["metrics_open"] is False
     off = start_edge(config=Config(open_access=True), kv=None)  # no admin token: the route answers as absent
     refused = httpx.get(off.url + "/metrics")
     assert refused.status_code == 404 and "admin token" in refused.json()["error"]["message"]
-    assert httpx.get(start_edge(config=Config(open_access=True, metrics_open=True), kv=None).url + "/metrics").status_code == 200
+    opened = start_edge(config=Config(open_access=True, metrics_open=True), kv=None)
+    assert httpx.get(opened.url + "/metrics").status_code == 200 and httpx.get(opened.url + "/healthz").json()["metrics_open"] is True
+    assert httpx.get(opened.url + "/metrics", headers={"authorization": "Bearer el-nosuchkey000.abc"}).status_code == 200  # open is open
 
 
 @pytest.fixture

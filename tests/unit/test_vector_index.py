@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from edgellm.ports import VectorRecord
+from edgellm_local.emulator import vector_index
 from edgellm_local.emulator.vector_index import TABLE, SqliteVectorIndex, VectorizeLimitError, _connect
 
 
@@ -83,7 +84,9 @@ async def test_a_namespace_never_sees_another_even_nearer() -> None:
 
 
 @pytest.mark.parametrize("filter", [{"context": "x" * 64}, {"context": "x" * 64, "kind": "a"}], ids=["column", "scan"])
-async def test_a_filter_excludes_a_nearer_vector(filter: dict[str, str]) -> None:
+async def test_a_filter_excludes_a_nearer_vector(filter: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    if set(filter) == {"context"}:  # the edge's filter is applied inside the KNN, never by scanning the namespace
+        monkeypatch.setattr(SqliteVectorIndex, "_nearest_scanning", lambda *args: pytest.fail("scanned the namespace"))
     index = SqliteVectorIndex()
     await index.upsert([VectorRecord("wanted", (0.0, 1.0, 0.0), "n", {"context": "x" * 64, "kind": "a"}),
                         VectorRecord("other-context", (1.0, 0.0, 0.0), "n", {"context": "y" * 64, "kind": "a"}),
@@ -95,6 +98,14 @@ async def test_a_filter_excludes_a_nearer_vector(filter: dict[str, str]) -> None
     assert matches[0].score == pytest.approx(0.0, abs=1e-6)
     assert await index.query([1.0, 0.0, 0.0], top_k=5, namespace="n", filter={"context": ""}) == []
     assert await index.query([1.0, 0.0, 0.0], top_k=5, namespace="n", filter={"context": "1"}) == []
+
+
+async def test_a_hash_collision_on_the_filtered_property_still_answers_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vector_index, "_filtered_hash", lambda metadata: 0)  # every context shares the column's value
+    index = SqliteVectorIndex()
+    await index.upsert([VectorRecord("wanted", (0.0, 1.0, 0.0), "n", {"context": "x"}),
+                        VectorRecord("nearer", (1.0, 0.0, 0.0), "n", {"context": "y"})])
+    assert [m.id for m in await index.query([1.0, 0.0, 0.0], top_k=1, namespace="n", filter={"context": "x"})] == ["wanted"]
 
 
 async def test_reopening_keeps_the_dimension_and_the_rows(tmp_path: Path) -> None:

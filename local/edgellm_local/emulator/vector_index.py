@@ -50,8 +50,8 @@ TABLE = "vectorize"
 LEGACY_TABLE = "vectors"  # the plain table (float32 blobs) this file held before it was a vec0 index
 FILTERED_PROPERTY = "context"  # the one property the edge filters on (its Vectorize metadata index)
 # Vectors a vec0 chunk holds. sqlite-vec allocates a whole chunk per partition (namespace) at its
-# first vector; its default, 1024, is 1.5 MiB at 384 dimensions for a namespace that may hold a
-# handful of entries, and 128 measured no slower to query over 10,000 vectors.
+# first vector: its default, 1024, is 1.5 MiB at 384 dimensions for a namespace that may hold a
+# handful of entries; 128 is 200 KiB, and measured within 5% of it on a query over 10,000 vectors.
 CHUNK_SIZE = 128
 
 _log = logging.getLogger("edgellm")

@@ -149,6 +149,17 @@ async def test_a_file_in_the_old_format_is_moved_into_the_index(tmp_path: Path) 
     assert [m.id for m in await reopened.query([1.0, 0.0, 0.0], top_k=5, namespace="n2")] == ["c"]
 
 
+async def test_an_empty_file_in_the_old_format_opens_with_no_dimension(tmp_path: Path) -> None:
+    path = tmp_path / "vectors.sqlite3"
+    old = sqlite3.connect(path)  # the old index made its table on open, so most old files hold it empty
+    old.execute("CREATE TABLE vectors (id TEXT PRIMARY KEY, namespace TEXT NOT NULL, "
+                "dims INTEGER NOT NULL, vals BLOB NOT NULL, metadata TEXT NOT NULL)")
+    old.close()
+    index = SqliteVectorIndex(path)
+    assert index.dimensions is None
+    await index.upsert([VectorRecord("a", (1.0, 0.0), "n")])
+    assert index.dimensions == 2 and _rows(path) == [("a", "n")]
+
 @pytest.mark.parametrize("filter", [None, {"context": "x"}, {"context": "x", "kind": "a"}], ids=["none", "column", "scan"])
 async def test_results_equal_a_brute_force_cosine_ranking(filter: dict[str, str] | None) -> None:
     rng = np.random.default_rng(7)

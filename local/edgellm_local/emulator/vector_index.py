@@ -75,14 +75,14 @@ class SqliteVectorIndex:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = _connect(str(self.path))
         self._db.execute("PRAGMA journal_mode=WAL")
+        if _has_legacy_table(self._db):
+            self._migrate_legacy()
         stored = _table_dimensions(self._db)
         if stored is not None:
             if self.dimensions not in (None, stored):
                 raise VectorizeLimitError(f"VECTOR_DIMENSION_MISMATCH: the index has {stored} dimensions, not {self.dimensions}")
             self.dimensions = stored
-        if _has_legacy_table(self._db):
-            self._migrate_legacy()
-        if self.dimensions is not None and stored is None:
+        elif self.dimensions is not None:
             with _transaction(self._db):
                 self._create_table(self.dimensions)
 
@@ -181,19 +181,20 @@ class SqliteVectorIndex:
         """Moves a file's rows from the plain table into the vec0 one, once, in one transaction.
         Rows of another dimension than the index's could never be queried; they are dropped."""
         with self._lock, _transaction(self._db):
-            if self.dimensions is None:
-                first = self._db.execute(f"SELECT dims FROM {LEGACY_TABLE} LIMIT 1").fetchone()
-                self.dimensions = int(first[0]) if first else None
-            if self.dimensions is not None:
+            if not _has_legacy_table(self._db):
+                return  # another process opening the same file moved them first
+            first = self._db.execute(f"SELECT dims FROM {LEGACY_TABLE} LIMIT 1").fetchone()
+            dimensions = _table_dimensions(self._db) or self.dimensions or (int(first[0]) if first else None)
+            if dimensions is not None:
                 rows = [(id, namespace, vals, _filtered_hash(json.loads(metadata)), metadata)
                         for id, namespace, vals, metadata in self._db.execute(
-                            f"SELECT id, namespace, vals, metadata FROM {LEGACY_TABLE} WHERE dims = ?", (self.dimensions,))]
-                dropped = self._db.execute(f"SELECT count(*) FROM {LEGACY_TABLE} WHERE dims != ?", (self.dimensions,)).fetchone()[0]
-                self._create_table(self.dimensions)
+                            f"SELECT id, namespace, vals, metadata FROM {LEGACY_TABLE} WHERE dims = ?", (dimensions,))]
+                dropped = self._db.execute(f"SELECT count(*) FROM {LEGACY_TABLE} WHERE dims != ?", (dimensions,)).fetchone()[0]
+                self._create_table(dimensions)
                 self._write(rows)
                 if dropped:
                     _log.warning("vector index %s: %d vectors of another dimension than %d dropped in the move to sqlite-vec",
-                                 self.path, dropped, self.dimensions)
+                                 self.path, dropped, dimensions)
             self._db.execute(f"DROP TABLE {LEGACY_TABLE}")
 
 

@@ -72,12 +72,15 @@ function legend(svg, f) {
   svg.append(g);
 }
 
+/** A value a line has no point for: an interval with nothing to measure. */
+const isGap = (v) => v === null || v === undefined || Number.isNaN(v);
+
 /** Indices of the non-null values, in runs: a line breaks where a value is null. */
 export function runsOf(values) {
   const runs = [];
   let run = [];
   values.forEach((v, i) => {
-    if (v === null || v === undefined || Number.isNaN(v)) { if (run.length) runs.push(run); run = []; }
+    if (isGap(v)) { if (run.length) runs.push(run); run = []; }
     else run.push(i);
   });
   if (run.length) runs.push(run);
@@ -91,7 +94,7 @@ export function runsOf(values) {
  * `format` writes its figures. */
 export function renderLines(svg, { days, series, at }, { max, format = formatNumber } = {}) {
   const f = frame(svg, series.map((s) => s.name));
-  const top = max ?? maxOf(series.map((s) => ({ values: s.values.filter((v) => v !== null && !Number.isNaN(v)) })));
+  const top = max ?? maxOf(series.map((s) => ({ values: s.values.filter((v) => !isGap(v)) })));
   const w = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
   const span = at && at.length > 1 ? at[at.length - 1] - at[0] : 0;
   const x = (i) => f.left + (span > 0 ? ((at[i] - at[0]) * w) / span : days.length > 1 ? (i * w) / (days.length - 1) : w / 2);
@@ -110,7 +113,7 @@ export function renderLines(svg, { days, series, at }, { max, format = formatNum
         points: run.map((i) => `${x(i)},${y(s.values[i])}`).join(" "), "data-series": s.name }));
     }
     s.values.forEach((v, i) => {
-      if (v === null || v === undefined || Number.isNaN(v)) return;
+      if (isGap(v)) return;
       const point = el("circle", { cx: x(i), cy: y(v), r: 3, fill: colour, class: "point",
         "data-series": s.name, "data-day": days[i], "data-value": v });
       if (at) point.setAttribute("data-at", String(at[i]));

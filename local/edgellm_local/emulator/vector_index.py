@@ -69,6 +69,7 @@ class SqliteVectorIndex:
     dimensions: int | None = None  # fixed at creation on Vectorize; here by the first upsert when None
     _db: sqlite3.Connection = field(init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _table_seen: bool = field(default=False, init=False, repr=False)  # the vec0 table exists (it is never dropped)
 
     def __post_init__(self) -> None:
         if str(self.path) != ":memory:":
@@ -112,9 +113,16 @@ class SqliteVectorIndex:
                 self._create_table(self.dimensions)  # type: ignore[arg-type]  # set by the first record
                 self._write(rows.values())
 
+    def _has_table(self) -> bool:
+        """Whether the vec0 table exists yet (another process may have made it): asked of the
+        schema only until it does, not on every query."""
+        if not self._table_seen:
+            self._table_seen = _table_dimensions(self._db) is not None
+        return self._table_seen
+
     async def delete_by_ids(self, ids: list[str]) -> None:
         with self._lock, _transaction(self._db):
-            if _table_dimensions(self._db) is not None:
+            if self._has_table():
                 self._db.executemany(f"DELETE FROM {TABLE} WHERE id = ?", [(i,) for i in ids])
 
     async def query(self, vector: list[float], *, top_k: int, namespace: str,
@@ -125,7 +133,7 @@ class SqliteVectorIndex:
             raise VectorizeLimitError(f"VECTOR_DIMENSION_MISMATCH: the index has {self.dimensions} dimensions, the query {len(vector)}")
         wanted = dict(filter or {})
         with self._lock:
-            if _table_dimensions(self._db) is None:
+            if not self._has_table():
                 return []
             if set(wanted) <= {FILTERED_PROPERTY}:
                 rows = self._nearest(_float32(vector), top_k, namespace, wanted)

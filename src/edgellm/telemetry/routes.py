@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from ..cache.admin import require_admin
 from ..deps import Deps
+from ..context import RequestContext
 from ..http import Request, Response
-from .exposition import families
+from .exposition import TextExposition, families
+
+_TEXT = TextExposition()
 
 
-async def get_metrics(request: Request, deps: Deps) -> Response:
+async def get_metrics(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     if not deps.config.metrics_open:
-        require_admin(request, deps)
-    body, content_type = deps.exposition.render(families(deps))
+        require_admin(request, deps, ctx)
+    body, content_type = (deps.exposition or _TEXT).render(families(deps))
     return Response(200, {"content-type": content_type, "cache-control": "no-store"}, body)

@@ -13,6 +13,7 @@ import hmac
 from ..config import Config
 from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error, invalid
 from ..generation import GenerationRequest
+from ..context import RequestContext
 from ..http import Request
 from ..ports import BindingError
 from ..deps import Deps
@@ -136,18 +137,21 @@ def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
         raise invalid(f"The prompt may hold at most {config.max_message_chars} characters.", "prompt", "prompt_too_long")
 
 
-async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> None:
+async def admit_generation(ctx: RequestContext, deps: Deps, gen_request: GenerationRequest) -> None:
     """Before a generation (or a HIT): its input within bounds, then `admit_tokens` for its
-    prompt (estimated) and its `max_tokens`."""
+    prompt (estimated) and its `max_tokens`. A caller without a key has no limits to admit to:
+    its prompt is not estimated."""
     check_input_limits(gen_request, deps.config)
-    await admit_tokens(request, deps, gen_request.model, prompt_estimate(gen_request.inputs), gen_request.max_tokens)
+    if ctx.principal is None or ctx.principal.record is None:
+        return
+    await admit_tokens(ctx, deps, gen_request.model, prompt_estimate(gen_request.inputs), gen_request.max_tokens)
 
 
-async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, max_tokens: int) -> None:
+async def admit_tokens(ctx: RequestContext, deps: Deps, model: str, prompt: int, max_tokens: int) -> None:
     """Before any call that spends tokens (a generation, embeddings) or its HIT: the key may use
     the model, has tokens left in its window and in its budget; what the request may cost (the
     `prompt` estimate plus `max_tokens`) is then reserved until its usage is recorded."""
-    principal: Principal | None = request.principal
+    principal: Principal | None = ctx.principal
     record = principal.record if principal else None
     if record is None:
         return
@@ -166,4 +170,4 @@ async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, ma
                                code="insufficient_quota")
     # checked and reserved with no await between: a concurrent request sees this one's reservation
     check_tokens(deps.state.access, record.key_id, record.tokens_per_minute, deps.clock.now())
-    request.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, model, prompt, max_tokens, deps.clock.now())
+    ctx.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, model, prompt, max_tokens, deps.clock.now())

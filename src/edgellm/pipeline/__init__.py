@@ -1,6 +1,6 @@
 """The request's way through the edge: an ordered list of layers around the router's handler.
 
-A layer is `layer(request, deps, ctx, call_next) -> Awaitable[Response]`: it does its one thing on
+A layer is `layer(call_next, request, deps, ctx) -> Awaitable[Response]`: it does its one thing on
 the way in, calls `call_next(request, deps, ctx)` (the rest of the pipeline, itself a handler), and
 where it needs to, one thing on the way out; or it answers without calling it (a preflight). As
 Starlette's middleware and Hono's `app.use`, with two differences: what a layer learns goes into
@@ -23,15 +23,17 @@ if TYPE_CHECKING:
     from ..http import Request, Response
 
 Next = Callable[["Request", "Deps", "RequestContext"], Awaitable["Response"]]
-Layer = Callable[["Request", "Deps", "RequestContext", Next], Awaitable["Response"]]
+Layer = Callable[[Next, "Request", "Deps", "RequestContext"], Awaitable["Response"]]
 
 
 def compose(layers: Sequence[Layer], endpoint: Next) -> Next:
     """`layers[0]` outermost, `endpoint` innermost: each layer bound to the rest, once (not per
-    request), as Starlette builds its middleware stack."""
+    request), as Starlette builds its middleware stack. Bound as `partial`'s first positional
+    argument (hence `call_next` first): CPython calls that without making a keyword dict, about
+    half what a keyword-bound layer costs a request."""
     app = endpoint
     for layer in reversed(layers):
-        app = partial(layer, call_next=app)
+        app = partial(layer, app)
     return app
 
 

@@ -10,6 +10,6 @@ from ..http import Request, Response
 from . import Next
 
 
-async def authentication(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def authentication(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     ctx.principal = await authenticate(request, deps)
     return await call_next(request, deps, ctx)

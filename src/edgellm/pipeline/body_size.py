@@ -12,6 +12,6 @@ from ..validation import refuse_oversized
 from . import Next
 
 
-def body_size(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Awaitable[Response]:
+def body_size(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Awaitable[Response]:
     refuse_oversized(request, deps.config.max_body_bytes)
     return call_next(request, deps, ctx)

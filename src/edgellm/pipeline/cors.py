@@ -9,7 +9,7 @@ from ..http import Request, Response
 from . import Next
 
 
-async def cors(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def cors(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     response = await call_next(request, deps, ctx)
     headers = response.headers
     for name, value in cors_headers(request, deps.config).items():

@@ -13,7 +13,7 @@ from ..http import Request, Response
 from . import Next
 
 
-async def errors(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def errors(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     try:
         return await call_next(request, deps, ctx)
     except GatewayError as error:

@@ -8,7 +8,7 @@ from ..http import Request, Response
 from . import Next
 
 
-async def head(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def head(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     response = await call_next(request, deps, ctx)
     if request.method == "HEAD" and not response.is_streaming:  # a streamed body (an R2 file) says its own length
         response.headers.setdefault("content-length", str(len(response.body)))

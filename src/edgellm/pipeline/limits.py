@@ -10,7 +10,7 @@ from ..http import Request, Response
 from . import Next
 
 
-async def key_limits(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def key_limits(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     response = await call_next(request, deps, ctx)
     principal = ctx.principal
     if principal is not None and principal.record is not None:

@@ -12,7 +12,7 @@ from ..http import Request, Response
 from . import Next
 
 
-def match(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Awaitable[Response]:
+def match(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Awaitable[Response]:
     path = request.path
     route, ctx.params = ctx.router.resolve(request.method, path)
     ctx.endpoint = handler = route.handler

@@ -12,7 +12,7 @@ from ..http import Request, Response
 from . import Next
 
 
-def preflight(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Awaitable[Response]:
+def preflight(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Awaitable[Response]:
     if request.method != "OPTIONS":
         return call_next(request, deps, ctx)
     ctx.handler = "preflight"

@@ -11,7 +11,7 @@ from ..telemetry import tracing
 from . import Next
 
 
-async def request_id(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def request_id(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     ctx.id = id_of(request, deps.state.request_ids)
     if deps.tracer.recording or deps.config.routing.active:
         # a span only when a tracer records it or an origin may be sent its trace: current for what

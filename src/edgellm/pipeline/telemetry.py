@@ -17,7 +17,7 @@ from ..telemetry.metrics import served_by
 from . import Next
 
 
-async def telemetry(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def telemetry(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     ctx.started = deps.clock.now()
     try:
         response = await call_next(request, deps, ctx)

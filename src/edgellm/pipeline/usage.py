@@ -12,7 +12,7 @@ from ..http import Request, Response
 from . import Next
 
 
-async def usage(request: Request, deps: Deps, ctx: RequestContext, call_next: Next) -> Response:
+async def usage(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
     try:
         response = await call_next(request, deps, ctx)
     except asyncio.CancelledError:  # the client left: still a usage row, with what it generated

@@ -110,3 +110,27 @@ def test_the_architecture_doc_shows_the_list_the_code_holds() -> None:
     assert block is not None, "docs/architecture.md has no pipeline block"
     shown = [line.split()[0] for line in block.group(1).splitlines() if line.strip() and not line.startswith(" ")]
     assert shown == [layer.__name__ for layer in LAYERS] + ["handler"]  # type: ignore[attr-defined]
+
+
+async def test_every_layers_way_out_shows_on_a_keyed_answer(caplog: pytest.LogCaptureFixture) -> None:
+    """What each layer adds on the way out, on one keyed request through `app.handle`: the request
+    id, CORS, the key's limits, its metrics, its log line (and the spent tokens the limits say)."""
+    from edgellm.access.keys import KeyRing, new_key
+    from edgellm.app import handle
+    from edgellm_local.emulator.kv import SqliteKV
+
+    kv = SqliteKV()
+    made = new_key("acme", 0.0, tokens_per_minute=10_000)
+    await KeyRing(kv).put(made.record)
+    keyed = Deps(config=Config(), ai=ScriptedAI(), kv=kv, log=logging.getLogger("edgellm.test"))
+    request = Request("POST", "http://edge.test/v1/chat/completions",
+                      {"authorization": f"Bearer {made.api_key}", "origin": "http://localhost:3000"}, CHAT)
+    with caplog.at_level(logging.INFO, logger="edgellm.test.access"):
+        response = await handle(request, keyed)
+    assert response.status == 200 and response.headers["x-request-id"]
+    assert response.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert int(response.headers["x-ratelimit-remaining-tokens"]) < 10_000  # charged before the headers were made
+    assert sum(n for (route, _, tenant, _), n in keyed.state.telemetry.requests.items() if route == "/v1/chat/completions") == 1
+    lines = [r.edgellm for r in caplog.records if hasattr(r, "edgellm")]  # type: ignore[attr-defined]
+    assert [(line["request_id"], line["tenant"], line["route"]) for line in lines] == [
+        (response.headers["x-request-id"], "acme", "/v1/chat/completions")]

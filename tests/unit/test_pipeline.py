@@ -134,3 +134,16 @@ async def test_every_layers_way_out_shows_on_a_keyed_answer(caplog: pytest.LogCa
     lines = [r.edgellm for r in caplog.records if hasattr(r, "edgellm")]  # type: ignore[attr-defined]
     assert [(line["request_id"], line["tenant"], line["route"]) for line in lines] == [
         (response.headers["x-request-id"], "acme", "/v1/chat/completions")]
+
+
+async def test_the_route_is_matched_before_a_credential_is_asked_for() -> None:
+    """With keys required, a path no route serves is a 404 and a wrong method a 405 (with `Allow`),
+    to a caller without a key: the match layer runs before authentication."""
+    from edgellm.app import handle
+
+    keyed = Deps(config=Config(), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    missing = await handle(Request("POST", "http://edge.test/v1/nowhere", {}, b"{}"), keyed)
+    assert missing.status == 404 and json.loads(missing.body)["error"]["code"] == "route_not_found"
+    wrong = await handle(Request("DELETE", "http://edge.test/v1/chat/completions", {}, b""), keyed)
+    assert wrong.status == 405 and "POST" in wrong.headers["allow"]
+    assert (await handle(Request("POST", "http://edge.test/v1/chat/completions", {}, CHAT), keyed)).status == 401

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgellm.config import Config
 from edgellm.deps import Deps
 from edgellm.telemetry.exposition import TextExposition, families
-from edgellm.telemetry.metrics import MAX_SERIES, OTHER, Histogram, Telemetry, served_by, status_class
+from edgellm.telemetry.metrics import MAX_SERIES, OTHER, TIME_BUCKETS, Histogram, Telemetry, served_by, status_class
 from edgellm.telemetry.tracing import LogTracer, SpanContext, parse_traceparent
 from edgellm_local.telemetry import PrometheusExposition
 
@@ -53,7 +54,7 @@ def test_the_workers_text_and_prometheus_clients_parse_to_the_same_families() ->
     names = {name: kind for name, kind, _ in ours}
     assert names["edgellm_requests"] == "counter" and names["edgellm_time_to_first_token_seconds"] == "histogram"
     assert names["edgellm_num_requests_waiting"] == "gauge" and names["edgellm_slots_busy"] == "gauge"
-    samples = {(n, labels): v for _, _, s in ours for n, labels, v in s}
+    samples = {(n, tuple(kv for kv in labels if kv[0] != "isolate")): v for _, _, s in ours for n, labels, v in s}
     assert samples[("edgellm_num_requests_waiting", ())] == 3 and samples[("edgellm_kv_errors_total", (("operation", "read"),))] == 1
     assert samples[("edgellm_admission_refusals_total", ())] == 4 and samples[("edgellm_origin_failures_total", ())] == 3
     inf = (("le", "+Inf"), ("model", "@cf/m"), ("served_by", "edge"))
@@ -172,3 +173,72 @@ def test_the_grafana_dashboard_reads_only_metrics_the_edge_exposes() -> None:
     titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
     for shown in ("requests per minute", "errors", "cache hit ratio", "time to first token", "tokens per minute by tenant"):
         assert shown in titles
+
+
+@pytest.mark.parametrize("value", ["back\\slash", "a\\nb", "ends with\\", 'q"uote\\"', "line\nbreak", "\\\\"])
+def test_the_workers_writer_escapes_a_backslash_so_the_value_reads_back_as_written(value: str) -> None:
+    """A backslash the writer leaves bare reads back as the start of an escape: `a\\nb` (a
+    backslash and an n) would come back as a line break."""
+    deps = Deps(config=Config(), ai=DescribedAI())  # type: ignore[arg-type]
+    deps.state.telemetry.count_request("/x", value, "", 200)
+    core, _ = TextExposition().render(families(deps))
+    models = {s.labels["model"] for f in text_string_to_metric_families(core.decode()) if f.name == "edgellm_requests" for s in f.samples}
+    assert models == {value}
+
+
+@pytest.mark.parametrize("bound", TIME_BUCKETS)
+def test_an_observation_on_a_bound_is_in_that_bucket_as_le_says(bound: float) -> None:
+    """`le` is "less than or equal": a value equal to a bound is counted in that bound's bucket."""
+    histogram = Histogram()
+    histogram.observe(bound)
+    at = TIME_BUCKETS.index(bound)
+    assert histogram.cumulative()[at] == 1
+    assert at == 0 or histogram.cumulative()[at - 1] == 0
+
+
+def test_every_sample_names_its_isolate_with_one_bounded_value() -> None:
+    one, other = busy_deps(), busy_deps()
+    for deps in (one, other):
+        text, _ = TextExposition().render(families(deps))
+        isolates = {s.labels.get("isolate") for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+        assert isolates == {deps.state.telemetry.isolate}
+        assert re.fullmatch(r"[0-9a-f]{8}", deps.state.telemetry.isolate)
+    assert one.state.telemetry.isolate != other.state.telemetry.isolate
+
+
+def increase(points: list[float]) -> float:
+    """Prometheus's `increase()` over a series' points, without its extrapolation to the window's
+    edges: a value lower than the one before is a counter reset, counted from zero
+    (promql/functions.go, `extrapolatedRate`)."""
+    total = 0.0
+    for before, now in zip(points, points[1:]):
+        total += now - before if now >= before else now
+    return total
+
+
+def test_two_isolates_scraped_alternately_give_each_its_own_increase() -> None:
+    """A load balancer sends each scrape to some isolate. With the isolate label each one's counter
+    is a series of its own, and `sum(increase())` is the requests the scraped isolates answered;
+    without it the alternation reads as a reset on every scrape (a busy isolate's whole count
+    counted again each time)."""
+    busy, quiet = Deps(config=Config(), ai=DescribedAI()), Deps(config=Config(), ai=DescribedAI())  # type: ignore[arg-type]
+    for _ in range(5000):  # long-lived: a big count before the window opens
+        busy.state.telemetry.count_request("/v1/chat/completions", "@cf/m", "", 200)
+    series: dict[tuple[tuple[str, str], ...], list[float]] = {}
+    unlabelled: list[float] = []
+    truth = 0
+    for scrape in range(12):
+        deps = busy if scrape % 2 == 0 else quiet
+        for target in (busy, quiet):  # traffic between scrapes: two requests each
+            for _ in range(2):
+                target.state.telemetry.count_request("/v1/chat/completions", "@cf/m", "", 200)
+            truth += 2
+        text, _ = TextExposition().render(families(deps))
+        (sample,) = [s for f in text_string_to_metric_families(text.decode()) if f.name == "edgellm_requests" for s in f.samples]
+        series.setdefault(tuple(sorted(sample.labels.items())), []).append(sample.value)
+        unlabelled.append(sample.value)
+    assert len(series) == 2  # one series per isolate
+    per_isolate = sum(increase(points) for points in series.values())
+    # all 48 but what came before each isolate's first scrape (busy 2, quiet 4) or after its last (busy 2)
+    assert truth == 48 and per_isolate == truth - 8
+    assert increase(unlabelled) > 10 * truth  # the same scrapes as one series: the nonsense the label prevents

@@ -13,6 +13,7 @@ folded into `other`, so no traffic can grow the exposition without end.
 
 from __future__ import annotations
 
+import secrets
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 MAX_SERIES = 512  # label sets per family; past it, new tenants are counted as "other"
 OTHER = "other"
+ISOLATE_BYTES = 4  # the isolate label: 8 hex digits, one value per isolate
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 
 
@@ -98,6 +100,9 @@ class Telemetry:
     # when this isolate began counting (the first request made its state): a scrape that finds
     # another value reached another isolate, or a new one, whose counters start again from zero
     started_at: float = field(default_factory=time.time)
+    # the isolate's name on every series (`isolate="..."`): drawn once, so two isolates' counters
+    # are two series and a scrape that alternates between them never reads as a counter reset
+    isolate: str = field(default_factory=lambda: secrets.token_hex(ISOLATE_BYTES))
     tenants: set[str] = field(default_factory=set)  # the tenants labels were made for (bounded by MAX_SERIES)
 
     def tenant_label(self, tenant: str | None) -> str:

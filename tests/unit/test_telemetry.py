@@ -242,3 +242,81 @@ def test_two_isolates_scraped_alternately_give_each_its_own_increase() -> None:
     # all 48 but what came before each isolate's first scrape (busy 2, quiet 4) or after its last (busy 2)
     assert truth == 48 and per_isolate == truth - 8
     assert increase(unlabelled) > 10 * truth  # the same scrapes as one series: the nonsense the label prevents
+
+
+RAY = "8f1e2d3c4b5a6978-LHR"
+FRESH = r"[0-9a-f]{12}-[0-9a-f]+"  # the isolate's own: its random prefix and a count
+
+
+class AccessRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[int, dict[str, Any]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append((record.levelno, record.edgellm))  # type: ignore[attr-defined]
+
+
+def answered(path: str, headers: dict[str, str], config: Config | None = None) -> tuple[Any, list[tuple[int, dict[str, Any]]]]:
+    import asyncio
+
+    from edgellm.app import handle
+    from edgellm.http import Request
+
+    log = logging.getLogger("edgellm.test.ids")
+    handler, access = AccessRecords(), log.getChild("access")
+    access.addHandler(handler)
+    access.setLevel(logging.DEBUG)
+    try:
+        deps = Deps(config=config or Config(), ai=DescribedAI(), log=log)  # type: ignore[arg-type]
+        response = asyncio.run(handle(Request("GET", "http://edge.test" + path, headers, b""), deps))
+    finally:
+        access.removeHandler(handler)
+    return response, handler.seen
+
+
+@pytest.mark.parametrize(("headers", "operator_id", "client_id"), [
+    ({}, FRESH, None),
+    ({"cf-ray": RAY}, RAY, None),
+    ({"x-request-id": "client-1"}, FRESH, "client-1"),  # the client's id is kept beside, never in its place
+    ({"x-request-id": "client-1", "cf-ray": RAY}, RAY, "client-1"),
+    ({"x-request-id": RAY}, FRESH, RAY),  # a client naming another request's id does not take it
+    ({"x-request-id": "has space", "cf-ray": RAY}, RAY, None),  # not one a log search can hold: dropped
+    ({"cf-ray": "bad;ray"}, FRESH, None),
+])
+def test_the_operator_chooses_the_id_the_logs_key_on(headers: dict[str, str], operator_id: str, client_id: str | None) -> None:
+    response, seen = answered("/healthz", headers)
+    ((level, record),) = seen
+    assert re.fullmatch(operator_id, response.headers["x-request-id"])
+    assert record["request_id"] == response.headers["x-request-id"] and level == logging.INFO
+    assert record["client_request_id"] == client_id
+
+
+@pytest.mark.parametrize(("config", "headers", "status", "level"), [
+    (Config(metrics_open=True), {}, 200, logging.DEBUG),  # an answered scrape: no line at INFO, as exporters do
+    (Config(admin_token="adm"), {"authorization": "Bearer adm"}, 200, logging.DEBUG),
+    (Config(admin_token="adm"), {"authorization": "Bearer wrong"}, 401, logging.INFO),  # a refused one is an access attempt
+])
+def test_an_answered_scrape_is_logged_below_info(config: Config, headers: dict[str, str], status: int, level: int) -> None:
+    response, seen = answered("/metrics", headers, config)
+    assert response.status == status
+    assert [lv for lv, _ in seen] == [level]
+
+
+def test_a_generation_the_edge_answers_is_counted_as_routed_to_the_edge() -> None:
+    """Without origins every generation runs at the edge: `edgellm_routed_total{to="edge"}` counts
+    it as it counts one that routing sent there."""
+    import asyncio
+    import json
+
+    from edgellm.app import handle
+    from edgellm.http import Request
+    from edgellm_local.doubles.scripted import ScriptedAI
+
+    deps = Deps(config=Config(open_access=True), ai=ScriptedAI(), log=logging.getLogger("edgellm.test.routed"))
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+    for _ in range(2):
+        response = asyncio.run(handle(Request("POST", "http://edge.test/v1/chat/completions", {"content-type": "application/json"}, body), deps))
+        assert response.status == 200, response.body
+    routed = {s[1]["to"]: s[2] for f in families(deps) if f.name == "edgellm_routed" for s in f.samples}
+    assert routed == {"edge": 2, "origin": 0}

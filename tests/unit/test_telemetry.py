@@ -320,3 +320,21 @@ def test_a_generation_the_edge_answers_is_counted_as_routed_to_the_edge() -> Non
         assert response.status == 200, response.body
     routed = {s[1]["to"]: s[2] for f in families(deps) if f.name == "edgellm_routed" for s in f.samples}
     assert routed == {"edge": 2, "origin": 0}
+
+
+@pytest.mark.parametrize(("route", "cache", "expected"), [
+    ("edge; reason=primary", "MISS", {"edge": 1, "origin": 0}),
+    ("origin; reason=edge-timeout; origin=a", "MISS", {"edge": 0, "origin": 1}),
+    ("edge, origin; reason=mid-stream; origin=a", "BYPASS", {"edge": 1, "origin": 1}),  # a fallback ran at both
+    ("edge; reason=primary", "HIT", {"edge": 0, "origin": 0}),  # a HIT generated nothing
+])
+def test_routed_counts_where_an_answer_was_generated(route: str, cache: str, expected: dict[str, int]) -> None:
+    from edgellm.caller import Observation
+    from edgellm.http import Request, Response
+    from edgellm.telemetry.finished import request_ended
+
+    deps = Deps(config=Config(), ai=DescribedAI(), log=logging.getLogger("edgellm.test.routed"))  # type: ignore[arg-type]
+    request = Request("POST", "http://edge.test/v1/chat/completions", {}, b"")
+    request.observed = Observation("@cf/m", cache, route=route)
+    request_ended(request, Response(200), deps, deps.clock.now(), "/v1/chat/completions", "create_chat_completion")
+    assert deps.state.telemetry.routed == expected

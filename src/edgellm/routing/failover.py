@@ -74,10 +74,8 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
     """Start the generation on the route the policy picks; the edge-only gateway when routing
     is not configured. A flights object passes the `plan` and first-token `budget` the Worker
     decided (`cache.coalescing.FlightPlan`), so it never plans itself."""
-    if not deps.config.routing.active:  # the edge answers everything: still counted where it ran
-        generation = await start_generation(deps, gen_request)
-        deps.state.routing.counters.edge += 1
-        return replace(generation, route="edge; reason=primary")
+    if not deps.config.routing.active:
+        return replace(await start_generation(deps, gen_request), route="edge; reason=primary")
     plan = plan or await plan_route(deps, request, gen_request)
     counters = routing_state(deps).counters
     if not plan.edge:

@@ -116,8 +116,8 @@ def families(deps: Deps) -> list[Family]:
         _single("num_requests_running", "gauge", "Generations in progress in this isolate (admitted).", admission.active),
         _single("admission_refusals", "counter", "Generations refused with 503 because every place was taken.", admission.refused),
         _single("origin_failures", "counter", "Origin calls that failed (unreachable, refused, cut).", routing.counters.origin_errors),
-        _counter("routed", "Generations started, by where routing sent them.", ("to",),
-                 {"edge": routing.counters.edge, "origin": routing.counters.origin}),
+        _counter("routed", "Answers generated for this isolate's requests (not cache HITs), by where they ran: the edge or "
+                 "an origin (a fallback ran at both).", ("to",), t.routed),
         _counter("failovers", "Edge generations moved to an origin, by when.", ("when",),
                  {"before_first_token": routing.counters.failovers_before_first_token,
                   "mid_stream": routing.counters.failovers_mid_stream}),

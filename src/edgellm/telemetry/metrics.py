@@ -97,6 +97,10 @@ class Telemetry:
     ttft: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     r2_errors: int = 0
+    # answers generated for this isolate's requests, by where they ran (`served_by`: a fallback ran
+    # at both): counted where the answer ends, so a generation a Durable Object ran (a coalesced
+    # miss, in an isolate of its own on Cloudflare) counts in the isolate that answered it
+    routed: dict[str, int] = field(default_factory=lambda: {"edge": 0, "origin": 0})
     # when this isolate began counting (the first request made its state): a scrape that finds
     # another value reached another isolate, or a new one, whose counters start again from zero
     started_at: float = field(default_factory=time.time)
@@ -132,6 +136,14 @@ class Telemetry:
             key = (OTHER, OTHER)
         self.prompt_tokens[key] = self.prompt_tokens.get(key, 0) + prompt
         self.generation_tokens[key] = self.generation_tokens.get(key, 0) + generated
+
+    def count_routed(self, where: str) -> None:
+        """One generated answer, by `served_by`: `fallback` began at the edge and ended on an origin."""
+        routed = self.routed
+        if where in ("edge", "fallback"):
+            routed["edge"] += 1
+        if where in ("origin", "fallback"):
+            routed["origin"] += 1
 
     def observe_times(self, model: str, where: str, ttft: float | None, latency: float) -> None:
         key = (model, where)

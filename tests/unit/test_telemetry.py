@@ -338,3 +338,20 @@ def test_routed_counts_where_an_answer_was_generated(route: str, cache: str, exp
     request.observed = Observation("@cf/m", cache, route=route)
     request_ended(request, Response(200), deps, deps.clock.now(), "/v1/chat/completions", "create_chat_completion")
     assert deps.state.telemetry.routed == expected
+
+
+def test_the_dashboard_takes_rate_per_isolate_and_aggregates_after() -> None:
+    """`rate()` of a counter is right only per series (per isolate); every panel sums after, so
+    no panel plots one line per isolate or adds counters of different isolates before the rate."""
+    import json
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "grafana" / "edgellm-dashboard.json").read_text())
+    assert "isolate" in dashboard["description"] and "Analytics Engine" in dashboard["description"]
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for at in (m.start() for m in re.finditer(r"\brate\(", expr)):  # each rate() is the argument of an aggregation
+                assert re.search(r"\b(sum|max|min|avg)(\s+(by|without)\s*\([^)]*\))?\s*\($", expr[:at]), (panel["title"], expr)
+            assert "rate(" in expr or re.match(r"(sum|max|min|avg)\(", expr), (panel["title"], expr)
+            assert not re.search(r"(sum|max|min|avg)(?: by \([^)]*\))? \(edgellm_\w+_total", expr)  # never a sum before the rate

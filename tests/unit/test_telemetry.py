@@ -16,6 +16,7 @@ from edgellm.telemetry.exposition import TextExposition, families
 from edgellm.telemetry.metrics import MAX_SERIES, OTHER, TIME_BUCKETS, Histogram, Telemetry, served_by, status_class
 from edgellm.telemetry.tracing import LogTracer, SpanContext, parse_traceparent
 from edgellm_local.telemetry import PrometheusExposition
+from tests.unit.test_workers_sdk import runtime  # noqa: F401  (the Worker over the real Workers SDK)
 
 
 class DescribedAI:
@@ -355,3 +356,21 @@ def test_the_dashboard_takes_rate_per_isolate_and_aggregates_after() -> None:
                 assert re.search(r"\b(sum|max|min|avg)(\s+(by|without)\s*\([^)]*\))?\s*\($", expr[:at]), (panel["title"], expr)
             assert "rate(" in expr or re.match(r"(sum|max|min|avg)\(", expr), (panel["title"], expr)
             assert not re.search(r"(sum|max|min|avg)(?: by \([^)]*\))? \(edgellm_\w+_total", expr)  # never a sum before the rate
+
+
+async def test_the_workers_own_metrics_through_its_entrypoint_name_one_isolate(runtime: Any) -> None:
+    """The Worker (src/entry.py over the real Workers SDK) serves `/metrics` with its own writer:
+    the 0.0.4 content type, and every series labelled with the one isolate that answered, the same
+    on every scrape of that isolate (the local edge's are held the same in tests/edge)."""
+    from tests.unit.test_workers_sdk import Platform, PlatformAI
+
+    rt, entry = runtime
+    platform = Platform(rt, entry, PlatformAI(), METRICS_OPEN="true")
+    seen = []
+    for _ in range(2):
+        native = await platform.fetch({}, url="https://edge.example/metrics", method="GET")
+        assert native.status == 200 and native.headers.get("content-type") == "text/plain; version=0.0.4; charset=utf-8"
+        text = (await native.bytes()).decode()
+        seen.append({s.labels.get("isolate") for f in text_string_to_metric_families(text) for s in f.samples})
+        await platform.settle()
+    assert seen[0] == seen[1] and len(seen[0]) == 1 and re.fullmatch(r"[0-9a-f]{8}", next(iter(seen[0])) or "")

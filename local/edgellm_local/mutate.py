@@ -56,8 +56,11 @@ def mirroring_tests(modules: Iterable[str], existing: Iterable[str]) -> list[str
 
 # cosmic-ray replaces a binary operator by each of the eleven others; a test that tells `+` from
 # `-`, `*` and `/` tells it from the rest, so only those four stay (as mutmut's one swap per
-# operator), which takes a module's mutants from ~630 to ~330.
-EXCLUDED_OPERATORS = (r"core/ReplaceBinaryOperator_\w+_(Pow|LShift|RShift|BitOr|BitAnd|BitXor|Mod|FloorDiv)$",)
+# operator), which takes a module's mutants from ~630 to ~330. `|` is not mutated at all: in this
+# code it is nearly always a type (`str | None`) in an annotation that `from __future__ import
+# annotations` never evaluates, so every such mutant survives and says nothing.
+EXCLUDED_OPERATORS = (r"core/ReplaceBinaryOperator_\w+_(Pow|LShift|RShift|BitOr|BitAnd|BitXor|Mod|FloorDiv)$",
+                      r"core/ReplaceBinaryOperator_BitOr_\w+$")
 
 
 def config(modules: list[str], tests: list[str], timeout: float, python: str = sys.executable, pytest_args: str = "") -> str:

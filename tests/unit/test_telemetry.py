@@ -89,7 +89,8 @@ def test_past_max_series_new_tenants_are_other() -> None:
     assert len(t.latency) == MAX_SERIES + 1 and sum(h.count for h in t.ttft.values()) == MAX_SERIES * 3
 
 
-@pytest.mark.parametrize(("status", "expected"), [(101, "1xx"), (200, "2xx"), (304, "3xx"), (404, "4xx"), (499, "4xx"), (503, "5xx")])
+@pytest.mark.parametrize(("status", "expected"), [(101, "1xx"), (200, "2xx"), (304, "3xx"), (404, "4xx"), (499, "4xx"), (503, "5xx"),
+                                                 (99, "1xx"), (999, "5xx")])  # past the classes: the nearest one
 def test_status_classes(status: int, expected: str) -> None:
     assert status_class(status) == expected
 
@@ -110,6 +111,14 @@ def test_histogram_quantiles_are_estimated_as_prometheus_does() -> None:
     assert h.cumulative() == [1, 3, 4, 4]
     assert h.quantile(0.5) == pytest.approx(1.5)  # rank 2 of 4: halfway through the (1, 2] bucket
     assert h.quantile(1.0) == pytest.approx(4.0)
+    first = Histogram(bounds=(1.0, 2.0, 4.0))
+    for value in (0.5, 0.5):
+        first.observe(value)
+    assert first.quantile(0.5) == pytest.approx(0.5)  # the first bucket runs from 0
+    past = Histogram(bounds=(1.0, 2.0, 4.0))
+    for value in (10.0, 20.0):
+        past.observe(value)
+    assert past.quantile(0.5) == 4.0  # a rank in +Inf reads as the highest finite bound, as histogram_quantile does
 
 
 TRACE, SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -374,3 +383,15 @@ async def test_the_workers_own_metrics_through_its_entrypoint_name_one_isolate(r
         seen.append({s.labels.get("isolate") for f in text_string_to_metric_families(text) for s in f.samples})
         await platform.settle()
     assert seen[0] == seen[1] and len(seen[0]) == 1 and re.fullmatch(r"[0-9a-f]{8}", next(iter(seen[0])) or "")
+
+
+def test_a_fresh_isolate_exposes_zeros_and_statuses_of_one_class_add_up() -> None:
+    deps = Deps(config=Config(), ai=DescribedAI())  # type: ignore[arg-type]
+    fresh = {(s[0], tuple(sorted((k, v) for k, v in s[1].items() if k != "isolate"))): s[2]
+             for f in families(deps) for s in [(f.name + x[0], x[1], x[2]) for x in f.samples]}
+    assert fresh[("edgellm_r2_errors_total", ())] == 0 and fresh[("edgellm_breaker_opened_total", ())] == 0
+    assert fresh[("edgellm_admission_refusals_total", ())] == 0 and fresh[("edgellm_cache_hits_total", ())] == 0
+    for status in (200, 204, 201):  # three statuses, one class: one series of 3
+        deps.state.telemetry.count_request("/v1/chat/completions", "@cf/m", "", status)
+    (requests,) = [f for f in families(deps) if f.name == "edgellm_requests"]
+    assert [(labels["status"], value) for _, labels, value in requests.samples] == [("2xx", 3.0)]

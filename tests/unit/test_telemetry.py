@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any
 
@@ -12,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgellm.config import Config
 from edgellm.deps import Deps
-from edgellm.telemetry.exposition import TextExposition, families
+from edgellm.telemetry.exposition import Family, TextExposition, families, go_float
 from edgellm.telemetry.metrics import MAX_SERIES, OTHER, TIME_BUCKETS, Histogram, Telemetry, served_by, status_class
 from edgellm.telemetry.tracing import LogTracer, SpanContext, parse_traceparent
 from edgellm_local.telemetry import PrometheusExposition
@@ -20,10 +21,11 @@ from tests.unit.test_workers_sdk import runtime  # noqa: F401  (the Worker over 
 
 
 class DescribedAI:
-    """The AI binding's seam, saying only what `/metrics` asks of it: the engine's slots."""
+    """The AI binding's seam, saying only what `/metrics` asks of it: the engine's slots, which
+    only a live description has (a cached one says nothing of load)."""
 
-    def describe(self, model: str, *, live: bool = True) -> dict[str, Any]:
-        return {"slots": {"busy": 1, "waiting": 3, "generating_at_once": 2}}
+    def describe(self, model: str, *, live: bool = False) -> dict[str, Any]:
+        return {"slots": {"busy": 1, "waiting": 3, "generating_at_once": 2}} if live else {}
 
 
 def busy_deps() -> Deps:
@@ -85,6 +87,7 @@ def test_past_max_series_new_tenants_are_other() -> None:
         t.observe_times(f"model-{i}", "edge", 0.1, 0.2)
     # folded into `other`, never one series per value; nothing is lost
     assert len(t.requests) == MAX_SERIES + 1 and sum(t.requests.values()) == MAX_SERIES * 3
+    assert t.requests[("/v1/chat/completions", OTHER, OTHER, 2)] == MAX_SERIES * 2  # folded, its status class kept
     assert len(t.prompt_tokens) == MAX_SERIES + 1 and sum(t.generation_tokens.values()) == MAX_SERIES * 3
     assert len(t.latency) == MAX_SERIES + 1 and sum(h.count for h in t.ttft.values()) == MAX_SERIES * 3
 
@@ -395,3 +398,56 @@ def test_a_fresh_isolate_exposes_zeros_and_statuses_of_one_class_add_up() -> Non
         deps.state.telemetry.count_request("/v1/chat/completions", "@cf/m", "", status)
     (requests,) = [f for f in families(deps) if f.name == "edgellm_requests"]
     assert [(labels["status"], value) for _, labels, value in requests.samples] == [("2xx", 3.0)]
+
+
+@pytest.mark.parametrize(("value", "spelled"), [(math.inf, "+Inf"), (-math.inf, "-Inf"), (math.nan, "NaN"), (1, "1.0"), (0.25, "0.25"),
+                                                (-2.5, "-2.5")])
+def test_numbers_are_spelled_as_prometheus_spells_them(value: float, spelled: str) -> None:
+    assert go_float(value) == spelled
+
+
+def test_help_text_with_a_backslash_or_a_line_break_reads_back_as_written() -> None:
+    help_text = "a \\ backslash, a literal \\n, and a\nbreak"
+    text, _ = TextExposition().render([Family("edgellm_x", "gauge", help_text, [("", {}, 1.0)])])
+    (family,) = text_string_to_metric_families(text.decode())
+    assert family.documentation == help_text
+
+
+def test_the_breaker_gauge_is_one_for_its_state_only() -> None:
+    deps = busy_deps()
+    states = {s[1]["state"]: s[2] for f in families(deps) if f.name == "edgellm_breaker_state" for s in f.samples}
+    assert states == {"closed": 1.0, "half_open": 0.0, "open": 0.0}
+
+
+@pytest.mark.parametrize("described", [RuntimeError("engine gone"), {"slots": {}}, {"slots": "busy"}, {}])
+def test_an_engine_that_cannot_say_its_load_never_fails_a_scrape(described: Any) -> None:
+    class Engine:
+        def describe(self, model: str, *, live: bool = False) -> dict[str, Any]:
+            if isinstance(described, Exception):
+                raise described
+            return described
+
+    deps = Deps(config=Config(), ai=Engine())  # type: ignore[arg-type]
+    text, _ = TextExposition().render(families(deps))
+    names = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    if described == {"slots": {}}:  # slots said, counts not: zeros
+        assert [s.value for s in names["edgellm_slots_busy"].samples] == [0.0]
+        assert [s.value for s in names["edgellm_num_requests_waiting"].samples] == [0.0]
+        assert [s.value for s in names["edgellm_slots"].samples] == [0.0]
+    else:
+        assert "edgellm_slots_busy" not in names and "edgellm_requests" in names
+
+
+def test_histogram_sums_and_token_counts_start_from_zero() -> None:
+    h = Histogram()
+    for value in (0.5, 2.0):
+        h.observe(value)
+    assert h.total == 2.5 and h.count == 2
+    t = Telemetry()
+    t.count_tokens("@cf/m", "acme", 12, 7)
+    assert t.prompt_tokens == {("@cf/m", "acme"): 12} and t.generation_tokens == {("@cf/m", "acme"): 7}
+
+
+def test_the_buckets_run_from_a_millisecond_to_a_minute_as_the_docs_say() -> None:
+    assert TIME_BUCKETS[0] == 0.001 and TIME_BUCKETS[-1] == 60.0
+    assert list(TIME_BUCKETS) == sorted(set(TIME_BUCKETS))

@@ -394,10 +394,10 @@ def test_a_fresh_isolate_exposes_zeros_and_statuses_of_one_class_add_up() -> Non
              for f in families(deps) for s in [(f.name + x[0], x[1], x[2]) for x in f.samples]}
     assert fresh[("edgellm_r2_errors_total", ())] == 0 and fresh[("edgellm_breaker_opened_total", ())] == 0
     assert fresh[("edgellm_admission_refusals_total", ())] == 0 and fresh[("edgellm_cache_hits_total", ())] == 0
-    for status in (200, 204, 201):  # three statuses, one class: one series of 3
+    for status in (200, 204, 201, 499, 400):  # statuses of one class: one series
         deps.state.telemetry.count_request("/v1/chat/completions", "@cf/m", "", status)
     (requests,) = [f for f in families(deps) if f.name == "edgellm_requests"]
-    assert [(labels["status"], value) for _, labels, value in requests.samples] == [("2xx", 3.0)]
+    assert [(labels["status"], value) for _, labels, value in requests.samples] == [("2xx", 3.0), ("4xx", 2.0)]
 
 
 @pytest.mark.parametrize(("value", "spelled"), [(math.inf, "+Inf"), (-math.inf, "-Inf"), (math.nan, "NaN"), (1, "1.0"), (0.25, "0.25"),
@@ -417,6 +417,12 @@ def test_the_breaker_gauge_is_one_for_its_state_only() -> None:
     deps = busy_deps()
     states = {s[1]["state"]: s[2] for f in families(deps) if f.name == "edgellm_breaker_state" for s in f.samples}
     assert states == {"closed": 1.0, "half_open": 0.0, "open": 0.0}
+    for now in ("open", "half_open"):
+        from types import SimpleNamespace
+
+        deps.state.routing.breaker = SimpleNamespace(state=now, opened_count=2)  # type: ignore[assignment]
+        states = {s[1]["state"]: s[2] for f in families(deps) if f.name == "edgellm_breaker_state" for s in f.samples}
+        assert states == {s: float(s == now) for s in ("closed", "half_open", "open")}
 
 
 @pytest.mark.parametrize("described", [RuntimeError("engine gone"), {"slots": {}}, {"slots": "busy"}, {}])

@@ -6,15 +6,18 @@ fails here, not in a reader's terminal."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
+import textwrap
+import tomllib
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from edgellm.vars import VARS
+from edgellm.vars import VARS, check_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -122,3 +125,114 @@ def test_every_var_is_in_the_configuration_reference() -> None:
     reference = text[text.index("## Configuration reference"):text.index("## The `edgellm dev` options")]
     listed = re.findall(r"^\| `([A-Z_]+)` \|", reference, re.M)
     assert sorted(listed) == sorted(VARS)
+
+
+# ---- every command a reader is told to run is run here (cheaply), or says which test runs it ----
+
+SHELL_FENCE = re.compile(r"^[ \t]*```(sh|bash|shell|console)\n(.*?)^[ \t]*```", re.M | re.S)
+PYTHON_FENCE = re.compile(r"^[ \t]*```python\n(.*?)^[ \t]*```", re.M | re.S)
+GUIDES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+# Commands that need what a unit test cannot have (a running edge, a Cloudflare account, another
+# project's server), each with the test that runs it or its equivalent. A stale entry fails below.
+COVERED_ELSEWHERE = {
+    r"^curl -s localhost:8787/v1/chat/completions -H 'content-type": "tests/edge/test_readme_examples.py runs it against a local edge",
+    r"^curl -sN localhost:8787/v1/chat/completions": "tests/edge/test_readme_examples.py runs it against a local edge",
+    r"^curl -s localhost:8787/client/v4/accounts/any/ai/run/": "tests/edge/test_readme_examples.py runs it against a local edge",
+    r'^curl -s localhost:8787/v1/chat/completions -H "authorization: Bearer el-': "needs a key: tests/edge/test_access.py sends it with one",
+    r'^curl -s "localhost:8787/admin/usage\?': "needs an edge with an admin token: tests/edge/test_usage_writer.py asks /admin/usage",
+    r"^URL=https://edgellm\.<your-subdomain>": "needs a deployed Worker; the same request is the README's first curl line",
+    r'^for i in 1 2; do curl -s "\$URL/v1/chat/completions"': "needs a deployed Worker; the same request is the README's first curl line",
+    r"^llama-server ": "llama.cpp's own server (make llama-server builds it; bench/bench_gateway.py runs it)",
+    r"^vllm serve ": "vLLM's server (not installed here); tests/edge/test_routing.py runs an OpenAI-compatible origin",
+}
+
+
+def shell_commands(path: Path) -> list[str]:
+    """The fenced shell blocks' commands: continuation lines joined, an indented line part of the
+    command above it (a quoted body), comments dropped."""
+    commands = []
+    for _, block in SHELL_FENCE.findall(path.read_text()):
+        text = textwrap.dedent(block).replace("\\\n", " ")
+        for command in re.split(r"\n(?=\S)", text.strip()):
+            if command and not command.startswith("#"):
+                commands.append(command)
+    return commands
+
+
+def all_shell_commands() -> list[tuple[str, str]]:
+    return [(str(path.relative_to(ROOT)), command) for path in GUIDES for command in shell_commands(path)]
+
+
+def without_comment(command: str) -> str:
+    return re.split(r"\s+#\s", command)[0].strip()
+
+
+def run_ok(args: list[str], timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)  # type: ignore[call-overload]
+    assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stdout[-2000:], done.stderr[-2000:])
+    return done
+
+
+def check_command(command: str) -> str:
+    """Runs the cheap form of `command` (its `--help`, `make -n`, its Python snippets whole), or
+    names the test that runs it; returns how it was checked."""
+    for pattern, reason in COVERED_ELSEWHERE.items():
+        if re.search(pattern, command):
+            return f"covered: {reason}"
+    line = without_comment(command)
+    for inner in re.findall(r"\$\((\.venv/bin/python -c '[^']*')\)", line):  # a snippet the command runs first
+        run_ok(["bash", "-c", inner])
+    line = re.sub(r"^(?:[A-Z_]+=\S+ )+", "", line)  # environment assignments before the command
+    words = line.split()
+    if words[0] == "make":
+        run_ok(["make", "-n", words[1]])
+        return "make -n"
+    if words[0] in ("edgellm", ".venv/bin/edgellm"):
+        sub = words[1:3] if words[1] == "keys" else words[1:2]
+        run_ok([sys.executable, "-m", "edgellm_local.cli", *sub, "--help"])
+        return "edgellm --help"
+    if words[:3] == [".venv/bin/python", "-m", "pytest"]:
+        paths = [w for w in words[3:] if not w.startswith("-")]
+        assert paths and all((ROOT / p).exists() for p in paths), line
+        return "pytest paths exist (the suite runs them)"
+    if words[:2] == [".venv/bin/python", "-m"]:
+        run_ok([sys.executable, "-m", words[2], "--help"])
+        return "python -m --help"
+    if words[:2] == ["npx", "wrangler"]:
+        sub = [w for w in words[2:] if not w.startswith("-")][:3]
+        help_text = run_ok(["npx", "--no-install", "wrangler", *sub, "--help"], timeout=60).stdout
+        flags = {f.split("=")[0] for f in words if f.startswith("--")}
+        camel = {f: "--" + re.sub(r"-([a-z])", lambda m: m.group(1).upper(), f[2:]) for f in flags}  # yargs reads both
+        assert {f for f in flags if f not in help_text and camel[f] not in help_text} == set(), (line, help_text)
+        return "npx wrangler --help"
+    if match := re.match(r"^([A-Z_]+) = (.+)$", line, re.S):  # a wrangler.toml [vars] line shown beside commands
+        value = tomllib.loads(f"{match.group(1)} = {match.group(2)}")
+        assert check_vars(value) == [], line
+        return "[vars] value accepted"
+    raise AssertionError(f"no test runs this command, and no entry says which does: {command!r}")
+
+
+@pytest.mark.parametrize(("where", "command"), all_shell_commands(), ids=lambda v: v if v.endswith(".md") else v[:60])
+def test_every_command_a_reader_is_told_to_run_runs(where: str, command: str) -> None:
+    assert check_command(command)
+
+
+def test_every_entry_of_the_covered_list_still_names_a_command_and_a_test() -> None:
+    commands = [command for _, command in all_shell_commands()]
+    assert [p for p in COVERED_ELSEWHERE if not any(re.search(p, c) for c in commands)] == []
+    named = {m for reason in COVERED_ELSEWHERE.values() for m in re.findall(r"(tests/\S+\.py|bench/\S+\.py)", reason)}
+    assert named and {n for n in named if not (ROOT / n).exists()} == set()
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    return [(str(path.relative_to(ROOT)), block) for path in GUIDES for block in PYTHON_FENCE.findall(path.read_text())]
+
+
+@pytest.mark.parametrize(("where", "code"), python_blocks(), ids=lambda v: v if v.endswith(".md") else v.split("\n")[0][:50])
+def test_every_python_snippet_compiles_and_its_imports_import(where: str, code: str) -> None:
+    """The snippets need a running edge to run whole (the README's are run whole by
+    tests/edge/test_readme_examples.py); here each compiles and every module it imports is there."""
+    tree = ast.parse(textwrap.dedent(code))
+    imports = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert imports or "client." in code, code
+    run_ok([sys.executable, "-c", "\n".join(imports)], timeout=180)

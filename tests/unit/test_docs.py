@@ -236,3 +236,28 @@ def test_every_python_snippet_compiles_and_its_imports_import(where: str, code: 
     imports = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
     assert imports or "client." in code, code
     run_ok([sys.executable, "-c", "\n".join(imports)], timeout=180)
+
+
+def numbered_steps(text: str) -> dict[int, str]:
+    """A numbered list's items by number (each runs to the next number, or to a paragraph at the margin)."""
+    items = re.split(r"(?m)^(\d+)\. ", text)
+    return {int(n): re.split(r"\n\n(?=\S)", body)[0] for n, body in zip(items[1::2], items[2::2])}
+
+
+def test_the_readme_and_the_deploy_guide_number_the_same_steps() -> None:
+    """A reader moves between the README's short list and the guide: step N is the same step in
+    both, so every command the README gives for step N is in the guide's step N."""
+    readme = (ROOT / "README.md").read_text()
+    readme = readme[readme.index("## Deploy to Cloudflare"):readme.index("## Guides")]
+    guide = (ROOT / "docs" / "deploying.md").read_text()
+    guide = guide[:guide.index("\n## ")]
+    short, long = numbered_steps(readme), numbered_steps(guide)
+    assert sorted(short) == sorted(long) == list(range(1, len(long) + 1))
+    commands = re.compile(r"^(?:npx |make |openssl |\.venv/bin/edgellm |npm |edgellm )")
+    for n, body in short.items():
+        named = [c for c in INLINE.findall(FENCE.sub("", body)) + shell_commands_in(body) if commands.match(c)]
+        assert [c for c in named if c.split(" …")[0].split(" --target")[0] not in long[n]] == [], n
+
+
+def shell_commands_in(text: str) -> list[str]:
+    return [line.strip() for _, block in SHELL_FENCE.findall(text) for line in block.splitlines() if line.strip()]

@@ -261,3 +261,46 @@ def test_the_readme_and_the_deploy_guide_number_the_same_steps() -> None:
 
 def shell_commands_in(text: str) -> list[str]:
     return [line.strip() for _, block in SHELL_FENCE.findall(text) for line in block.splitlines() if line.strip()]
+
+
+def documented_routes(path: Path) -> list[tuple[set[str], str]]:
+    """The first column of the `## Routes` table: (methods named, path) per path, where methods
+    are the upper-case words before it in the cell (`GET`/`DELETE /v1/responses/{id}`)."""
+    text = path.read_text()
+    table = text[text.index("## Routes"):]
+    table = table[:table.index("\n\n", table.index("|"))]
+    found = []
+    for row in re.findall(r"^\| (.+?) \|", table, re.M)[1:]:
+        methods: set[str] = set()
+        for span in INLINE.findall(row):
+            methods |= set(re.findall(r"\b[A-Z]{3,}\b", span))
+            for doc_path in re.findall(r"(?:^|\s)(/\S*)", span):
+                found.append((methods, doc_path))
+                methods = set()
+    return found
+
+
+def covers(doc_path: str, template: str) -> bool:
+    """A doc's `{anything}` is one segment, a trailing `/*` or `/...` any rest."""
+    route = re.sub(r"\{[^}]*\}", "{}", template)
+    wild = doc_path.endswith(("/*", "/..."))
+    doc = doc_path.rsplit("/", 1)[0] if wild else doc_path
+    pattern = re.sub(r"\\\{[^}]*\\\}", "[^/]+", re.escape(doc)) + ("(?:/.*)?" if wild else "")
+    return re.fullmatch(pattern, route) is not None
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/api.md"])
+def test_every_route_of_the_app_is_in_the_route_tables(name: str) -> None:
+    """The app's routing table is the truth; a route missing from a reader's table is a route
+    nobody finds. docs/api.md, the reference, also names every method of each."""
+    from edgellm.app import ROUTES
+
+    table = documented_routes(ROOT / name)
+    missing = []
+    for route in ROUTES.routes:
+        rows = [methods for methods, doc_path in table if covers(doc_path, route.template)]
+        if not rows:
+            missing.append(route.template)
+        elif name == "docs/api.md" and not set(route.methods) - {"HEAD"} <= set().union(*rows):
+            missing.append(f"{sorted(route.methods)} {route.template}")
+    assert missing == []

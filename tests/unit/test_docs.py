@@ -304,3 +304,25 @@ def test_every_route_of_the_app_is_in_the_route_tables(name: str) -> None:
         elif name == "docs/api.md" and not set(route.methods) - {"HEAD"} <= set().union(*rows):
             missing.append(f"{sorted(route.methods)} {route.template}")
     assert missing == []
+
+
+PAGES = {"/": "index.html", "/tokenizer": "tokenizer.html", "/chat": "chat.html", "/python": "python.html",
+         "/device": "device.html", "/usage": "usage.html"}
+
+
+def navigation(page: Path) -> list[tuple[str, str, bool]]:
+    nav = re.search(r'<nav aria-label="Pages">(.*?)</nav>', page.read_text(), re.S)
+    assert nav, page.name
+    return [(href, text, bool(current)) for href, current, text in
+            re.findall(r'<a href="([^"]+)"( aria-current="page")?>([^<]+)</a>', nav.group(1))]
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "public").glob("*.html")), ids=lambda p: p.name)
+def test_every_page_has_the_one_navigation_to_every_page(page: Path) -> None:
+    """One navigation on every page, listing every page (a page missing from it is a page a
+    reader never finds), the page itself marked current."""
+    assert {p.name for p in (ROOT / "public").glob("*.html")} == set(PAGES.values())
+    links = navigation(page)
+    assert [(href, text) for href, text, _ in links] == [(href, text) for href, text, _ in navigation(ROOT / "public" / "index.html")]
+    assert set(PAGES) <= {href for href, _, _ in links}
+    assert [href for href, _, current in links if current] == [next(h for h, f in PAGES.items() if f == page.name)]

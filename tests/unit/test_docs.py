@@ -142,6 +142,7 @@ COVERED_ELSEWHERE = {
     r'^curl -s "localhost:8787/admin/usage\?': "needs an edge with an admin token: tests/edge/test_usage_writer.py asks /admin/usage",
     r"^URL=https://edgellm\.<your-subdomain>": "needs a deployed Worker; the same request is the README's first curl line",
     r'^for i in 1 2; do curl -s "\$URL/v1/chat/completions"': "needs a deployed Worker; the same request is the README's first curl line",
+    r"^curl -X POST localhost:8787/admin/faults": "needs a running edge with an admin token: tests/edge/test_routing.py posts the same plan",
     r"^llama-server ": "llama.cpp's own server (make llama-server builds it; bench/bench_gateway.py runs it)",
     r"^vllm serve ": "vLLM's server (not installed here); tests/edge/test_routing.py runs an OpenAI-compatible origin",
 }
@@ -163,14 +164,28 @@ def all_shell_commands() -> list[tuple[str, str]]:
     return [(str(path.relative_to(ROOT)), command) for path in GUIDES for command in shell_commands(path)]
 
 
+INLINE_COMMAND = re.compile(r"^(?:npx |make |openssl |\.venv/bin/|edgellm |npm |curl |python |pip |[A-Z_]+=\S+ make )")
+
+
+def inline_commands() -> list[str]:
+    """Commands named in the prose (`make deploy`, `npx wrangler login`): each once."""
+    spans = (span for path in GUIDES for span in INLINE.findall(FENCE.sub("", path.read_text())))
+    return sorted({span for span in spans if INLINE_COMMAND.match(span)})
+
+
 def without_comment(command: str) -> str:
     return re.split(r"\s+#\s", command)[0].strip()
 
 
-def run_ok(args: list[str], timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)  # type: ignore[call-overload]
+def run_ok(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    done = ran(tuple(args), timeout)
     assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stdout[-2000:], done.stderr[-2000:])
     return done
+
+
+@cache  # one `--help` serves every command that names the same subcommand
+def ran(args: tuple[str, ...], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def check_command(command: str) -> str:
@@ -183,7 +198,30 @@ def check_command(command: str) -> str:
     for inner in re.findall(r"\$\((\.venv/bin/python -c '[^']*')\)", line):  # a snippet the command runs first
         run_ok(["bash", "-c", inner])
     line = re.sub(r"^(?:[A-Z_]+=\S+ )+", "", line)  # environment assignments before the command
+    first, *piped = line.split(" | ")
+    for part in piped:  # `openssl rand -hex 32 | npx wrangler secret put ADMIN_TOKEN`: each command of a pipe
+        if INLINE_COMMAND.match(part):
+            check_command(part)
+    line = first
     words = line.split()
+    if words == ["npm", "install"]:  # what it installs is there: package.json's packages, at their locked versions
+        run_ok(["npm", "ls", "--depth=0", "--offline"], timeout=60)
+        return "npm ls"
+    if words[0] == "openssl":
+        run_ok(["openssl", "version"])
+        return "openssl is there"
+    if words[:2] == ["pip", "install"]:
+        if words[2] == "-e":
+            extra = re.search(r"\[(\w+)\]", words[3]).group(1)  # type: ignore[union-attr]
+            assert extra in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+            return "the extra exists"
+        run_ok([sys.executable, "-c", "; ".join(f"import {name}" for name in words[2:])])
+        return "the package imports"
+    if words[0] == "python":
+        words = [".venv/bin/python", *words[1:]]
+    if words[0] in ("edgellm", ".venv/bin/edgellm") and (len(words) == 1 or not re.match(r"^[a-z]", words[1])):
+        run_ok([sys.executable, "-m", "edgellm_local.cli", "--help"])
+        return "edgellm --help"
     if words[0] == "make":
         run_ok(["make", "-n", words[1]])
         return "make -n"
@@ -199,7 +237,7 @@ def check_command(command: str) -> str:
         run_ok([sys.executable, "-m", words[2], "--help"])
         return "python -m --help"
     if words[:2] == ["npx", "wrangler"]:
-        sub = [w for w in words[2:] if not w.startswith("-")][:3]
+        sub = [w for w in words[2:] if re.fullmatch(r"[a-z][a-z0-9-]*", w)][:3]  # not a NAME, <id> or flag
         help_text = run_ok(["npx", "--no-install", "wrangler", *sub, "--help"], timeout=60).stdout
         flags = {f.split("=")[0] for f in words if f.startswith("--")}
         camel = {f: "--" + re.sub(r"-([a-z])", lambda m: m.group(1).upper(), f[2:]) for f in flags}  # yargs reads both
@@ -217,8 +255,13 @@ def test_every_command_a_reader_is_told_to_run_runs(where: str, command: str) ->
     assert check_command(command)
 
 
+@pytest.mark.parametrize("command", inline_commands())
+def test_every_command_named_in_the_prose_runs(command: str) -> None:
+    assert check_command(command)
+
+
 def test_every_entry_of_the_covered_list_still_names_a_command_and_a_test() -> None:
-    commands = [command for _, command in all_shell_commands()]
+    commands = [command for _, command in all_shell_commands()] + inline_commands()
     assert [p for p in COVERED_ELSEWHERE if not any(re.search(p, c) for c in commands)] == []
     named = {m for reason in COVERED_ELSEWHERE.values() for m in re.findall(r"(tests/\S+\.py|bench/\S+\.py)", reason)}
     assert named and {n for n in named if not (ROOT / n).exists()} == set()

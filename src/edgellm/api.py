@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import hashlib
 
-from . import access, embeddings, openai, workers_ai
+from . import access, embeddings, model_catalog, openai, workers_ai
 from .capabilities import capabilities_of, enforce, required_capabilities
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
@@ -194,9 +194,12 @@ async def list_models(request: Request, deps: Deps) -> Response:
         entry: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "cloudflare"}
         described = deps.ai.describe(model) or {}
         entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **described,
-                            "capabilities": capabilities_of(model, deps.config.model_capabilities, described).names()}
+                            "capabilities": capabilities_of(model, deps.config.model_capabilities, described).names(),
+                            "context_window": model_catalog.context_window(deps, model)}
         data.append(entry)
-    data.extend(embeddings.model_entries(deps))
+    for entry in embeddings.model_entries(deps):  # the window the models search gives them too
+        entry["edgellm"]["context_window"] = model_catalog.context_window(deps, entry["id"])
+        data.append(entry)
     for alias, target in deps.config.aliases.items():
         data.append({"id": alias, "object": "model", "created": 0, "owned_by": "edgellm",
                      "edgellm": {"role": "alias", "alias_of": target}})
@@ -210,12 +213,15 @@ async def retrieve_model(request: Request, deps: Deps) -> Response:
         return json_response({"id": model, "object": "model", "created": 0, "owned_by": "edgellm",
                               "edgellm": {"role": "alias", "alias_of": deps.config.aliases[model]}})
     if embeddings.is_embedding_model(deps, model):
-        return json_response(next(e for e in embeddings.model_entries(deps) if e["id"] == model))
+        entry = next(e for e in embeddings.model_entries(deps) if e["id"] == model)
+        entry["edgellm"]["context_window"] = model_catalog.context_window(deps, model)
+        return json_response(entry)
     if model not in deps.config.models:
         raise GatewayError(ErrorKind.NOT_FOUND, f"The model '{model}' does not exist on this gateway; GET /v1/models lists the models served.",
                            param="model", code="model_not_found")
     entry: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "cloudflare"}
-    entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **(deps.ai.describe(model) or {})}
+    entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **(deps.ai.describe(model) or {}),
+                        "context_window": model_catalog.context_window(deps, model)}
     return json_response(entry)
 
 

@@ -151,6 +151,11 @@ class Generation:
     # is a pure function of the entry goes in.
     rendered: dict[Any, Any] | None = None
 
+    async def aclose(self) -> None:
+        """Close its events (read or not): what stops the generation behind them. So a
+        generation is a source a renderer's `Stream` owns (`stream.owns`)."""
+        await close_source(self.events)
+
     async def collect(self) -> tuple[str, Finish]:
         answer = await self.collect_answer()
         return answer.text, answer.finish

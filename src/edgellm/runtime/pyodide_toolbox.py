@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Mapping
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, create_proxy, jsnull, to_js  # type: ignore[import-not-found]
 
-from ..stream import close_source
+from ..stream import close_source, owns
 
 
 def js_options(data: Mapping[str, Any]) -> Any:
@@ -55,6 +55,7 @@ async def read_stream(stream: Any) -> AsyncIterator[bytes]:
             pass
 
 
+@owns("body")
 async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
     """The core's body as JS chunks. When the client leaves, this receives GeneratorExit: closing
     the core's body then is what stops the generation behind it."""

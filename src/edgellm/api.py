@@ -81,7 +81,7 @@ async def serve_generation(
     shape: JSONShape | None = None,
 ) -> Response:
     """`shape`: how the route's JSON answer is kept for a stored entry's next HITs (`kept_json`)."""
-    await access.admit_generation(request, deps, gen_request)
+    gen_request = await access.admit_generation(request, deps, gen_request)
     described = deps.ai.describe(gen_request.model, live=False)  # once: the capabilities and the fingerprint both read it
     enforce_capabilities(deps, gen_request, described)
     if gen_request.session is None and request.principal is not None and gen_request.prefix_scope != request.principal.scope.prefix_scope:

@@ -16,21 +16,12 @@ from typing import Any, AsyncIterator
 from . import errors
 from .errors import ErrorKind, GatewayError, RetryAfter
 from .capabilities import capabilities_of, missing
-from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
+from .generation import Event, Finish, Generation, GenerationRequest, PromptSeen, Token, ToolCallDelta, Usage
 from .ports import BindingError, ModelNotFound
 from .deps import Deps
 from .structured import new_call_id, response_text, tool_call_deltas
 from .access.reservation import prompt_estimate
 from .stream import close_source, owns
-
-
-@dataclass
-class PromptSeen:
-    """The prompt tokens a binding stream has reported so far: a stream cut by a stop sequence is
-    closed before its final usage event, and must still say what its prompt cost (the local
-    binding reports it with the first token; else the estimate of `access.reservation`)."""
-
-    prompt_tokens: int = 0
 
 
 def candidate_models(deps: Deps, model: str) -> list[str]:
@@ -83,7 +74,8 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
         except Exception as exc:  # an adapter that let a runtime error through is still a failing dependency
             raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), model) from exc
         # each layer owns the one below: closing the events, read or not, closes the binding's stream
-        return Generation(model=model, events=apply_stop(source, request.stop, live=live, prompt=(seen, prompt_estimate(request.inputs))))
+        return Generation(model=model, events=apply_stop(source, request.stop, live=live, prompt=(seen, prompt_estimate(request.inputs))),
+                          prompt_seen=seen)
     assert last is not None
     raise binding_error(last, request.model)
 

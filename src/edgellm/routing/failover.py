@@ -106,7 +106,7 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
     generation, first = started
     counters.edge += 1
     followed = _follow_edge(deps, gen_request, plan, verdict, first, generation.events).on_close(verdict.close)  # read or not
-    return Generation(generation.model, followed, route="edge; reason=primary")
+    return Generation(generation.model, followed, route="edge; reason=primary", prompt_seen=generation.prompt_seen)
 
 
 async def _start_edge(deps: Deps, gen_request: GenerationRequest, budget: float) -> tuple[Generation, Event] | Cut:

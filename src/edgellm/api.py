@@ -27,7 +27,7 @@ from .sessions import request_session
 from .validation import read_json
 
 JSONRenderer = Callable[[Generation], Awaitable[dict[str, Any]]]
-StreamRenderer = Callable[[Generation], AsyncIterator[bytes]]
+StreamRenderer = Callable[[Generation], Stream[bytes]]
 
 
 def generation_headers(generation: Generation) -> dict[str, str]:
@@ -81,7 +81,7 @@ async def serve_generation(
     shape: JSONShape | None = None,
 ) -> Response:
     """`shape`: how the route's JSON answer is kept for a stored entry's next HITs (`kept_json`)."""
-    await access.admit_generation(request, deps, gen_request)
+    gen_request = await access.admit_generation(request, deps, gen_request)
     described = deps.ai.describe(gen_request.model, live=False)  # once: the capabilities and the fingerprint both read it
     enforce_capabilities(deps, gen_request, described)
     if gen_request.session is None and request.principal is not None and gen_request.prefix_scope != request.principal.scope.prefix_scope:
@@ -107,14 +107,12 @@ async def serve_generation(
     return response
 
 
-def streamed_body(generation: Generation, rendered: AsyncIterator[bytes]) -> Stream[bytes]:
-    """The SSE body rendered from `generation`, owning it and the events behind it. A HIT's
-    replay never waits (every stored token is there at once), so it goes out in blocks
+def streamed_body(generation: Generation, rendered: Stream[bytes]) -> Stream[bytes]:
+    """The SSE body rendered from `generation` (a renderer's `Stream`, owning the generation). A
+    HIT's replay never waits (every stored token is there at once), so it goes out in blocks
     (`in_blocks`: a write, a gzip flush and on Workers a JS hop each, not one per token); a live
     answer goes out chunk by chunk, each token as it is made."""
-    if generation.cache_status == "HIT":
-        return Stream(in_blocks(rendered), rendered, generation.events)
-    return Stream(rendered, generation.events)
+    return in_blocks(rendered) if generation.cache_status == "HIT" else rendered
 
 
 def _kept_answer(request: Request, generation: Generation, shape: JSONShape, kept: tuple[KeptJSON, Observation]) -> Response:

@@ -24,7 +24,7 @@ from ..http import json_bytes
 from ..ids import RandomIds
 from ..ports import FetchError, HTTPFetch
 from ..sse import DONE, SSEDecoder, SSEFrameTooLarge
-from ..stream import close_source
+from ..stream import close_source, owns
 from ..structured import tool_call_deltas
 from ..telemetry.tracing import outgoing
 from .affinity import slot_for
@@ -179,6 +179,7 @@ class OriginClient:
         return GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent an answer that is not an OpenAI stream: {what}.",
                             code="origin_garbage")
 
+    @owns("chunks")
     async def _events(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int, deadline: float) -> AsyncIterator[Event]:
         """The origin's SSE as events, within the budgets: `timeout` between tokens (bytes that
         carry none, keep-alive pings included, are not progress), `total_ms` for the whole

@@ -4,6 +4,7 @@ each model's capabilities refuse, and how the cache keys and records them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ from edgellm.config import Config
 from edgellm.generation import Finish, Token, ToolCall, ToolCallDelta, Usage
 from edgellm.openai import parse_chat_request
 from edgellm.deps import Deps
-from edgellm.errors import GatewayError
+from edgellm.errors import GatewayError, binding_error
+from edgellm.ports import InvalidModelInput
 from edgellm.structured import parse_response_format
+from edgellm_local.llama.errors import llama_exception, raise_llama_error
 from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.doubles.scripted import ScriptedAI
 from tests.unit.test_app import assert_error, body_json, post, sse_events
@@ -358,3 +361,35 @@ def test_the_bounds_agree_with_llama_cpps_grammar_builder(tiny_runner: LlamaCppR
     except ValueError:
         refused = True
     assert refused == (name in LLAMA_REFUSES), result
+
+
+CONVERTER_REFUSAL = "Unable to generate parser for this template. Automatic parser generation failed: JSON schema error at #: "
+PARSER_REFUSAL = "Failed to initialize samplers: failed to parse grammar "
+GRAMMAR_FAILURES = {
+    "a schema the converter refuses": lambda text: llama_exception(ValueError(CONVERTER_REFUSAL + text)),
+    "a grammar the parser refuses": lambda text: _raised(lambda: raise_llama_error({"error": {"code": 400, "message": PARSER_REFUSAL + text}})),
+}
+
+
+def _raised(call: Any) -> BaseException:
+    with pytest.raises(Exception) as raised:
+        call()
+    return raised.value
+
+
+@pytest.mark.parametrize("failure", GRAMMAR_FAILURES)
+def test_llama_cpps_grammar_failures_say_the_schema_and_log_its_size_and_hash_not_its_text(failure: str) -> None:
+    """A failure check_schema did not foresee still tells the caller it is the schema (not 'the
+    chat template refused the messages'), and the log line it makes (its text, the error's
+    detail) carries the size and hash of llama.cpp's text, which holds the schema, never the text
+    itself: one such line once held 6.5 MB of a caller's schema."""
+    schema_text = json.dumps({"enum": ["x" * 100] * 65_000})
+    error = GRAMMAR_FAILURES[failure](schema_text)
+    said = (CONVERTER_REFUSAL if "converter" in failure else PARSER_REFUSAL) + schema_text
+    assert isinstance(error, InvalidModelInput)
+    assert "schema" in error.public and "chat template" not in error.public
+    logged = binding_error(error, "The AI binding", "ai")
+    assert logged.status == 400 and "schema" in logged.message and "xxxx" not in logged.message
+    assert len(logged.detail) < 1000, len(logged.detail)
+    assert f"{len(said.encode())} bytes" in logged.detail and hashlib.sha256(said.encode()).hexdigest()[:16] in logged.detail
+    assert llama_exception(ValueError("short")).args[0].endswith("short")  # a short text is logged as it is

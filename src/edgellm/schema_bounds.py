@@ -464,3 +464,25 @@ def check_schema(schema: Any, where: str) -> None:
         raise invalid(f"'{where}' {what}: {exc.message}.", where, exc.code) from None
     except RecursionError:  # unreachable within MAX_SCHEMA_DEPTH; kept so a schema can never be a 500
         raise invalid(f"'{where}' nests too deeply.", where, "invalid_schema") from None
+
+
+def check_together(schemas: list[Any], where: str, choices: int = 0) -> None:
+    """The cost bounds over every schema of one request together: its tools' `parameters` and its
+    `response_format` become one grammar (the tool-call envelope chooses between the tools, one
+    more choice each, `choices`), so what each may cost alone is not what they cost at once.
+    Each schema was checked alone first (`check_schema`)."""
+    alternatives, chars = choices, 0
+    try:
+        for schema in schemas:
+            walk = _Walk(schema)
+            walk.schema(schema, "#", 0)
+            alternatives, chars = alternatives + walk.alternatives, chars + walk.literal_chars
+    except _Refused as exc:  # unreachable after check_schema; kept so a schema can never be a 500
+        raise invalid(f"'{where}' is not a schema the edge can enforce: {exc.message}.", where, exc.code) from None
+    if alternatives > MAX_ALTERNATIVES:
+        raise invalid(f"'{where}' together are too complex to enforce: their schemas make one grammar of {alternatives} choices "
+                      f"('enum' values, 'anyOf'/'oneOf' members and the tools themselves); at most {MAX_ALTERNATIVES} are supported.",
+                      where, "schema_too_complex")
+    if chars > MAX_LITERAL_CHARS:
+        raise invalid(f"'{where}' together are too complex to enforce: their schemas' names and 'enum'/'const' values reach "
+                      f"{chars} characters; at most {MAX_LITERAL_CHARS} are supported.", where, "schema_too_complex")

@@ -22,7 +22,7 @@ from edgellm.openai import parse_chat_request
 from edgellm.deps import Deps
 from edgellm.errors import GatewayError, binding_error
 from edgellm.ports import InvalidModelInput
-from edgellm.structured import parse_response_format
+from edgellm.structured import parse_extensions, parse_response_format
 from edgellm_local.llama.errors import llama_exception, raise_llama_error
 from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.doubles.scripted import ScriptedAI
@@ -393,3 +393,20 @@ def test_llama_cpps_grammar_failures_say_the_schema_and_log_its_size_and_hash_no
     assert len(logged.detail) < 1000, len(logged.detail)
     assert f"{len(said.encode())} bytes" in logged.detail and hashlib.sha256(said.encode()).hexdigest()[:16] in logged.detail
     assert llama_exception(ValueError("short")).args[0].endswith("short")  # a short text is logged as it is
+
+
+def test_the_schemas_of_one_request_are_bounded_together() -> None:
+    """A request's tools and response_format become one grammar (the tool-call envelope is the
+    choice of every tool's parameters): 3 tools of 400 enum values each, each within the bound,
+    are 1200 choices in one grammar."""
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object", "properties": {"v": enum_of(400)},
+                                                                              "required": ["v"]}}} for i in range(3)]
+    with pytest.raises(GatewayError) as refused:
+        parse_extensions({"tools": tools}, openai_shape=True)
+    assert (refused.value.status, refused.value.code, refused.value.param) == (400, "schema_too_complex", "tools")
+    assert "1000" in refused.value.message and "tools" in refused.value.message
+    with pytest.raises(GatewayError) as refused:
+        parse_extensions({"tools": tools[:2], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": enum_of(300)}}},
+                         openai_shape=True)
+    assert refused.value.code == "schema_too_complex"
+    assert parse_extensions({"tools": tools[:2]}, openai_shape=True)["tools"] == tools[:2]

@@ -157,14 +157,7 @@ class _Walk:
             raise _unsupported(f"'$ref' {ref[:200]!r} uses a JSON-pointer escape ('~0' or '~1') (at {at}), which llama.cpp's "
                                "grammar builder does not decode; name the definition without '/' or '~'")
         self.leads[id(node)] = (node, at)
-        target: Any = self.root
-        for part in [p for p in ref[1:].split("/") if p]:
-            if isinstance(target, dict) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                raise _Refused(f"'$ref' {ref[:200]!r} points at nothing in the schema (at {at})")
+        target = self.resolve(ref, at)
         if not isinstance(target, dict):
             raise _Refused(f"'$ref' {ref[:200]!r} does not point at a schema (at {at})")
         others = set(node) - ANNOTATIONS - {"$ref"}
@@ -258,7 +251,9 @@ class _Walk:
         properties: dict[str, Any] = {}
         required: list[str] = []
         for member in members:
-            while isinstance(member, dict) and "$ref" in member:
+            seen: set[int] = set()
+            while isinstance(member, dict) and "$ref" in member and id(member) not in seen:  # a loop: no_loops refuses it
+                seen.add(id(member))
                 member = self.resolve(member["$ref"], at)
             if isinstance(member, dict):
                 properties.update(member.get("properties") or {})
@@ -283,23 +278,33 @@ class _Walk:
         fine: its bracket is written first. Each schema is visited once: bounded by the nodes."""
         done: set[int] = set()
 
-        def visit(node: dict[str, Any], at: str, path: list[int]) -> None:
-            if id(node) in path:
-                raise _Refused(f"the schema at {at} refers back to itself before any value is written (a loop of '$ref', "
-                               "'anyOf', 'oneOf' or 'allOf'): no grammar can be built from it")
-            if id(node) in done or id(node) not in self.leads:
-                return
-            path.append(id(node))
-            nexts = [self.resolve(node["$ref"], at)] if "$ref" in node else []
-            nexts += [m for key in ("anyOf", "oneOf", "allOf") for m in node.get(key) or [] if isinstance(m, dict)]
-            for sub in nexts:
-                if isinstance(sub, dict):
-                    visit(sub, self.leads.get(id(sub), (sub, at))[1], path)
-            path.pop()
-            done.add(id(node))
+        def nexts(node: dict[str, Any], at: str) -> list[Any]:
+            led = [self.resolve(node["$ref"], at)] if "$ref" in node else []
+            return led + [m for key in ("anyOf", "oneOf", "allOf") for m in node.get(key) or [] if isinstance(m, dict)]
 
-        for node, at in list(self.leads.values()):
-            visit(node, at, [])
+        for start, at in list(self.leads.values()):
+            if id(start) in done:
+                continue
+            # depth first, with a stack rather than recursion: a chain of 2000 references stays
+            # far from Python's recursion limit (lower still on Pyodide)
+            on_path: set[int] = {id(start)}
+            stack: list[tuple[dict[str, Any], str, list[Any]]] = [(start, at, nexts(start, at))]
+            while stack:
+                node, where, todo = stack[-1]
+                if not todo:
+                    stack.pop()
+                    on_path.discard(id(node))
+                    done.add(id(node))
+                    continue
+                sub = todo.pop()
+                if id(sub) in on_path:  # named where the loop starts and where it closes
+                    raise _Refused(f"the schema at {self.leads[id(sub)][1]} (through {where}) refers back to itself before any value is written (a loop of '$ref', "
+                                   "'anyOf', 'oneOf' or 'allOf'): no grammar can be built from it")
+                if id(sub) in done or id(sub) not in self.leads:
+                    continue
+                sub_at = self.leads[id(sub)][1]
+                on_path.add(id(sub))
+                stack.append((sub, sub_at, nexts(sub, sub_at)))
 
     def array(self, node: dict[str, Any], at: str, depth: int) -> None:
         items = node.get("items")

@@ -301,7 +301,7 @@ REFUSED_SCHEMAS = {
                              "schema_too_complex", ["'enum'", "1200"]),
     "anyOf past the total": ({"anyOf": [{"const": f"c{i}"} for i in range(1001)]}, "schema_too_complex", ["'anyOf'", "1001"]),
     "long literals": (enum_of(100, 1300), "schema_too_complex", ["characters", "120000"]),
-    "optional properties": (optional_properties(200), "schema_too_complex", ["optional", "200", "#"]),
+    "optional properties": (optional_properties(129), "schema_too_complex", ["optional", "129", "#"]),
     "required, not a property": ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"],
                                   "additionalProperties": False}, "invalid_schema", ["'b'", "required", "#"]),
     "required, extra allowed": ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"],
@@ -312,6 +312,7 @@ REFUSED_SCHEMAS = {
     "$ref to the root": ({"type": "object", "properties": {"a": {"$ref": "#"}}}, "unsupported_schema", ["'#'", "#/properties/a"]),
     "mutual $refs": (DEFS_LOOP, "invalid_schema", ["#/$defs/a", "loop"]),
     "anyOf looping to itself": (ANY_OF_LOOP, "invalid_schema", ["loop"]),
+    "allOf looping to itself": ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]}, "invalid_schema", ["loop"]),
     "~1 in a pointer": ({"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"}, "unsupported_schema", ["~1"]),
     "4096 x 4096 arrays": (square_array(4096), "invalid_schema", ["'minItems'", "2000"]),
     "maxLength past llama.cpp's count": ({"type": "string", "maxLength": 2001}, "invalid_schema", ["'maxLength'", "2000"]),
@@ -410,3 +411,14 @@ def test_the_schemas_of_one_request_are_bounded_together() -> None:
                          openai_shape=True)
     assert refused.value.code == "schema_too_complex"
     assert parse_extensions({"tools": tools[:2]}, openai_shape=True)["tools"] == tools[:2]
+
+
+def test_a_long_chain_of_references_is_checked_without_deep_recursion() -> None:
+    chain = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(1500)}
+    chain["a1500"] = {"type": "string"}
+    schema = {"$defs": chain, "$ref": "#/$defs/a0"}
+    assert parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, openai_shape=True)
+    chain["a1500"] = {"$ref": "#/$defs/a0"}
+    with pytest.raises(GatewayError) as refused:
+        parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, openai_shape=True)
+    assert refused.value.code == "invalid_schema" and "loop" in refused.value.message

@@ -181,7 +181,7 @@ def wrangler_vars(args: argparse.Namespace) -> tuple[dict[str, str], str]:
         raise ValueError(f"{path} [vars]: {problems[0]} (or --no-wrangler-vars)")
     taken = {name: as_var_text(value) for name, value in values.items() if name not in ADDRESS_VARS}
     left = [name for name in ADDRESS_VARS if name in values]
-    aside = f"; {' and '.join(left)} follow this edge's address" if left else ""
+    aside = f"; {' and '.join(left)} follow{'s' if len(left) == 1 else ''} this edge's address" if left else ""
     return taken, f"[vars] from {path.resolve()}: {len(taken)} value(s){aside} (--no-wrangler-vars: built-in defaults)"
 
 

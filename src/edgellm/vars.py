@@ -59,6 +59,8 @@ VARS: dict[str, VarSpec] = {
     "REGIONS": VarSpec("json_object", 'a JSON object of region code -> settings, e.g. {"EU": {"origin": "central"}}'),
 }
 
+RATE_LIMIT_PERIODS = ("10", "60")  # the Rate Limiting binding's only periods (developers.cloudflare.com/workers/runtime-apis/bindings/rate-limit/)
+
 # Secrets, never [vars] (`npx wrangler secret put NAME`); `edgellm dev --var` takes them too.
 SECRETS = ("ADMIN_TOKEN", "ANALYTICS_API_TOKEN", "ORIGIN_TOKEN")
 
@@ -124,6 +126,9 @@ def check_vars(values: Mapping[str, Any], *, secrets_allowed: bool = False) -> l
             problems.append(unknown_name(name, VARS))
         elif (problem := toml_type_problem(name, value)) is not None:
             problems.append(problem)
+        elif name == "RATE_LIMIT_PERIOD" and as_var_text(value).strip() not in RATE_LIMIT_PERIODS:
+            # read by the binding's adapter, not the config: checked here, or a typo becomes a wrong Retry-After
+            problems.append(f"RATE_LIMIT_PERIOD must be {VARS[name].accepts}, got {value!r}")
         else:
             readable[name] = as_var_text(value)
     if not problems:

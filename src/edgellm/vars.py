@@ -109,6 +109,15 @@ def as_var_text(value: Any) -> str:
     return str(value)
 
 
+def binding_var_problem(name: str, value: Any) -> str | None:
+    """A var a binding's adapter reads, not the config (RATE_LIMIT_PERIOD: the Rate Limiting
+    binding's period, the Retry-After of its refusals), refused as the config refuses its own: a
+    typo would otherwise become a wait the binding does not keep. None when it is fine or not one."""
+    if name == "RATE_LIMIT_PERIOD" and as_var_text(value).strip() not in RATE_LIMIT_PERIODS:
+        return f"RATE_LIMIT_PERIOD must be {VARS[name].accepts}, got {value!r}"
+    return None
+
+
 def check_vars(values: Mapping[str, Any], *, secrets_allowed: bool = False) -> list[str]:
     """Every mistake in a set of `[vars]`, one line each: unknown names, TOML types the Worker
     cannot read, a secret put in [vars] where anyone who reads wrangler.toml sees it, and any value
@@ -126,9 +135,8 @@ def check_vars(values: Mapping[str, Any], *, secrets_allowed: bool = False) -> l
             problems.append(unknown_name(name, VARS))
         elif (problem := toml_type_problem(name, value)) is not None:
             problems.append(problem)
-        elif name == "RATE_LIMIT_PERIOD" and as_var_text(value).strip() not in RATE_LIMIT_PERIODS:
-            # read by the binding's adapter, not the config: checked here, or a typo becomes a wrong Retry-After
-            problems.append(f"RATE_LIMIT_PERIOD must be {VARS[name].accepts}, got {value!r}")
+        elif (problem := binding_var_problem(name, value)) is not None:
+            problems.append(problem)
         else:
             readable[name] = as_var_text(value)
     if not problems:

@@ -33,11 +33,12 @@ MISTAKES = [
     ({"START_TIMEOUT_SECONDS": "0"}, ("START_TIMEOUT_SECONDS", "above 0")),
     ({"BREAKER": "[5]"}, ("BREAKER", "JSON object")),
     ({"MODEL_CAPABILITIES": '{"@cf/x": ["telepathy"]}'}, ("MODEL_CAPABILITIES",)),
+    ({"RATE_LIMIT_PERIOD": "30"}, ("RATE_LIMIT_PERIOD", "10 or 60")),  # read by the binding's adapter, not the config
     # settings each valid alone that make an edge fail every request of a kind, or publish what it must not
     ({"EMBEDDING_MODELS": f"{MODEL},{BGE}"}, ("MODEL", "EMBEDDING_MODELS", "chat")),
     ({"METRICS_OPEN": "true", "OPEN_ACCESS": "false"}, ("METRICS_OPEN", "OPEN_ACCESS")),
 ]
-IDS = ["origins", "cache-classes", "whole", "flag", "number", "breaker", "capabilities", "model-is-embedding",
+IDS = ["origins", "cache-classes", "whole", "flag", "number", "breaker", "capabilities", "rate-limit-period", "model-is-embedding",
        "metrics-open-with-keys"]
 ROUTES = [("GET", "/healthz"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/embeddings"),
           ("GET", "/metrics"), ("POST", "/v1/responses"), ("GET", "/admin/cache/stats"), ("GET", "/no/such/route"),
@@ -121,3 +122,17 @@ async def test_a_well_configured_worker_is_healthy(runtime: Any) -> None:
     native = await Worker(rt, entry, EMBEDDING_MODELS=BGE, OPEN_ACCESS="true", METRICS_OPEN="true").fetch("GET", "/healthz")
     body = json.loads(await native.bytes())
     assert native.status == 200 and body["status"] == "ok" and native.headers.get("x-request-id")
+
+
+# every variable the Worker reads whose value can be wrong, with a value of the wrong kind
+BAD_OF_KIND = {"whole": "many", "number": "soon", "flag": "ture", "json_object": "notjson", "json_list": "notjson"}
+
+
+@pytest.mark.parametrize("name", [n for n, spec in __import__("edgellm.vars").vars.VARS.items() if spec.kind in BAD_OF_KIND])
+async def test_every_variable_with_a_bad_value_is_a_503_naming_it(runtime: Any, name: str) -> None:
+    from edgellm.vars import VARS
+
+    rt, entry = runtime
+    native = await Worker(rt, entry, **{name: BAD_OF_KIND[VARS[name].kind]}).fetch("POST", "/v1/chat/completions")
+    error = json.loads(await native.bytes())["error"]
+    assert native.status == 503 and error["code"] == "worker_misconfigured" and name in error["message"], (name, error)

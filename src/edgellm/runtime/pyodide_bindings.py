@@ -14,6 +14,7 @@ from ..config import Config
 from ..deps import Deps
 from ..state import IsolateState
 from ..telemetry.tracing import LogTracer, NoopTracer
+from ..vars import binding_var_problem
 from .pyodide_ai import WorkersAI
 from .pyodide_conversations import conversation_namespace
 from .pyodide_durable import WorkersDurableObjectNamespace
@@ -64,8 +65,12 @@ def isolate_config(env: Any, state: IsolateState) -> Config:
         return state.config
     if state.misconfigured is None:
         try:
-            state.config = Config.from_env(EnvMapping(env))
-            return state.config
+            config = Config.from_env(EnvMapping(env))
+            period = optional_binding(env, "RATE_LIMIT_PERIOD")
+            if period is not None and (problem := binding_var_problem("RATE_LIMIT_PERIOD", period)) is not None:
+                raise ValueError(problem)
+            state.config = config
+            return config
         except ValueError as exc:
             state.misconfigured = str(exc)
             logging.getLogger("edgellm").error("the Worker's configuration is refused, so every request is answered 503 "
@@ -77,8 +82,7 @@ def _rate_limiter(env: Any) -> WorkersRateLimit | None:
     binding = optional_binding(env, "RATE_LIMITER")
     if binding is None:
         return None
-    period = str(optional_binding(env, "RATE_LIMIT_PERIOD") or "60").strip()
-    return WorkersRateLimit(binding, int(period) if period.isdigit() and int(period) > 0 else 60)
+    return WorkersRateLimit(binding, int(str(optional_binding(env, "RATE_LIMIT_PERIOD") or "60").strip()))  # checked: isolate_config
 
 
 def _usage(env: Any) -> AnalyticsEngineUsage | None:

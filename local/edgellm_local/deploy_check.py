@@ -53,7 +53,7 @@ def check_vars(config: dict[str, Any]) -> list[Check]:
     """The [vars] as the Worker will read them: an unknown name (a typo the Worker would ignore,
     leaving the default in force), a TOML value of a type it cannot read, a secret written into
     the file, a value the config refuses. Each would deploy fine and then misbehave (or answer
-    `worker_setup_failed` to every request), so each stops the deploy here."""
+    `worker_misconfigured` to every request), so each stops the deploy here."""
     values = config.get("vars", {})
     if not isinstance(values, dict):
         return [Check("[vars]", False, "is not a table", "write [vars] as a TOML table of NAME = \"value\" lines")]

@@ -223,6 +223,12 @@ async def retrieve_model(request: Request, deps: Deps) -> Response:
     return json_response(entry)
 
 
+def misconfigured_health(error: GatewayError) -> Response:
+    """`/healthz` of an edge whose configuration was refused: a 503 a probe sees as down, saying
+    why in the same `error` the other routes answer."""
+    return error.to_response({"status": "misconfigured"})
+
+
 async def health(request: Request, deps: Deps) -> Response:
     body: dict[str, Any] = {"status": "ok", "model": deps.config.model, "access": "open" if deps.config.open_access else "keys",
                             # what the usage page tells its reader (a 404 from /admin says the same to anyone)

@@ -245,9 +245,10 @@ async def test_a_misconfigured_worker_answers_json_not_a_bare_500(adapter) -> No
 
     native = await adapter.pyodide.fetch(NativeRequest(), env, ctx, IsolateState())
     error = __import__("json").loads(await native.bytes())["error"]
-    assert native.status == 500 and native.headers["content-type"] == "application/json"
+    assert native.status == 503 and native.headers["content-type"] == "application/json" and native.headers["retry-after"]
     # the message names the variable and what it accepts, not only the parser's exception
-    assert error["code"] == "worker_setup_failed" and "CACHE_CLASSES must be a JSON object" in error["message"]
+    # (every route and variable: tests/unit/test_worker_misconfigured.py)
+    assert error["code"] == "worker_misconfigured" and "CACHE_CLASSES must be a JSON object" in error["message"]
 
 
 async def test_a_binding_failing_while_the_worker_sets_up_keeps_its_text_in_the_log(adapter, monkeypatch, caplog) -> None:

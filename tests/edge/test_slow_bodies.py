@@ -231,7 +231,7 @@ def _seconds_to_cut(server: EdgeServer) -> float:
 
 
 def test_a_loaded_edge_cuts_slow_bodies_sooner_than_an_idle_one(make_deps) -> None:
-    server = _serve_with(make_deps, max_connections=40, body_timeout=6.0, body_timeout_min=1.0, head_timeout=60.0,
+    server = _serve_with(make_deps, max_connections=40, body_timeout=8.0, body_timeout_min=1.0, head_timeout=60.0,
                          idle_timeout=60.0, max_connections_per_client=8)
     held: list[socket.socket] = []
     try:
@@ -239,7 +239,7 @@ def test_a_loaded_edge_cuts_slow_bodies_sooner_than_an_idle_one(make_deps) -> No
         held = [_held(server, f"127.0.0.{2 + i // 4}") for i in range(36)]  # nine addresses, four each: 90% of the places
         loaded = _seconds_to_cut(server)
         print(f"slow body cut after {idle:.1f} s on an idle edge, {loaded:.1f} s on a loaded one")
-        assert idle >= 5.0 and loaded < 3.0, (idle, loaded)
+        assert idle >= 7.0 and loaded < 4.0, (idle, loaded)  # 8 s idle; 1 s + a recheck (1 s) loaded
     finally:
         for sock in held:
             sock.close()

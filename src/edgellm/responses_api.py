@@ -70,7 +70,7 @@ async def create_response(request: Request, deps: Deps, ctx: RequestContext) -> 
     if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
         parsed = replace(parsed, store=False)
     gen_request = parsed.generation_request(history, session or tenant_session(ctx.tenant_scope, conversation))
-    await access.admit_generation(ctx, deps, gen_request)  # the key's models, limits and budget, as for chat
+    gen_request = await access.admit_generation(ctx, deps, gen_request)  # the key's models, limits and budget, as for chat
     try:  # text.format: only where the model can honour it, as for chat
         enforce_capabilities(deps, gen_request)
     except GatewayError as exc:

@@ -1,5 +1,6 @@
 """One structured log record per request, written when it ends (a stream: when its body ends):
-its request id and trace id, who asked (tenant, key), what served it (model, route, cache status),
+its request id (the operator's: Cloudflare's `cf-ray`, else the isolate's own), the client's own
+`x-request-id` beside it, its trace id, who asked (tenant, key), what served it (model, route, cache status),
 its status, tokens, time to first token and duration. Never the prompt or the answer, unless the
 operator asks for prompts (`LOG_PROMPTS`, `edgellm dev --log-prompts`). The local edge formats the
 same record as a readable line or writes it as JSON (`edgellm_local.emulator.access_log`)."""
@@ -22,15 +23,28 @@ _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 PROMPT_CHARS = 4096  # the most of a prompt a log line carries (`log_prompts`)
 
 
+# A scrape of `/metrics` that was answered is logged at DEBUG: Prometheus asks every few seconds,
+# and exporters (prometheus_client's handler, Go's promhttp) write no line per scrape. A refused
+# scrape is an access attempt like any other, logged at INFO.
+SCRAPE_ROUTE = "/metrics"
+
+
 def request_id(request: Request, ids: RequestIds) -> str:
-    """The client's `x-request-id` if well-formed, else Cloudflare's `cf-ray`, else a new one
-    (`IsolateState.request_ids`)."""
-    headers = request.headers
-    for name in ("x-request-id", "cf-ray"):
-        value = headers.get(name)
-        if value and _ID.match(value):
-            return value
+    """The id the operator's logs key on and the answer's `x-request-id` carries: Cloudflare's
+    `cf-ray` (set by Cloudflare's edge, never by the client), else a new one of the isolate's
+    (`IsolateState.request_ids`). A client's `x-request-id` never takes its place, or a caller
+    could choose, or collide with, the id of another's log line: it is kept beside it
+    (`client_request_id`)."""
+    value = request.headers.get("cf-ray")
+    if value and _ID.match(value):
+        return value
     return ids.new()
+
+
+def client_request_id(request: Request) -> str | None:
+    """The client's own `x-request-id`, when it is one a log search can hold."""
+    value = request.headers.get("x-request-id")
+    return value if value and _ID.match(value) else None
 
 
 class _AsJson:
@@ -76,13 +90,15 @@ def log_request(request: Request, ctx: RequestContext, response: Response, deps:
     its answer's status and cache status, and its time from `ctx.started` to `now` (the clock's
     time when the caller has read it)."""
     logger = deps.log.getChild("access")
-    if not logger.isEnabledFor(logging.INFO):
+    level = logging.DEBUG if ctx.route == SCRAPE_ROUTE and response.status < 400 else logging.INFO
+    if not logger.isEnabledFor(level):
         return None
     principal, seen, started, handler = ctx.principal, ctx.observed, ctx.started, ctx.handler
     if now is None:
         now = deps.clock.now()
     record = {
         "request_id": ctx.id or request_id(request, deps.state.request_ids),
+        "client_request_id": client_request_id(request),
         "trace_id": trace_id(request, ctx, deps),
         "method": request.method, "path": request.path[:256], "status": response.status,
         "cache": response.headers.get("cf-aig-cache-status", "-"), "route": ctx.route, "handler": handler,
@@ -95,5 +111,5 @@ def log_request(request: Request, ctx: RequestContext, response: Response, deps:
     }
     if deps.config.log_prompts:
         record["prompt"] = prompt_of(request)
-    logger.info("%s", _AsJson(record), extra={"edgellm": record})
+    logger.log(level, "%s", _AsJson(record), extra={"edgellm": record})
     return record

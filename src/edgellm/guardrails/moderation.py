@@ -9,8 +9,9 @@ page's output schema). Both adapters, Workers AI's and the local llama.cpp one, 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Mapping
+
+from ..ports import GuardError, Verdict
 
 # The fixed taxonomy (MLCommons AI Safety hazards, as Llama Guard 3 was trained on them).
 CATEGORIES: dict[str, str] = {
@@ -31,16 +32,12 @@ CATEGORIES: dict[str, str] = {
 }
 
 
-class UnparsableVerdict(ValueError):
+class UnparsableVerdict(GuardError):
     """The guard answered something that is neither `safe` nor `unsafe` with known categories;
     the caller treats it as a guard failure (`GUARD_FAIL`)."""
 
 
-@dataclass(frozen=True)
-class Verdict:
-    safe: bool
-    categories: tuple[str, ...] = ()
-
+__all__ = ["CATEGORIES", "SAFE", "UnparsableVerdict", "Verdict", "guard_answer", "guard_messages", "parse_verdict"]
 
 SAFE = Verdict(True)
 
@@ -86,3 +83,35 @@ def guard_answer(response: Any) -> object:
     if isinstance(response, Mapping) and "response" in response:
         return response["response"]
     raise UnparsableVerdict(f"the guard's result has no `response`: {response!r}")
+
+
+def guard_messages(messages: list[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The conversation as Llama Guard takes it: user and assistant turns that alternate and start
+    with the user (Workers AI's input schema says roles "must alternate between 'user' and
+    'assistant'"). A system or developer message is classified as part of the user turn it
+    precedes (nothing a caller sends escapes the check); a tool result as part of the user's side;
+    consecutive turns of one side are joined; content parts keep their text."""
+    turns: list[dict[str, str]] = []
+    for message in messages:
+        role = message.get("role")
+        side = "assistant" if role == "assistant" else "user"
+        text = _text(message.get("content"))
+        if not text:
+            continue
+        if turns and turns[-1]["role"] == side:
+            turns[-1]["content"] += "\n\n" + text
+        else:
+            turns.append({"role": side, "content": text})
+    if turns and turns[0]["role"] == "assistant":
+        turns.insert(0, {"role": "user", "content": "(no prompt)"})
+    if not turns:
+        raise ValueError("nothing to classify: no message has text")
+    return turns
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, Mapping) and isinstance(part.get("text"), str))
+    return ""

@@ -307,6 +307,8 @@ def main() -> int:
         "hostile: 'a@' x 500k": "a@" * 500_000,
         "hostile: 'a:' x 500k": "a:" * 500_000,
         "hostile: an open private key block": "-----BEGIN RSA PRIVATE KEY-----\n" + "A" * 999_968,
+        "hostile: '4111 ' x 200k (card-like groups)": "4111 " * 200_000,
+        "hostile: '4242 ' x 200k (50k real cards)": "4242 " * 200_000,
     }.items():
         throughput(name, text, repeat=1)
     scanner = dlp.Scanner()

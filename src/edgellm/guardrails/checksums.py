@@ -57,6 +57,11 @@ def card_issuer_ok(digits: str) -> bool:
     return False
 
 
+def card_prefix_known(digits: str) -> bool:
+    """Whether any network issues numbers that start like this (at any length)."""
+    return any(low <= digits[: len(low)] <= high for low, high, _ in _CARD_RANGES)
+
+
 def card_ok(digits: str) -> bool:
     return 12 <= len(digits) <= 19 and card_issuer_ok(digits) and luhn_ok(digits)
 

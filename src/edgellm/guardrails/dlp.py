@@ -11,6 +11,7 @@ stream, so a finding split across two chunks or windows is still found whole.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -73,23 +74,54 @@ def _digits(text: str) -> str:
     return "".join(char for char in text if char.isdigit())
 
 
+_CARD_END = re.compile(r"(?![0-9A-Za-z_]|[.-][0-9])")
+
+
 def _one_separator(text: str) -> bool:
     """Digits grouped by one kind of separator, or none: '4111 1111-1111 1111' is not a card."""
     return len({char for char in text if not char.isalnum()}) <= 1
 
 
 def _card(match: re.Match[str]) -> tuple[int, int] | None:
-    text = match.group()
-    if not _one_separator(text) or not checksums.card_ok(_digits(text)):
+    """The candidate may run on into an expiry date, a CVV or the next card ('4111 1111 1111 1111
+    12/27'): the longest prefix that ends cleanly, uses one kind of separator and is a card wins.
+    The match itself is one digit long (the rest is a look-ahead), so the next card is still read.
+    One pass over the candidate (at most 37 characters), and none past a prefix no network issues."""
+    text = match.string
+    start = match.start()
+    if text[start] not in "23456":  # no network issues numbers that start with 0, 1, 7, 8 or 9
         return None
-    return match.span()
+    candidate = text[start:match.end("rest")]
+    digits = _digits(candidate)
+    if not checksums.card_prefix_known(digits):
+        return None
+    ends: list[tuple[int, int]] = []  # (end in the candidate, digits so far) where one separator kind holds
+    separator = None
+    count = 0
+    for index, char in enumerate(candidate):
+        if char.isdigit():
+            count += 1
+            if count > 19:
+                break
+            # a card ends where a group does (a digit never follows it)
+            if count >= 12 and (index + 1 == len(candidate) or not candidate[index + 1].isdigit()):
+                ends.append((index + 1, count))
+        elif separator is None:
+            separator = char
+        elif char != separator:
+            break
+    for end, count in reversed(ends):
+        if _CARD_END.match(text, start + end) and checksums.card_ok(digits[:count]):
+            return start, start + end
+    return None
 
 
 def _iban(match: re.Match[str]) -> tuple[int, int] | None:
     """The candidate may run on into the next word ('... 3000 and'); take exactly the country's
-    registered length of characters and check those. People group an IBAN as they like (by
+    registered length of characters and check those. The match is one letter long (the rest is
+    a look-ahead), so a candidate that ran on never hides the IBAN after it. People group an IBAN as they like (by
     four, as the bank prints it, with hyphens): any grouping by one kind of separator is read."""
-    text = match.group()
+    text = match.string[match.start():match.end("rest")]
     length = checksums.IBAN_LENGTHS.get(text[:2])
     if length is None:
         return None
@@ -201,9 +233,11 @@ PATTERNS: tuple[_Pattern, ...] = (
         _group("password"), "="),
     # --- personal data ---
     _Pattern("payment_card", "payment_card", re.compile(
-        _lead("[0-9]", "[0-9A-Za-z_.-]") + r"(?:[ -]?[0-9]){11,18}(?![0-9A-Za-z_]|[.-][0-9])"), _card),
+        # printed in groups of three or more (4-4-4-4, 4-6-5, 4-4-4-4-3) or none: a run of one- and
+        # two-digit groups is never a card, and reading one would cost a candidate a digit
+        _lead("[0-9]", "[0-9A-Za-z_.-]") + r"(?=(?P<rest>[0-9]{3,18}(?:[ -][0-9]{3,15}){0,5}))"), _card),
     _Pattern("iban", "iban", re.compile(
-        _lead("[A-Z]", "[A-Za-z0-9_]") + r"[A-Z][ -]?[0-9]{2}(?:[ -]?[A-Za-z0-9]){11,30}"), _iban),
+        _lead("[A-Z]", "[A-Za-z0-9_]") + r"(?=(?P<rest>[A-Z][ -]?[0-9]{2}(?:[ -]?[A-Za-z0-9]){11,30}))"), _iban),
     _Pattern("email", "email", re.compile(
         r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9_%+-](?:[A-Za-z0-9._%+-]{0,62}[A-Za-z0-9_%+-])?@"
         r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.){1,8}[A-Za-z]{2,24}(?![A-Za-z0-9_-]|\.[A-Za-z0-9])"),
@@ -288,11 +322,17 @@ def _resolve(found: list[Finding]) -> list[Finding]:
 def _pick(cluster: list[Finding]) -> list[Finding]:
     if len(cluster) == 1:
         return cluster
+    starts: list[int] = []  # the chosen findings, sorted by start; they never overlap
     chosen: list[Finding] = []
     for finding in sorted(cluster, key=lambda f: (_PRIORITY[f.detector], -(f.end - f.start), f.start)):
-        if all(finding.end <= other.start or finding.start >= other.end for other in chosen):
-            chosen.append(finding)
-    return sorted(chosen, key=lambda f: f.start)
+        at = bisect.bisect_left(starts, finding.start)
+        if at < len(chosen) and chosen[at].start < finding.end:
+            continue  # overlaps the next chosen one
+        if at > 0 and chosen[at - 1].end > finding.start:
+            continue  # overlaps the one before
+        starts.insert(at, finding.start)
+        chosen.insert(at, finding)
+    return chosen
 
 
 class Scanner:

@@ -233,9 +233,10 @@ PATTERNS: tuple[_Pattern, ...] = (
         _group("password"), "="),
     # --- personal data ---
     _Pattern("payment_card", "payment_card", re.compile(
-        # printed in groups of three or more (4-4-4-4, 4-6-5, 4-4-4-4-3) or none: a run of one- and
-        # two-digit groups is never a card, and reading one would cost a candidate a digit
-        _lead("[0-9]", "[0-9A-Za-z_.-]") + r"(?=(?P<rest>[0-9]{3,18}(?:[ -][0-9]{3,15}){0,5}))"), _card),
+        # printed in groups of three or more (4-4-4-4, 4-6-5, 4-4-4-4-3; a short last group too)
+        # or none: a run of one- and two-digit groups is never a card, and reading one would
+        # cost a candidate at every digit
+        _lead("[0-9]", "[0-9A-Za-z_.-]") + r"(?=(?P<rest>[0-9]{3,18}(?:[ -][0-9]{3,15}){0,5}(?:[ -][0-9]{1,2})?))"), _card),
     _Pattern("iban", "iban", re.compile(
         _lead("[A-Z]", "[A-Za-z0-9_]") + r"(?=(?P<rest>[A-Z][ -]?[0-9]{2}(?:[ -]?[A-Za-z0-9]){11,30}))"), _iban),
     _Pattern("email", "email", re.compile(

@@ -229,7 +229,7 @@ PATTERNS: tuple[_Pattern, ...] = (
         _group("password"), "://"),
     # ADO.NET / ODBC style: "Server=db;User Id=sa;Password=PASSWORD;"
     _Pattern("secret", "connection_password", re.compile(
-        r"(?i)(?<![A-Za-z0-9_])(?:user id|uid|user|username)=[^;\n]{1,64};[ ]{0,4}(?:password|pwd)=(?P<password>[^;\s'\"]{1,128})"),
+        r"(?i)(?<![A-Za-z0-9_])(?:user id|uid|user|username)=[^;\n]{1,32};[ ]{0,4}(?:password|pwd)=(?P<password>[^;\s'\"]{1,64})"),
         _group("password"), "="),
     # --- personal data ---
     _Pattern("payment_card", "payment_card", re.compile(
@@ -398,12 +398,14 @@ class Scanner:
         return out
 
 
-# The longest match of a pattern that may hold a space (a grouped IBAN, card or phone number,
-# a connection string's user and password).
-SPACED_SPAN = 256
+# The longest match of a pattern that may hold a space (a grouped IBAN, at most 68 characters; a
+# card or phone number; a connection string's user and password, bounded to fit): what a stream
+# holds back when no longer token is open.
+SPACED_SPAN = 128
 # The most a pattern reads before the start of its finding (a URL's scheme and user name).
 CONTEXT = 256
 _OPEN_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]{0,80}PRIVATE KEY")
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]{0,60}PRIVATE KEY(?: BLOCK)?-----")
 
 
 def _safe_cut(buffer: str) -> int:
@@ -416,7 +418,8 @@ def _safe_cut(buffer: str) -> int:
     opened = None
     for opened in _OPEN_KEY.finditer(buffer, tail):
         pass
-    if opened is not None and "-----END" not in buffer[opened.end():]:
+    # open until its whole footer has arrived (a footer cut in two would end the block early)
+    if opened is not None and not _KEY_END.search(buffer, opened.end()):
         hold_from = min(hold_from, opened.start())
     return max(0, hold_from, size - MAX_SPAN - 1)
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from pyodide.ffi import JsException  # type: ignore[import-not-found]
 
 from ..guardrails.moderation import guard_answer, guard_messages, parse_verdict
-from ..ports import BindingError, Verdict
+from ..ports import Verdict
 from .pyodide_ai import ai_error
 from .pyodide_toolbox import js_options
 
@@ -38,5 +38,3 @@ class WorkersAIGuard:
         answer = guard_answer(to_py() if to_py is not None else result)
         return parse_verdict(answer)
 
-
-__all__ = ["BindingError", "LLAMA_GUARD", "WorkersAIGuard"]

@@ -289,7 +289,8 @@ def main() -> int:
     print("\nFindings in prose (in the book every one would be false; the docs' distinct values are listed to judge)")
     docs = []
     for path in sorted(glob.glob(str(ROOT / "docs" / "*.md"))) + [str(ROOT / "README.md")]:
-        docs += Path(path).read_text().splitlines()
+        if Path(path).name != "guardrails.md":  # the detectors' own catalogue of examples
+            docs += Path(path).read_text().splitlines()
     prose_report("this repository's docs", docs)
     book = austen(args.cache)
     prose_report("Jane Austen's six novels (r-cran-janeaustenr)", book)

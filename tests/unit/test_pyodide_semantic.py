@@ -100,6 +100,7 @@ async def test_a_paraphrase_hits_once_vectorize_has_applied_the_upsert(adapter) 
     assert ai.chats == 2
     query = vectorize.queries[-1]
     assert query["topK"] <= 20 and query["returnMetadata"] == "all" and set(query["filter"]) == {"context"}
+    assert query["returnValues"] is True  # high-precision scoring
     assert len(query["namespace"].encode()) <= 64
     stored = next(iter(vectorize.vectors.values()))
     assert stored["namespace"] == query["namespace"] and len(stored["id"]) == 64
@@ -114,3 +115,17 @@ async def test_a_failing_vectorize_leaves_an_ordinary_miss(adapter) -> None:
     await background.settle()
     again = await handle(chat("What is the capital of France?"), bundle)
     assert again.headers["cf-aig-cache-status"] == "HIT" and "x-edgellm-cache-match" not in again.headers  # the exact cache still works
+
+
+async def test_scores_are_exact_cosines_not_the_indexs_approximation(adapter) -> None:
+    from edgellm.ports import VectorRecord
+
+    _, workers_vectorize = adapter
+    vectorize = FakeVectorize(4)
+    index = workers_vectorize(vectorize)
+    await index.upsert([VectorRecord("a", (1.0, 0.0, 0.0, 0.0), "ns", {"context": "c"})])
+    vectorize.process()
+    query = [0.93, (1 - 0.93 ** 2) ** 0.5, 0.0, 0.0]  # a cosine of 0.93, which the approximate scoring rounds to 0.95
+    [match] = await index.query(query, top_k=20, namespace="ns", filter={"context": "c"})
+    assert match.score == pytest.approx(0.93, abs=1e-9)
+    assert round(0.93 / 0.05) * 0.05 != pytest.approx(0.93, abs=1e-3)  # the stand-in's approximation would have moved it

@@ -21,6 +21,7 @@ from ..ports import BindingError
 from ..deps import Deps
 from ..validation import read_json
 from .entry import record
+from . import semantic
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import MAX_TTL, MIN_TTL, is_deterministic
 from .service import GENERATION_KEY, counters_of, current_scope, lookup, store
@@ -157,6 +158,7 @@ async def purge_cache(request: Request, deps: Deps) -> Response:
     else:
         raise invalid("Send one of 'key', 'cache_key', 'request' or 'namespace'.", None, "missing_required_parameter")
     await _kv_write(deps.kv.delete(key.kv_key))
+    semantic.forget_entry(deps, tenant or deps.config.tenant, key)
     return json_response({"object": "cache.purge", "purged": "key", "key": key.digest})
 
 

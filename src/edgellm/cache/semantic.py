@@ -25,16 +25,21 @@ A hit says `cf-aig-cache-status: HIT` and `x-edgellm-cache-match: semantic; scor
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
+from ..access.ratelimit import charge_tokens
 from ..deps import Deps
+from ..capabilities import WORKERS_AI_MODELS
 from ..generation import Event, Finish, Generation, GenerationRequest
 from ..http import Request
-from ..ports import VectorMatch, VectorRecord
+from ..ports import UsageEvent, VectorMatch, VectorRecord
 from ..stream import Stream
+from ..telemetry.spans import step
 from .entry import CACHEABLE_FINISH, CachedAnswer
 from .key import CacheKey, canonical_request
 from .policy import CachePolicy
@@ -48,7 +53,17 @@ MATCH_HEADER = "x-edgellm-cache-match"
 BASE_THRESHOLD = 0.80
 # How much closer than its nearest other entry a match must be to an entry.
 MARGIN = 0.02
-TOP_K = 5  # Vectorize returns at most 20 matches with metadata
+# Vectorize's most matches when values or metadata are returned (developers.cloudflare.com/vectorize/
+# reference/client-api/#topk: "for a query operation with returnValues set to true or returnMetadata set
+# to all, topK would be limited to a maximum value of 20"). All of them are asked for, so that expired
+# vectors (dropped before ranking, and deleted) cannot crowd a live entry out of the few kept.
+TOP_K = 20
+# The most a lookup's embedding may take: past it the request is an ordinary miss (a cache never
+# makes an answer later than generating it would).
+EMBED_DEADLINE_SECONDS = 2.0
+USAGE_ROUTE = "semantic-cache"  # the usage row of a lookup's embedding
+UNREACHABLE = "run remotely"  # workerd's Vectorize binding without an upstream: "... needs to be run remotely"
+_WORDISH = re.compile(r"\w+|[^\w\s]")
 MAX_TEXT_CHARS = 2000  # the matched text kept in metadata (Vectorize: 10 KiB a vector)
 
 
@@ -144,14 +159,134 @@ def learned_threshold(neighbour: float, base: float = BASE_THRESHOLD) -> float:
     return min(0.995, max(base, neighbour + MARGIN))
 
 
-async def _embed(deps: Deps, text: str) -> tuple[float, ...] | None:
+def live(matches: list[VectorMatch], now: float) -> tuple[list[VectorMatch], list[str]]:
+    """(the matches whose entry has not expired, best first; the ids of those that have). An
+    expired vector is never a candidate, never a neighbour, and is deleted by the caller."""
+    kept, expired = [], []
+    for match in matches:
+        try:
+            expires = float(match.metadata.get("expires", 0))
+        except (TypeError, ValueError):
+            expires = 0.0
+        (kept if expires > now else expired).append(match)
+    kept.sort(key=lambda m: -m.score)
+    return kept, [m.id for m in expired]
+
+
+def neighbour_score(matches: list[VectorMatch], digest: str) -> float:
+    """The best score another live entry of this context has against the text (0: none)."""
+    return max((m.score for m in matches if m.metadata.get("digest") != digest), default=0.0)
+
+
+def embedding_dimensions(model: str) -> int | None:
+    facts = WORKERS_AI_MODELS.get(model)
+    return facts.dimensions if facts is not None and facts.kind == "embedding" else None
+
+
+def estimated_tokens(text: str) -> int:
+    """A lower bound on the embedding model's tokens, as `embeddings.estimated_tokens` counts them
+    (words and punctuation, plus two specials), for an answer that carries no count."""
+    return len(_WORDISH.findall(text)) + 2
+
+
+def caller_tenant(request: Request, deps: Deps) -> str:
+    """The tenant whose vectors the caller may see: read in this one place."""
+    return request.tenant_scope.tenant or deps.config.tenant
+
+
+def _caller_record(request: Request) -> Any:
+    principal = request.principal
+    return principal.record if principal is not None else None
+
+
+def _unreachable(deps: Deps, exc: BaseException) -> bool:
+    """Whether the index said it cannot answer at all in this isolate; remembered if so."""
+    if UNREACHABLE in str(exc):
+        if not deps.state.semantic.unavailable:
+            deps.log.warning("semantic cache: the vector index cannot be reached here (%s): lookups skipped in this isolate", exc)
+        deps.state.semantic.unavailable = True
+        return True
+    return False
+
+
+async def _reachable(deps: Deps, model: str) -> bool:
+    """Once per isolate, before the first embedding is paid for: one query of a unit vector in an
+    empty namespace, which answers nothing, or throws where the index has no upstream."""
+    semantic = deps.state.semantic
+    if not semantic.probed and deps.vectors is not None:
+        semantic.probed = True
+        width = embedding_dimensions(model)
+        if width:
+            try:
+                await deps.vectors.query([1.0] + [0.0] * (width - 1), top_k=1, namespace="sc-probe")
+            except Exception as exc:
+                _unreachable(deps, exc)
+    return not semantic.unavailable
+
+
+async def _embed(deps: Deps, request: Request, text: str) -> tuple[float, ...] | None:
+    """The text's vector, metered as any embedding is (a span, a usage row, the key's tokens and
+    the isolate's counters) and bounded by `EMBED_DEADLINE_SECONDS`; None when it failed."""
     model = deps.config.embedding_models[0]
+    counters = deps.state.semantic
+    span = step(deps, "cache.semantic.embed", {"gen_ai.request.model": model})
+    started = deps.clock.now()
     try:
-        result = await deps.ai.embed(model, [text])
-        return tuple(float(x) for x in result["data"][0])
+        result = await asyncio.wait_for(deps.ai.embed(model, [text]), EMBED_DEADLINE_SECONDS)
+        vector = tuple(float(x) for x in result["data"][0])
     except Exception as exc:  # fail open: without a vector the request is an ordinary miss
-        deps.log.warning("semantic cache: embedding failed: %s", exc)
+        counters.embedding_failures += 1
+        deps.log.warning("semantic cache: embedding failed: %s", exc or type(exc).__name__)
+        if span is not None:
+            span.end(type(exc).__name__)
         return None
+    usage = result.get("usage") or {}
+    tokens = int(usage.get("prompt_tokens") or estimated_tokens(text))
+    counters.embeddings += 1
+    counters.embedding_tokens += tokens
+    if span is not None:
+        span.set("gen_ai.usage.input_tokens", tokens)
+        span.end()
+    _charge(deps, request, model, tokens, started)
+    return vector
+
+
+def _charge(deps: Deps, request: Request, model: str, tokens: int, started: float) -> None:
+    """The lookup's embedding on the caller's key (its budget and its minute's tokens) and in a
+    usage row of its own, so that the semantic cache's cost is seen, not hidden in the chat's."""
+    principal = request.principal
+    record = _caller_record(request)
+    now = deps.clock.now()
+    if principal is None:
+        return
+    if record is not None:
+        charge_tokens(deps.state.access, principal.key_id, record.tokens_per_minute, tokens, now)
+        spent = deps.state.access.spent
+        spent[principal.key_id] = spent.get(principal.key_id, 0) + tokens
+    if deps.usage is None:
+        return
+    try:
+        deps.usage.record_now(UsageEvent(time=now, tenant=principal.scope.usage_tenant, key_id=principal.key_id, model=model,
+                                         route=USAGE_ROUTE, cache_status="", prompt_tokens=tokens, completion_tokens=0,
+                                         latency_ms=round(max(0.0, now - started) * 1000, 3), status=200))
+    except Exception as exc:  # usage never fails a request
+        deps.log.warning("usage record failed: %s", exc)
+
+
+def _forget(deps: Deps, ids: list[str]) -> None:
+    """Expired vectors, deleted after the response (Vectorize `deleteByIds`; a DELETE locally)."""
+    if not ids or deps.vectors is None:
+        return
+    vectors = deps.vectors
+
+    async def delete() -> None:
+        try:
+            await vectors.delete_by_ids(ids)
+            deps.state.semantic.expired_deleted += len(ids)
+        except Exception as exc:
+            deps.log.warning("semantic cache: deleting %d expired vectors failed: %s", len(ids), exc)
+
+    deps.wait_until(delete())
 
 
 async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, key: CacheKey,
@@ -164,19 +299,24 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
     text = last_user_text(gen_request)
     if text is None:
         return None
-    vector = await _embed(deps, text)
+    if not await _reachable(deps, deps.config.embedding_models[0]):
+        deps.state.semantic.skipped += 1
+        return None
+    vector = await _embed(deps, request, text)
     if vector is None:
         return None
-    tenant = request.tenant_scope.tenant or deps.config.tenant
-    namespace, context = index_namespace(tenant, key), context_digest(gen_request)
+    namespace, context = index_namespace(caller_tenant(request, deps), key), context_digest(gen_request)
     try:
-        matches = await deps.vectors.query(list(vector), top_k=TOP_K, namespace=namespace, filter={"context": context})
+        found = await deps.vectors.query(list(vector), top_k=TOP_K, namespace=namespace, filter={"context": context})
     except Exception as exc:
+        _unreachable(deps, exc)
         deps.log.warning("semantic cache: vector query failed: %s", exc)
         return None
     now = deps.clock.now()
+    matches, expired = live(found, now)
+    _forget(deps, expired)
     if policy.read:
-        for match in candidates(text, sorted(matches, key=lambda m: -m.score), now):
+        for match in candidates(text, matches, now):
             answer, _ = await read(deps, CacheKey(key.scope, str(match.metadata["digest"])))
             if answer is None:  # expired, purged or not yet written: the next candidate may still do
                 continue
@@ -184,8 +324,14 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
                                     age=max(0, int(now - answer.created)), cache_key=str(match.metadata["digest"]))
             generation.cache_match = match_header(match.score)
             return Hit(generation)
-    neighbour = max((m.score for m in matches if m.metadata.get("digest") != key.digest), default=0.0)
-    return Plan(namespace, context, text[:MAX_TEXT_CHARS], vector, neighbour)
+    return Plan(namespace, context, text[:MAX_TEXT_CHARS], vector, neighbour_score(matches, key.digest))
+
+
+def forget_entry(deps: Deps, tenant: str, key: CacheKey) -> None:
+    """An exact entry purged by its key: its vector goes too (after the response), so that it is
+    no longer a neighbour that raises the thresholds learned beside it."""
+    namespace = index_namespace(tenant, key)
+    _forget(deps, [vector_id(namespace, key.digest)])
 
 
 def remembered_afterwards(deps: Deps, plan: Plan, key: CacheKey, ttl: int, events: AsyncIterator[Event]) -> Stream[Event]:
@@ -207,5 +353,6 @@ async def _upsert(deps: Deps, plan: Plan, key: CacheKey, ttl: int) -> None:
     try:
         await deps.vectors.upsert([VectorRecord(vector_id(plan.namespace, key.digest), plan.vector, plan.namespace, metadata)])
     except Exception as exc:  # fail open: the exact entry is there; only its paraphrases miss
+        _unreachable(deps, exc)
         deps.log.error("semantic cache: vector upsert failed: %s", exc)
 

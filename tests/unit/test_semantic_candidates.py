@@ -56,3 +56,13 @@ def test_the_context_is_everything_but_the_last_user_text() -> None:
     assert context_digest(request("Be brief.", "capital of France?")) == context_digest(request("Be brief.", "France's capital"))
     assert context_digest(request("Be brief.", "x")) != context_digest(request("Be long.", "x"))
     assert context_digest(request("Be brief.", "x")) != context_digest(request("Be brief.", "x", top_k=5))
+
+
+def test_a_text_the_guard_cannot_read_needs_a_stricter_cosine() -> None:
+    from edgellm.cache.semantic_guard import STRICT_COSINE
+
+    unreadable = "🙂🙂🙂?"
+    assert ids(candidates(unreadable, [match("a", STRICT_COSINE - 0.01, "🙂🙂?")], NOW)) == []
+    assert ids(candidates(unreadable, [match("a", STRICT_COSINE - 0.01, "eggs?")], NOW)) == []  # the guard alone lets one word by
+    assert ids(candidates(unreadable, [match("a", STRICT_COSINE, "🙂🙂?")], NOW)) == ["a"]
+    assert ids(candidates("What is it?", [match("a", STRICT_COSINE - 0.01, "🙂")], NOW)) == []  # the cached one unreadable

@@ -43,7 +43,7 @@ from ..telemetry.spans import step
 from .entry import CACHEABLE_FINISH, CachedAnswer
 from .key import CacheKey, canonical_request
 from .policy import CachePolicy
-from .semantic_guard import disagreement
+from .semantic_guard import STRICT_COSINE, disagreement, readable
 
 ExactRead = Callable[[Deps, CacheKey], Awaitable[tuple[CachedAnswer | None, int]]]
 HEADER = "x-edgellm-semantic-cache"
@@ -138,6 +138,8 @@ def candidates(text: str, matches: list[VectorMatch], now: float, *, base: float
     stricter neighbour refused). One the guard refuses is skipped: another name or number, and a
     farther entry may name the same ones."""
     found = []
+    if guard and not readable(text):  # nothing the guard can compare: only a near-identical vector may answer
+        base = max(base, STRICT_COSINE)
     for match in matches:
         meta = match.metadata
         try:
@@ -149,7 +151,7 @@ def candidates(text: str, matches: list[VectorMatch], now: float, *, base: float
             continue
         if match.score < (max(base, own) if learned else base):
             break
-        if guard and disagreement(text, other) is not None:
+        if guard and (disagreement(text, other) is not None or (not readable(other) and match.score < STRICT_COSINE)):
             continue
         found.append(match)
     return found

@@ -1,7 +1,9 @@
 """The semantic cache through the local edge, over the real all-MiniLM-L6-v2 (llama.cpp) and the
 SQLite Vectorize stand-in: a paraphrase is answered from the cache and says so; a near miss
 (another city, another number, a negation), another tenant, another system prompt, a purged
-namespace, an expired entry or a request that did not opt in never is."""
+namespace, an expired entry or a request that did not opt in never is. The matching is tested
+here with the error bound off (SEMANTIC_MAX_ERROR=off); the bound itself in
+tests/unit/test_semantic_calibration.py."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def ask(text: str, system: str | None = None) -> dict[str, Any]:
 @pytest.fixture
 def semantic(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps], minilm_runner: EmbeddingRunner,
              clock: Any, tmp_path: Path) -> tuple[EdgeServer, Deps]:
-    deps = make_deps(Config(admin_token=ADMIN, embedding_models=(BGE,)), clock=clock,
+    deps = make_deps(Config(admin_token=ADMIN, embedding_models=(BGE,), semantic_max_error=None), clock=clock,
                      vectors=SqliteVectorIndex(tmp_path / "vectors.sqlite3"))
     deps.ai.embedders = {BGE: minilm_runner}  # type: ignore[attr-defined]
     return start_edge(deps), deps

@@ -2,7 +2,8 @@
 (chat and bge) and `WorkersVectorize`, with only the bindings stood in: `env.AI` by a fake that
 answers chat and embeds by bag of words (so a change of case or punctuation is the same vector),
 `env.VECTORIZE` by `tests/support/fake_vectorize.py`, whose mutations apply only when the test
-says Vectorize has processed them."""
+says Vectorize has processed them. The error bound is off (its own tests:
+tests/unit/test_semantic_calibration.py)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def chat(text: str) -> Request:
 
 def deps(adapter: Any, ai: FakeAI, vectorize: FakeVectorize, background: Background) -> Deps:
     workers_ai, workers_vectorize = adapter
-    return Deps(config=Config(open_access=True, embedding_models=(BGE,)), ai=workers_ai(ai), kv=SqliteKV(),
+    return Deps(config=Config(open_access=True, embedding_models=(BGE,), semantic_max_error=None), ai=workers_ai(ai), kv=SqliteKV(),
                 vectors=workers_vectorize(vectorize), wait_until=background, log=logging.getLogger("edgellm.test"))
 
 

@@ -2,7 +2,8 @@
 Vectorize index (sqlite-vec), with scripted vectors at the AI binding's seam: the learned
 thresholds hold through both paths, expired vectors are never neighbours nor candidates, never
 crowd a live entry out and are deleted, the namespace names the caller's tenant, a missing index
-is found once and costs no embedding, and the lookup's embedding is metered and bounded."""
+is found once and costs no embedding, and the lookup's embedding is metered and bounded. The
+error bound is off here (`semantic_max_error=None`) unless a test is about it."""
 
 from __future__ import annotations
 
@@ -69,8 +70,12 @@ class Deferred:
 
 @dataclass
 class Answer:
+    """An exact entry as `service.lookup` reads it (`CachedAnswer`'s fields the lookup reads)."""
+
     model: str = "@cf/m"
     created: float = 0.0
+    text: str = "four"
+    tool_calls: tuple[Any, ...] = ()
 
     def replay(self) -> Any:
         return iter(())
@@ -101,9 +106,9 @@ class Unreachable:
         raise RuntimeError("Error: Binding VECTORIZE needs to be run remotely")
 
 
-def make(vectors: dict[str, tuple[float, ...]], index: Any = None, model: str = MODEL, **kw: Any) -> tuple[Deps, Deferred, Embedder]:
+def make(vectors: dict[str, tuple[float, ...]], index: Any = None, model: str = MODEL, bound: float | None = None, **kw: Any) -> tuple[Deps, Deferred, Embedder]:
     background, embedder = Deferred(), Embedder(vectors, **kw)
-    deps = Deps(config=Config(open_access=True, embedding_models=(model,)), ai=embedder,  # type: ignore[arg-type]
+    deps = Deps(config=Config(open_access=True, embedding_models=(model,), semantic_max_error=bound), ai=embedder,  # type: ignore[arg-type]
                 vectors=index if index is not None else SqliteVectorIndex(), clock=ManualClock(), wait_until=background,
                 usage=Usage())  # type: ignore[arg-type]
     return deps, background, embedder

@@ -193,6 +193,8 @@ async def cache_stats(request: Request, deps: Deps) -> Response:
         "inflight": deps.state.admission.active,
         "namespace": scope.namespace, "generation": scope.generation,
         "default_ttl": deps.config.cache_default_ttl, "classes": deps.config.cache_classes,
+        "semantic": {**deps.state.semantic.to_json(), "max_error": deps.config.semantic_max_error,
+                     "check_rate": deps.config.semantic_check_rate, "checks_per_minute": deps.config.semantic_checks_per_minute},
     })
 
 

@@ -35,11 +35,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 from ..access.ratelimit import charge_tokens
 from ..deps import Deps
 from ..capabilities import WORKERS_AI_MODELS
-from ..generation import Event, Finish, Generation, GenerationRequest
+from ..generation import Event, Finish, Generation, GenerationRequest, Token
 from ..http import Request
 from ..ports import UsageEvent, VectorMatch, VectorRecord
 from ..stream import Stream
 from ..telemetry.spans import step
+from .calibration import same_answer
 from .entry import CACHEABLE_FINISH, CachedAnswer
 from .key import CacheKey, canonical_request
 from .policy import CachePolicy
@@ -68,6 +69,16 @@ MAX_TEXT_CHARS = 2000  # the matched text kept in metadata (Vectorize: 10 KiB a 
 
 
 @dataclass(frozen=True)
+class Check:
+    """A would-be hit to be judged against the real answer (cache.calibration)."""
+
+    namespace: str
+    entry: str  # the vector's id
+    score: float
+    cached: str  # the cached answer's text
+
+
+@dataclass(frozen=True)
 class Plan:
     """A semantic miss: what to remember once the exact entry is written."""
 
@@ -76,6 +87,7 @@ class Plan:
     text: str
     vector: tuple[float, ...]
     neighbour: float  # the best score another entry of this context had against this text (0: none)
+    check: Check | None = None  # a would-be hit served as a miss (its namespace's bound not met): judged by this answer
 
 
 @dataclass(frozen=True)
@@ -130,7 +142,7 @@ def match_header(score: float) -> str:
 
 
 def candidates(text: str, matches: list[VectorMatch], now: float, *, base: float = BASE_THRESHOLD,
-               learned: bool = True, guard: bool = True) -> list[VectorMatch]:
+               learned: bool = True, guard: bool = True, raised: Mapping[str, float] | None = None) -> list[VectorMatch]:
     """The matches (best first) that may answer `text`, in order (module docstring: the three
     checks; `base`, `learned` and `guard` vary them for bench.bench_semantic). A candidate under
     its threshold ends the search: where a closer entry could not answer, no farther one may (a
@@ -146,6 +158,8 @@ def candidates(text: str, matches: list[VectorMatch], now: float, *, base: float
             expires, own = float(meta.get("expires", 0)), float(meta.get("threshold", base))
         except (TypeError, ValueError):
             continue
+        if raised:
+            own = max(own, raised.get(match.id, 0.0))  # a wrong verdict made this entry stricter
         other = meta.get("text")
         if expires <= now or not isinstance(other, str) or not isinstance(meta.get("digest"), str):
             continue
@@ -292,10 +306,11 @@ def _forget(deps: Deps, ids: list[str]) -> None:
 
 
 async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, key: CacheKey,
-                 policy: CachePolicy, read: ExactRead) -> Hit | Plan | None:
+                 policy: CachePolicy, read: ExactRead, generate: Callable[[], Awaitable[Generation]] | None = None) -> Hit | Plan | None:
     """After the exact cache missed: a `Hit`, or the `Plan` that remembers this request's answer,
     or None (not asked for, not applicable, or a dependency failed: the request is a plain miss).
-    `read` is the exact cache's own read of an entry (`service.lookup`), passed in by it."""
+    `read` is the exact cache's own read of an entry (`service.lookup`), passed in by it;
+    `generate` makes the real answer on the operator's account, for a sampled check of a hit."""
     if deps.vectors is None or not deps.config.embedding_models or policy.custom_key or not requested(request):
         return None
     text = last_user_text(gen_request)
@@ -317,16 +332,61 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
     now = deps.clock.now()
     matches, expired = live(found, now)
     _forget(deps, expired)
+    calibration = deps.state.semantic.calibration
     if policy.read:
-        for match in candidates(text, matches, now):
+        for match in candidates(text, matches, now, raised=calibration.raised):
             answer, _ = await read(deps, CacheKey(key.scope, str(match.metadata["digest"])))
-            if answer is None:  # expired, purged or not yet written: the next candidate may still do
+            if answer is None or answer.tool_calls:  # gone (the next may do), or a tool call: no text to check it by
                 continue
+            check = Check(namespace, match.id, match.score, answer.text)
+            bound = max_error(deps, request)
+            if bound is not None and not calibration.estimate(namespace).serves(bound):
+                calibration.stopped_hits += 1  # served as a miss, whose own answer judges this match
+                return Plan(namespace, context, text[:MAX_TEXT_CHARS], vector, neighbour_score(matches, key.digest), check)
             generation = Generation(answer.model, answer.replay(), cache_status="HIT",
                                     age=max(0, int(now - answer.created)), cache_key=str(match.metadata["digest"]))
             generation.cache_match = match_header(match.score)
+            if generate is not None and _sampled(deps) and calibration.may_check(now, deps.config.semantic_checks_per_minute):
+                deps.wait_until(_check_later(deps, check, generate))
             return Hit(generation)
     return Plan(namespace, context, text[:MAX_TEXT_CHARS], vector, neighbour_score(matches, key.digest))
+
+
+def max_error(deps: Deps, request: Request) -> float | None:
+    """The caller's key's bound on wrong semantic hits, else SEMANTIC_MAX_ERROR (None: off)."""
+    own = getattr(_caller_record(request), "semantic_max_error", None)
+    return float(own) if own is not None else deps.config.semantic_max_error
+
+
+def _sampled(deps: Deps) -> bool:
+    rate = deps.config.semantic_check_rate
+    return rate > 0 and int(deps.state.ids.hex(4), 16) / 2 ** 32 < rate
+
+
+def judge(deps: Deps, check: Check, fresh: str) -> bool:
+    """A verdict on a would-be hit: recorded in the namespace's estimate (and the entry's threshold)."""
+    right = same_answer(check.cached, fresh)
+    deps.state.semantic.calibration.record(check.namespace, check.entry, check.score, right, MARGIN)
+    return right
+
+
+async def _check_later(deps: Deps, check: Check, generate: Callable[[], Awaitable[Generation]]) -> None:
+    """After the response: the real answer to a served hit's question, made on the operator's
+    account (counted in the calibration's tokens, in no tenant's usage), judged against the hit."""
+    calibration = deps.state.semantic.calibration
+    try:
+        generation = await generate()
+        parts: list[str] = []
+        async for event in Stream(generation.events):
+            if isinstance(event, Token):
+                parts.append(event.text)
+            elif isinstance(event, Finish):
+                calibration.sampled_checks += 1
+                calibration.check_tokens += event.usage.total_tokens
+                if event.finish_reason in CACHEABLE_FINISH and event.cacheable:
+                    judge(deps, check, "".join(parts))
+    except Exception as exc:  # a check never fails anything: no verdict
+        deps.log.warning("semantic cache: a sampled check failed: %s", exc)
 
 
 def forget_entry(deps: Deps, tenant: str, key: CacheKey) -> None:
@@ -340,8 +400,15 @@ def remembered_afterwards(deps: Deps, plan: Plan, key: CacheKey, ttl: int, event
     """The answer's events, and once it has finished as a cacheable answer (the exact entry is
     written then), its vector upserted in the background, pointing at the exact entry."""
 
+    parts: list[str] = []
+
     def keep(event: Event) -> None:
+        if isinstance(event, Token) and plan.check is not None:
+            parts.append(event.text)
         if isinstance(event, Finish) and event.finish_reason in CACHEABLE_FINISH and event.cacheable:
+            if plan.check is not None:  # a would-be hit, served as this miss: its answer is the verdict, at no cost
+                deps.state.semantic.calibration.free_checks += 1
+                judge(deps, plan.check, "".join(parts))
             deps.wait_until(_upsert(deps, plan, key, ttl))
 
     return Stream(events).tap(keep)

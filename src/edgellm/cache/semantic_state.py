@@ -1,10 +1,12 @@
 """What one isolate knows about its semantic cache: whether the index can be reached at all, and
-what the lookups' embeddings cost. Plain data, kept in `IsolateState.semantic` (never a module
-global), so that a leaf module: it imports nothing of the core."""
+what the lookups' embeddings cost, and the evidence its error bound is kept on. Plain data, kept in `IsolateState.semantic` (never a module
+global); a leaf module: it imports nothing of the core but `calibration`, itself a leaf."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .calibration import Calibration
 
 
 @dataclass
@@ -19,6 +21,7 @@ class SemanticState:
     embedding_failures: int = 0  # failed or past their deadline (the request went on as a plain miss)
     skipped: int = 0  # lookups skipped because the index is unavailable
     expired_deleted: int = 0  # expired vectors seen by a query and deleted
+    calibration: Calibration = field(default_factory=Calibration)  # the error bound's evidence (cache.calibration)
 
-    def to_json(self) -> dict[str, int | bool]:
-        return dict(self.__dict__)
+    def to_json(self) -> dict[str, object]:
+        return {**{k: v for k, v in self.__dict__.items() if k != "calibration"}, "calibration": self.calibration.to_json()}

@@ -25,16 +25,25 @@ from tests.support import fake_pyodide as fp
 from tests.support.fake_vectorize import FakeVectorize
 
 BGE = "@cf/baai/bge-small-en-v1.5"
+RERANKER = "@cf/baai/bge-reranker-base"
 ON = {"x-edgellm-semantic-cache": "on"}
 
 
 class FakeAI:
     """`env.AI`: chat answers name the question's hash; bge vectors count words into 384 buckets."""
 
-    def __init__(self) -> None:
-        self.chats = 0
+    def __init__(self, rerank: float | None = None) -> None:
+        self.chats, self.rerank, self.reranked = 0, rerank, []
 
-    async def run(self, model: str, inputs: Any) -> Any:
+    async def run(self, model: str, inputs: Any, *options: Any) -> Any:
+        if model == RERANKER:
+            # Workers AI's contract (@cloudflare/workers-types, Ai_Cf_Baai_Bge_Reranker_Base_Input/_Output in
+            # node_modules/workerd/worker.mjs; the runtime notes): a JS object in, {response: [{id, score}]} out
+            assert isinstance(inputs, fp.JsObject), "the reranker's inputs must be a JS object"
+            plain = fp.to_plain(inputs)
+            assert set(plain) == {"query", "contexts"} and all(set(c) == {"text"} for c in plain["contexts"])
+            self.reranked.append(plain)
+            return fp.JsDict({"response": [{"id": 0, "score": self.rerank}]})
         inputs = fp.to_plain(inputs)
         if model == BGE:
             texts = inputs["text"]
@@ -78,9 +87,9 @@ def chat(text: str) -> Request:
     return Request("POST", "http://edge.test/v1/chat/completions", {"content-type": "application/json", **ON}, json.dumps(body).encode())
 
 
-def deps(adapter: Any, ai: FakeAI, vectorize: FakeVectorize, background: Background) -> Deps:
+def deps(adapter: Any, ai: FakeAI, vectorize: FakeVectorize, background: Background, **config: Any) -> Deps:
     workers_ai, workers_vectorize = adapter
-    return Deps(config=Config(open_access=True, embedding_models=(BGE,), semantic_max_error=None), ai=workers_ai(ai), kv=SqliteKV(),
+    return Deps(config=Config(open_access=True, embedding_models=(BGE,), semantic_max_error=None, **config), ai=workers_ai(ai), kv=SqliteKV(),
                 vectors=workers_vectorize(vectorize), wait_until=background, log=logging.getLogger("edgellm.test"))
 
 
@@ -130,3 +139,15 @@ async def test_scores_are_exact_cosines_not_the_indexs_approximation(adapter) ->
     [match] = await index.query(query, top_k=20, namespace="ns", filter={"context": "c"})
     assert match.score == pytest.approx(0.93, abs=1e-9)
     assert round(0.93 / 0.05) * 0.05 != pytest.approx(0.93, abs=1e-3)  # the stand-in's approximation would have moved it
+
+
+@pytest.mark.parametrize(("score", "status"), [(0.9, "HIT"), (0.1, "MISS")])
+async def test_the_reranker_verifies_a_candidate_through_the_ai_binding(adapter, score: float, status: str) -> None:
+    ai, vectorize, background = FakeAI(rerank=score), FakeVectorize(384), Background()
+    bundle = deps(adapter, ai, vectorize, background, semantic_verifier=RERANKER)
+    await handle(chat("What is the capital of France?"), bundle)
+    await background.settle()
+    vectorize.process()
+    again = await handle(chat("what is the capital of france"), bundle)
+    assert again.headers["cf-aig-cache-status"] == status
+    assert ai.reranked == [{"query": "what is the capital of france", "contexts": [{"text": "What is the capital of France?"}]}]

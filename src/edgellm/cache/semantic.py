@@ -29,6 +29,7 @@ import asyncio
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
@@ -44,6 +45,7 @@ from .calibration import same_answer
 from .entry import CACHEABLE_FINISH, CachedAnswer
 from .key import CacheKey, canonical_request
 from .policy import CachePolicy
+from .verifier import SemanticVerifier, verifier_for
 from .semantic_guard import STRICT_COSINE, disagreement, readable
 
 ExactRead = Callable[[Deps, CacheKey], Awaitable[tuple[CachedAnswer | None, int]]]
@@ -62,6 +64,7 @@ TOP_K = 20
 # The most a lookup's embedding may take: past it the request is an ordinary miss (a cache never
 # makes an answer later than generating it would).
 EMBED_DEADLINE_SECONDS = 2.0
+MAX_VERIFIED = 2  # candidates the verifier is asked about in one lookup
 USAGE_ROUTE = "semantic-cache"  # the usage row of a lookup's embedding
 UNREACHABLE = "run remotely"  # workerd's Vectorize binding without an upstream: "... needs to be run remotely"
 _WORDISH = re.compile(r"\w+|[^\w\s]")
@@ -333,11 +336,21 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
     matches, expired = live(found, now)
     _forget(deps, expired)
     calibration = deps.state.semantic.calibration
+    verifier, refused = verifier_for(deps.ai, deps.config.semantic_verifier), 0
     if policy.read:
         for match in candidates(text, matches, now, raised=calibration.raised):
             answer, _ = await read(deps, CacheKey(key.scope, str(match.metadata["digest"])))
             if answer is None or answer.tool_calls:  # gone (the next may do), or a tool call: no text to check it by
                 continue
+            if verifier is not None:
+                verdict = await _verified(deps, verifier, text, str(match.metadata["text"]))
+                if verdict is None:
+                    break  # the verifier failed: no hit
+                if not verdict:
+                    refused += 1
+                    if refused >= MAX_VERIFIED:
+                        break
+                    continue  # a second candidate, only after the verifier refused the first
             check = Check(namespace, match.id, match.score, answer.text)
             bound = max_error(deps, request)
             if bound is not None and not calibration.estimate(namespace).serves(bound):
@@ -350,6 +363,30 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
                 deps.wait_until(_check_later(deps, check, generate))
             return Hit(generation)
     return Plan(namespace, context, text[:MAX_TEXT_CHARS], vector, neighbour_score(matches, key.digest))
+
+
+async def _verified(deps: Deps, verifier: SemanticVerifier, text: str, other: str) -> bool | None:
+    """The verifier's verdict on a candidate (None: it failed), timed, counted and traced."""
+    state = deps.state.semantic
+    span = step(deps, "cache.semantic.verify", {"gen_ai.request.model": deps.config.semantic_verifier})
+    started = time.perf_counter()
+    state.verifications += 1
+    try:
+        score = await asyncio.wait_for(verifier.score(text, other), EMBED_DEADLINE_SECONDS)
+    except Exception as exc:
+        state.verifier_failures += 1
+        deps.log.warning("semantic cache: the verifier failed: %s", exc or type(exc).__name__)
+        if span is not None:
+            span.end(type(exc).__name__)
+        return None
+    finally:
+        state.verifier_seconds += time.perf_counter() - started
+    accepted = score >= deps.config.semantic_verifier_threshold
+    state.verifier_refusals += not accepted
+    if span is not None:
+        span.set("edgellm.verifier.score", score)
+        span.end()
+    return accepted
 
 
 def max_error(deps: Deps, request: Request) -> float | None:

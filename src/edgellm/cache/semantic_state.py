@@ -21,6 +21,10 @@ class SemanticState:
     embedding_failures: int = 0  # failed or past their deadline (the request went on as a plain miss)
     skipped: int = 0  # lookups skipped because the index is unavailable
     expired_deleted: int = 0  # expired vectors seen by a query and deleted
+    verifications: int = 0  # candidates the verifier was asked about
+    verifier_refusals: int = 0
+    verifier_failures: int = 0  # failed, past the deadline or outside the contract: no hit
+    verifier_seconds: float = 0.0  # their time, together (the verifier's added latency)
     calibration: Calibration = field(default_factory=Calibration)  # the error bound's evidence (cache.calibration)
 
     def to_json(self) -> dict[str, object]:

@@ -72,6 +72,13 @@ async def test_a_refusal_moves_on_to_one_more_candidate_and_no_further() -> None
     assert not isinstance(await look(deps, QUERY), semantic.Hit)
     assert reranker.asked == [(QUERY, FIRST), (QUERY, SECOND)]  # the third is never asked about
     assert deps.state.semantic.verifier_refusals == 2
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgellm.telemetry.exposition import TextExposition, families
+
+    found = {f.name: f for f in text_string_to_metric_families(TextExposition().render(families(deps))[0].decode())}
+    outcomes = {s.labels["outcome"]: s.value for s in found["edgellm_cache_semantic_verifications"].samples}
+    assert outcomes == {"accepted": 0.0, "refused": 2.0, "failed": 0.0}
 
 
 async def test_a_failing_verifier_serves_nothing() -> None:

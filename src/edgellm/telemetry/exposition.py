@@ -118,6 +118,11 @@ def _semantic(deps: Deps) -> list[Family]:
         _counter("cache_semantic_embeddings", "The semantic lookups' embeddings, by outcome.", ("outcome",),
                  {"made": semantic.embeddings, "failed": semantic.embedding_failures, "skipped": semantic.skipped}),
         _single("cache_semantic_embedding_tokens", "counter", "Tokens of the semantic lookups' embeddings.", semantic.embedding_tokens),
+        _counter("cache_semantic_verifications", "Candidates the verifier (SEMANTIC_VERIFIER) was asked about, by outcome.", ("outcome",),
+                 {"accepted": semantic.verifications - semantic.verifier_refusals - semantic.verifier_failures,
+                  "refused": semantic.verifier_refusals, "failed": semantic.verifier_failures}),
+        _single("cache_semantic_verifier_seconds", "counter", "Time spent asking the verifier (its added latency, together).",
+                semantic.verifier_seconds),
     ]
 
 

@@ -100,8 +100,10 @@ async def test_served_hits_are_sampled_checked_after_the_response_capped_per_min
     deps, background, _ = make({A: unit(0.0), B: unit(0.0)})
     deps = deps.for_request(background)
     object.__setattr__(deps, "config", Config(open_access=True, embedding_models=deps.config.embedding_models,
-                                              semantic_max_error=None, semantic_check_rate=1.0, semantic_checks_per_minute=1))
+                                              semantic_max_error=0.5, semantic_check_rate=1.0, semantic_checks_per_minute=1))
     await remember(deps, A)
+    for _ in range(10):  # evidence enough for a bound of 0.5
+        deps.state.semantic.calibration.record(semantic.index_namespace("acme", key_of(A)), "other", 0.99, True, semantic.MARGIN)
     made: list[str] = []
 
     async def generate() -> Generation:
@@ -114,7 +116,7 @@ async def test_served_hits_are_sampled_checked_after_the_response_capped_per_min
     assert isinstance(hit, semantic.Hit) and made == []  # nothing before the response
     await background.settle()
     calibration = deps.state.semantic.calibration
-    assert made == ["check"] and calibration.sampled_checks == 1 and calibration.right == 1 and calibration.check_tokens == 8
+    assert made == ["check"] and calibration.sampled_checks == 1 and calibration.right == 11 and calibration.check_tokens == 8
     again = await semantic.lookup(deps, request, gen_request, key_of(B), CachePolicy(read=True, write=True, ttl=3600),
                                   _read, generate)
     await background.settle()
@@ -123,6 +125,12 @@ async def test_served_hits_are_sampled_checked_after_the_response_capped_per_min
     await semantic.lookup(deps, request, gen_request, key_of(B), CachePolicy(read=True, write=True, ttl=3600), _read, generate)
     await background.settle()
     assert made == ["check", "check"]  # a new minute, a new check
+    object.__setattr__(deps, "config", Config(open_access=True, embedding_models=deps.config.embedding_models,
+                                              semantic_max_error=None, semantic_check_rate=1.0))
+    deps.clock.advance(60)
+    await semantic.lookup(deps, request, gen_request, key_of(B), CachePolicy(read=True, write=True, ttl=3600), _read, generate)
+    await background.settle()
+    assert made == ["check", "check"]  # the bound off: no check is paid for
     assert deps.usage.rows and all(r.route == semantic.USAGE_ROUTE for r in deps.usage.rows)  # type: ignore[union-attr]  # no check in a tenant's usage
 
 

@@ -362,7 +362,8 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
             generation = Generation(answer.model, answer.replay(), cache_status="HIT",
                                     age=max(0, int(now - answer.created)), cache_key=str(match.metadata["digest"]))
             generation.cache_match = match_header(match.score)
-            if generate is not None and _sampled(deps) and calibration.may_check(now, deps.config.semantic_checks_per_minute):
+            if bound is not None and generate is not None and _sampled(deps) and \
+                    calibration.may_check(now, deps.config.semantic_checks_per_minute):  # no bound: nothing to keep, no cost
                 deps.wait_until(_check_later(deps, check, generate))
             return Hit(generation)
     return Plan(namespace, context, text[:MAX_TEXT_CHARS], vector, neighbour_score(matches, key.digest))

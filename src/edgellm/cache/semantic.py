@@ -12,13 +12,19 @@ Safe by construction, in this order:
   own tenant and the exact cache's scope (tenant, namespace, purge generation), so an entry never
   answers another tenant, even between tenants that share exact entries, and a purge of the
   namespace leaves its vectors unreachable at once.
-- A candidate must pass three checks: its cosine is at least `BASE_THRESHOLD`; at least its own
-  threshold, learned when it was stored from its neighbours (the best score any other entry of
-  its context had against it, plus `MARGIN`: where two different questions already sit that
-  close, a match must be closer than they are, as vCache learns a threshold per entry); and the
-  numbers, named entities and negation of both texts agree (`semantic_guard`).
+- A candidate must pass these checks: its cosine is at least `BASE_THRESHOLD`; at least its own
+  threshold, learned when it was stored from its live neighbours (the best score any other entry
+  of its context had against it, plus `MARGIN`: where two different questions already sit that
+  close, a match must be closer than they are, as vCache learns a threshold per entry), raised
+  further by a wrong verdict; the guard (`semantic_guard`: numbers, units, names, polarity,
+  content words and their order agree); the verifier when one is configured (`verifier`); and
+  the namespace's error bound (`calibration`): while its evidence does not show the wrong-hit
+  rate under `SEMANTIC_MAX_ERROR`, a would-be hit is served as a miss and judged by its answer.
 - The answer is the candidate's exact entry in KV (the vector only points at it), so its TTL
-  and its purge hold for both; the vector carries the same expiry and is ignored after it.
+  and its purge hold for both; the vector carries the same expiry, is dropped from a query's
+  matches after it, and deleted.
+- The lookup's embedding is metered (the caller's key, a usage row, counters, a span) and has a
+  deadline; an index that cannot be reached at all is found once per isolate.
 
 A hit says `cf-aig-cache-status: HIT` and `x-edgellm-cache-match: semantic; score=0.97`.
 """
@@ -108,8 +114,7 @@ def requested(request: Request) -> bool:
         return True
     if said in ("off", "false", "0"):
         return False
-    principal = request.principal
-    return bool(principal is not None and principal.record is not None and getattr(principal.record, "semantic_cache", False))
+    return bool(getattr(_caller_record(request), "semantic_cache", False))
 
 
 def last_user_text(gen_request: GenerationRequest) -> str | None:
@@ -211,13 +216,20 @@ def estimated_tokens(text: str) -> int:
     return len(_WORDISH.findall(text)) + 2
 
 
+def caller(request: Request) -> Any:
+    """The request's caller (its `Principal`, None before access ran): the one place this module
+    reads it, so that where a request keeps its caller may change in one line."""
+    return request.principal
+
+
 def caller_tenant(request: Request, deps: Deps) -> str:
-    """The tenant whose vectors the caller may see: read in this one place."""
-    return request.tenant_scope.tenant or deps.config.tenant
+    """The tenant whose vectors the caller may see."""
+    principal = caller(request)
+    return (principal.scope.tenant if principal is not None else None) or deps.config.tenant
 
 
 def _caller_record(request: Request) -> Any:
-    principal = request.principal
+    principal = caller(request)
     return principal.record if principal is not None else None
 
 
@@ -276,7 +288,7 @@ async def _embed(deps: Deps, request: Request, text: str) -> tuple[float, ...] |
 def _charge(deps: Deps, request: Request, model: str, tokens: int, started: float) -> None:
     """The lookup's embedding on the caller's key (its budget and its minute's tokens) and in a
     usage row of its own, so that the semantic cache's cost is seen, not hidden in the chat's."""
-    principal = request.principal
+    principal = caller(request)
     record = _caller_record(request)
     now = deps.clock.now()
     if principal is None:

@@ -33,7 +33,7 @@ class FakeAI:
     """`env.AI`: chat answers name the question's hash; bge vectors count words into 384 buckets."""
 
     def __init__(self, rerank: float | None = None) -> None:
-        self.chats, self.rerank, self.reranked = 0, rerank, []
+        self.chats, self.embeds, self.rerank, self.reranked = 0, 0, rerank, []
 
     async def run(self, model: str, inputs: Any, *options: Any) -> Any:
         if model == RERANKER:
@@ -46,6 +46,7 @@ class FakeAI:
             return fp.JsDict({"response": [{"id": 0, "score": self.rerank}]})
         inputs = fp.to_plain(inputs)
         if model == BGE:
+            self.embeds += 1
             texts = inputs["text"]
             return fp.JsDict({"shape": [len(texts), 384], "data": [_bag(t) for t in texts]})
         self.chats += 1
@@ -151,3 +152,15 @@ async def test_the_reranker_verifies_a_candidate_through_the_ai_binding(adapter,
     again = await handle(chat("what is the capital of france"), bundle)
     assert again.headers["cf-aig-cache-status"] == status
     assert ai.reranked == [{"query": "what is the capital of france", "contexts": [{"text": "What is the capital of France?"}]}]
+
+
+async def test_a_vectorize_binding_without_an_upstream_costs_no_embedding(adapter) -> None:
+    # workerd, `wrangler dev` offline: every call throws (the runtime notes, "Seen in workerd (2026-12-06)")
+    ai, background = FakeAI(), Background()
+    vectorize = FakeVectorize(384, error="Error: Binding VECTORIZE needs to be run remotely")
+    bundle = deps(adapter, ai, vectorize, background)
+    for text in ("What is the capital of France?", "what is the capital of france?"):
+        response = await handle(chat(text), bundle)
+        assert response.status == 200 and response.headers["cf-aig-cache-status"] == "MISS"
+    await background.settle()
+    assert ai.embeds == 0 and bundle.state.semantic.unavailable and bundle.state.semantic.skipped == 2

@@ -43,7 +43,7 @@ async def _create(args: argparse.Namespace) -> int:
     try:
         made = new_key(args.tenant, time.time(), requests_per_minute=args.rpm, tokens_per_minute=args.tpm,
                        token_budget=args.budget, models=tuple(args.model or ()), share_cache=args.share_cache,
-                       semantic_cache=args.semantic_cache, name=args.name or "")
+                       semantic_cache=args.semantic_cache, semantic_max_error=args.semantic_max_error, name=args.name or "")
     except ValueError as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
         return 2
@@ -162,6 +162,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     create.add_argument("--share-cache", action="store_true", help="share cache entries with other tenants that share")
     create.add_argument("--semantic-cache", action="store_true",
                         help="answer this key's paraphrases from the cache (docs/embeddings.md); off by default")
+    create.add_argument("--semantic-max-error", type=float, default=None, metavar="SHARE",
+                        help="this key's bound on wrong semantic hits, above 0 and below 1 (default: SEMANTIC_MAX_ERROR, 0.02)")
     create.set_defaults(run=lambda a: asyncio.run(_create(a)))
     listing = actions.add_parser("list", help="list keys as a table (never the secrets)", parents=[state])
     listing.add_argument("--json", action="store_true", help="one JSON record per line, times as epoch seconds")

@@ -6,6 +6,7 @@ Values arrive as strings (that is what `[vars]` and secrets are), so parsing liv
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
@@ -53,6 +54,32 @@ def _positive_number(name: str, value: Any) -> float:
         raise ValueError(f"{name} must be a number above 0, got {value!r}") from None
     if not 0 < number < float("inf"):
         raise ValueError(f"{name} must be a number above 0, got {value!r}")
+    return number
+
+
+def _fraction(name: str, value: Any, default: float, *, rate: bool = False) -> float:
+    """A share between 0 and 1, ends excluded; a sampling `rate` may be 0 (off) or 1 (every one),
+    an error bound of 0 could never be met and one of 1 bounds nothing."""
+    if value is None:
+        return default
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = float("nan")
+    if not (0 <= number <= 1 if rate else 0 < number < 1):
+        raise ValueError(f"{name} must be a number {'from 0 to 1' if rate else 'above 0 and below 1'}, got {value!r}")
+    return number
+
+
+def _finite(name: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = float("nan")
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a number, got {value!r}")
     return number
 
 
@@ -177,6 +204,16 @@ class Config:
         resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
         return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
+    # the semantic cache's error bound (cache/calibration.py): the largest share of its hits allowed
+    # to serve an answer the model would not have given (SEMANTIC_MAX_ERROR; a key may set its own)
+    # ("off": None, hits served on the guard and thresholds alone, unchecked: the operator's risk)
+    semantic_max_error: float | None = 0.02
+    semantic_check_rate: float = 0.05  # share of served semantic hits checked after the response (SEMANTIC_CHECK_RATE)
+    semantic_checks_per_minute: int = 20  # their generations' cap, per isolate (SEMANTIC_CHECKS_PER_MINUTE)
+    # the cross-encoder asked before a semantic candidate is served (cache/verifier.py): a model id
+    # (Workers AI's @cf/baai/bge-reranker-base) or None, off (SEMANTIC_VERIFIER), and the score it must reach
+    semantic_verifier: str | None = None
+    semantic_verifier_threshold: float = 0.5
 
     def answer_timeout_seconds(self, max_tokens: int) -> float:
         """How long a whole answer (`ai.run`, which shows no first token) may take: the start
@@ -257,6 +294,15 @@ class Config:
                                       'a JSON object of alias -> model id ("" = MODEL), e.g. {"gpt-4o-mini": ""}')
                            if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
             routing=RoutingConfig.from_env(env),
+            semantic_max_error=(None if str(get("SEMANTIC_MAX_ERROR") or "").strip().lower() == "off"
+                                else _fraction("SEMANTIC_MAX_ERROR", get("SEMANTIC_MAX_ERROR"), 0.02)),
+            semantic_check_rate=_fraction("SEMANTIC_CHECK_RATE", get("SEMANTIC_CHECK_RATE"), base.semantic_check_rate, rate=True),
+            semantic_verifier=(None if str(get("SEMANTIC_VERIFIER") or "off").strip().lower() in ("off", "none")
+                               else str(get("SEMANTIC_VERIFIER")).strip()),
+            semantic_verifier_threshold=_finite("SEMANTIC_VERIFIER_THRESHOLD", get("SEMANTIC_VERIFIER_THRESHOLD"),
+                                                base.semantic_verifier_threshold),
+            semantic_checks_per_minute=(_positive_int("SEMANTIC_CHECKS_PER_MINUTE", get("SEMANTIC_CHECKS_PER_MINUTE"))
+                                        if get("SEMANTIC_CHECKS_PER_MINUTE") else base.semantic_checks_per_minute),
         )
         problem = config_mistake(config)
         if problem is not None:

@@ -73,3 +73,12 @@ def test_the_tenant_names_the_edge_uses_itself_are_refused(tmp_path: Path) -> No
     for tenant in ("default", "Default", "admin", "open"):
         refused = keys(tmp_path / "state", "create", "--tenant", tenant)
         assert refused.returncode == 2 and "reserved" in refused.stderr and "Traceback" not in refused.stderr, tenant
+
+
+def test_a_key_sets_its_own_semantic_error_bound(tmp_path: Path) -> None:
+    made = keys(tmp_path, "create", "--tenant", "acme", "--semantic-cache", "--semantic-max-error", "0.05")
+    assert made.returncode == 0, made.stderr
+    key_id = made.stdout.split()[2]
+    assert record(tmp_path, key_id).semantic_max_error == 0.05
+    refused = keys(tmp_path, "create", "--tenant", "acme", "--semantic-max-error", "1.5")
+    assert refused.returncode == 2 and "semantic_max_error" in refused.stderr

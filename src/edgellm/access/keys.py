@@ -53,6 +53,7 @@ class KeyRecord:
     # the semantic cache (cache/semantic.py) for every request of this key, unless a request
     # says `x-edgellm-semantic-cache: off`; off by default
     semantic_cache: bool = False
+    semantic_max_error: float | None = None  # this key's own bound on wrong semantic hits (None: SEMANTIC_MAX_ERROR)
     created: float = 0.0
     revoked: float | None = None
     name: str = ""
@@ -113,6 +114,9 @@ def new_key(tenant: str, now: float, **limits: Any) -> NewKey:
     for name in ("requests_per_minute", "tokens_per_minute", "token_budget"):
         if int(limits.get(name) or 0) < 0:
             raise ValueError(f"{name} must be 0 (unlimited) or more, got {limits[name]}")
+    bound = limits.get("semantic_max_error")
+    if bound is not None and not 0 < float(bound) < 1:
+        raise ValueError(f"semantic_max_error must be above 0 and below 1, got {bound}")
     key_id = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
     secret = secrets.token_urlsafe(32)
     record = KeyRecord(key_id=key_id, secret_sha256=hash_secret(secret), tenant=tenant, created=now, **limits)
@@ -123,7 +127,8 @@ def rotated(record: KeyRecord, now: float) -> tuple[KeyRecord, NewKey]:
     """(the old record, revoked now; a new key with the same tenant and limits)."""
     fresh = new_key(record.tenant, now, requests_per_minute=record.requests_per_minute,
                     tokens_per_minute=record.tokens_per_minute, token_budget=record.token_budget,
-                    models=record.models, share_cache=record.share_cache, semantic_cache=record.semantic_cache, name=record.name)
+                    models=record.models, share_cache=record.share_cache, semantic_cache=record.semantic_cache,
+                    semantic_max_error=record.semantic_max_error, name=record.name)
     return replace(record, revoked=now), fresh
 
 

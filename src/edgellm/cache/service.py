@@ -127,6 +127,14 @@ def own_generation(deps: Deps, request: Request, ctx: RequestContext, gen_reques
         lambda: traced_generation(deps, gen_request, lambda: start_routed(deps, request, gen_request)), ctx.tenant_scope.admission_tenant)
 
 
+def check_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Awaitable[Generation]:
+    """A semantic hit's check (cache.calibration): the real answer, after the response, in the
+    operator's share of the isolate's places (no tenant's), never written to the cache."""
+    return deps.state.admission.admitted(
+        deps.config.max_waiting_generations,
+        lambda: traced_generation(deps, gen_request, lambda: start_routed(deps, request, gen_request)), None)
+
+
 async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, gen_request: GenerationRequest) -> Generation:
     """Answer from KV, or generate (through the flights object when there is one) and cache it."""
     decision = await decide(deps, request, ctx, gen_request)
@@ -149,7 +157,7 @@ async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, g
             age = max(0, int(deps.clock.now() - answer.created))
             kept = answer.derived if size <= MEMO_MAX_ENTRY_BYTES else None  # an entry the isolate keeps decoded keeps its renderings
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest, rendered=kept)
-    plan = await semantic.lookup(deps, request, ctx, gen_request, key, policy, lookup)
+    plan = await semantic.lookup(deps, request, ctx, gen_request, key, policy, lookup, lambda: check_generation(deps, request, gen_request))
     if isinstance(plan, semantic.Hit):
         counters.hits += 1
         counters.semantic_hits += 1

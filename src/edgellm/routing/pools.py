@@ -1,0 +1,187 @@
+"""Running the scheduler for one request: build its `Ask`, refresh stale load readings within
+the probe's short timeout, ask the pool's Durable Object when one is bound (falling back on this
+isolate's own view when it does not answer in time), and follow the answer to record how the
+replica did.
+
+Everything awaited here is this request's own I/O (its probes, its call to the object); the views
+it updates are plain per-isolate data (`RoutingState.pools`), as the breaker is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator
+
+from ..deps import Deps
+from ..generation import Event, Finish, GenerationRequest, Token, ToolCallDelta
+from ..stream import close_source
+from .config import OriginConfig, PoolConfig
+from .counting import render_chat
+from .fleet import PoolView
+from .probe import probe
+from .scheduler import CHARS_PER_TOKEN, Ask, prefix_blocks
+
+
+def ask_for(gen_request: GenerationRequest, prompt_tokens: int | None) -> Ask:
+    """The request's prompt as the scheduler reads it. Any fixed rendering hashes the same
+    messages the same way; the tokens are the counted ones, else estimated from the length."""
+    inputs = gen_request.inputs
+    if "prompt" in inputs and inputs.get("raw"):
+        text = str(inputs["prompt"])
+    else:
+        messages = inputs.get("messages") or [{"role": "user", "content": inputs.get("prompt", "")}]
+        text = render_chat("<|im_start|>", [{"role": str(m.get("role", "")), "content": _text(m.get("content"))}
+                                            for m in messages if isinstance(m, dict)])
+    tokens = float(prompt_tokens) if prompt_tokens is not None else len(text) / CHARS_PER_TOKEN
+    return Ask(prefix_blocks(text), tokens, len(text), gen_request.session)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: their text, in order
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def pool_view(deps: Deps, pool: PoolConfig) -> PoolView:
+    views = deps.state.routing.pools
+    view = views.get(pool.name)
+    if view is None or view.config != pool:
+        view = views[pool.name] = PoolView(pool, deps.config.routing.breaker)
+    return view
+
+
+async def refresh(deps: Deps, view: PoolView, replicas: list[OriginConfig]) -> None:
+    """Probe, together, the replicas whose reading is older than the pool's `probe_age_ms`; wait
+    at most `probe_ms` (each probe's own timeout) and keep what came back."""
+    if deps.fetch is None:
+        return
+    now = deps.clock.now()
+    age, timeout = view.config.probe_age_ms / 1000, view.config.probe_ms / 1000
+    stale = [o for o in replicas if o.kind and view.replicas[o.name].fresh(now, age) is None
+             and o.name not in view.probing]
+    if not stale:
+        return
+    view.probing.update(o.name for o in stale)
+    try:
+        readings = await asyncio.gather(*(probe(deps.fetch, o, timeout, deps.clock.now) for o in stale))
+    finally:
+        view.probing.difference_update(o.name for o in stale)
+    for origin, reading in zip(stale, readings):
+        view.replicas[origin.name].reading = reading
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One replica to try, and why it comes where it does (`prefix`, `load`, `session`)."""
+
+    origin: OriginConfig
+    reason: str
+    view: PoolView | None = None
+    ask: Ask | None = None
+    lease: str | None = None  # the pool's object counts this request under it (the first pick only)
+
+
+async def order(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...],
+                prompt_tokens: int | None) -> list[Choice]:
+    """`origins` in the order to try them: each pool's replicas where the pool's first replica
+    stood, ordered by the pool's policy (replicas that are down left out); origins of no pool
+    keep their place."""
+    routing = deps.config.routing
+    out: list[Choice] = []
+    done: set[str] = set()
+    ask: Ask | None = None
+    for origin in origins:
+        pool = routing.pool_of(origin)
+        if pool is None:
+            out.append(Choice(origin, ""))
+            continue
+        if pool.name in done:
+            continue
+        done.add(pool.name)
+        members = [o for o in origins if o.pool == pool.name]
+        ask = ask or ask_for(gen_request, prompt_tokens)
+        view = pool_view(deps, pool)
+        picks, lease = await _picks(deps, view, members, ask)
+        by_name = {o.name: o for o in members}
+        out.extend(Choice(by_name[p.name], p.reason, view, ask, lease if i == 0 else None)
+                   for i, p in enumerate(picks) if p.name in by_name)
+    return out
+
+
+async def _picks(deps: Deps, view: PoolView, members: list[OriginConfig], ask: Ask) -> tuple[list[Any], str | None]:
+    """The pool object's order when it answers in time (it probes on its own), else this
+    isolate's, after refreshing its stale readings within the probe's timeout."""
+    from .router import ask_router  # the Durable Object placement, when a ROUTER binding is there
+
+    asked = await ask_router(deps, view, ask)
+    if asked is not None:
+        return asked
+    await refresh(deps, view, members)
+    return view.choose(ask, deps.clock.now()), None
+
+
+def dispatched(choice: Choice, reason: str) -> None:
+    if choice.view is not None and choice.ask is not None:
+        choice.view.dispatched(choice.origin.name, choice.ask, reason)
+
+
+def failed(deps: Deps, choice: Choice) -> None:
+    """The replica refused or could not be reached before answering."""
+    if choice.view is not None:
+        choice.view.finished(choice.origin.name, deps.clock.now(), ok=False)
+        from .router import report
+
+        report(deps, choice, ok=False)
+
+
+async def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float) -> AsyncIterator[Event]:
+    """The replica's events, passed on; when they end, the pool's view hears how it went (time to
+    first token, time between tokens, what the replica said it reused from its cache)."""
+    if choice.view is None:
+        async for event in events:
+            yield event
+        return
+    first: float | None = None
+    last: float | None = None
+    tokens = 0
+    ok: bool | None = None
+    cached = prompt = None
+    try:
+        async for event in events:
+            if isinstance(event, (Token, ToolCallDelta)):
+                now = time.monotonic()
+                first = now if first is None else first
+                last = now
+                tokens += 1
+            elif isinstance(event, Finish):
+                ok = True
+                cached, prompt = event.usage.cached_tokens, event.usage.prompt_tokens
+            yield event
+    except BaseException as exc:
+        ok = None if isinstance(exc, (GeneratorExit, asyncio.CancelledError)) else False
+        raise
+    finally:
+        await close_source(events)
+        ttft = None if first is None else first - started
+        itl = None if first is None or last is None or tokens < 2 else (last - first) / (tokens - 1)
+        choice.view.finished(choice.origin.name, deps.clock.now(), ok, ttft, itl, cached, prompt)
+        from .router import report
+
+        report(deps, choice, ok=ok, ttft_s=ttft, itl_s=itl, cached_tokens=cached, prompt_tokens=prompt)
+
+
+def route_text(choice: Choice, reason: str, why_not_edge: str) -> str:
+    """`x-edgellm-route` for an origin answer: a pool's replica names itself and why it was
+    chosen, with why the edge did not take it when the edge was in the plan."""
+    if choice.view is None:
+        return f"origin; reason={why_not_edge}; origin={choice.origin.name}"
+    edge = "" if why_not_edge == "pool" else f"; edge={why_not_edge}"
+    return f"origin; origin={choice.origin.name}; reason={reason}{edge}"
+
+
+def with_reason(choice: Choice, reason: str) -> Choice:
+    return replace(choice, reason=reason)

@@ -130,10 +130,12 @@ def test_nonsense_load_is_unhealthy(running: object, waiting: object, kv: object
     assert sane_reading(0.0, running, waiting, kv).ok is ok
 
 
-def test_a_stale_reading_is_ignored() -> None:
+def test_a_stale_load_is_ignored_and_a_lie_stands_until_a_sane_report() -> None:
     view = PoolView(PoolConfig("gpu", ("a", "b"), probe_age_ms=1000))
     view.replicas["a"].reading = Reading(0.0, False, why="lied")
-    assert not view.views((), 0.5)[0].healthy and view.views((), 2.0)[0].healthy
+    assert not view.views((), 0.5)[0].healthy and not view.views((), 60.0)[0].healthy
+    view.replicas["a"].reading = Reading(60.0, True, running=1, waiting=0)
+    assert view.views((), 60.5)[0].healthy
     view.replicas["b"].reading = Reading(0.0, True, running=9, waiting=3)
     assert view.views((), 0.5)[1].queue == 12 and view.views((), 2.0)[1].queue == 0
 

@@ -118,8 +118,10 @@ class PoolView:
             slowness = min(MAX_SLOWNESS, r.itl_s / fastest) if r.itl_s and fastest else 1.0
             admitted = r.breaker.state == "closed" or (r.breaker.state == "open" and now - (r.breaker.opened_at or now) >= r.breaker.config.cooldown_s) \
                 or (r.breaker.state == "half_open" and not r.breaker.probing)
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), slowness,
-                                   healthy=admitted and (reading is None or reading.ok), down=not admitted))
+            # a bad report stands until a good one replaces it (the replica is re-probed when it is
+            # older than the age bound); a good one's figures count only while fresh
+            sane = r.reading is None or r.reading.ok
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), slowness, healthy=admitted and sane, down=not admitted))
         return out
 
     def choose(self, ask: Ask, now: float) -> list[Pick]:

@@ -21,7 +21,7 @@ from bench.fleet_replicas import LyingReplica, Replica, pool_origins
 from edgellm.config import Config
 from edgellm.deps import Deps
 from edgellm_local.emulator.http_fetch import HttpxFetch
-from edgellm_local.emulator.server import EdgeServer
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 
 ADMIN = "fleet-admin"
 SYSTEM = " ".join(f"rule{i % 7} says keep answers short and kind" for i in range(14))  # two whole 256-character blocks
@@ -36,14 +36,18 @@ def replicas(tiny_model: Path) -> Iterator[list[Replica]]:
 
 
 @pytest.fixture
-def fleet(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps]) -> Iterator[Callable[..., httpx.Client]]:
+def fleet(make_deps: Callable[..., Deps]) -> Iterator[Callable[..., httpx.Client]]:
+    """An edge in front of a pool of `members`, deciding from its own isolate's view (the pool's
+    object is tested in test_fleet_placement.py)."""
     clients: list[httpx.Client] = []
+    servers: list[EdgeServer] = []
 
     def start(members: list[Any], **settings: Any) -> httpx.Client:
-        env = {"ORIGINS": pool_origins(members, **settings), "ADMIN_TOKEN": ADMIN, "OPEN_ACCESS": "true",
+        env = {"ADMIN_TOKEN": ADMIN, "OPEN_ACCESS": "true",
                "BREAKER": settings.pop("breaker", '{"failures": 5, "window_s": 30, "cooldown_s": 30}')}
-        deps = make_deps(config=Config.from_env(env))
-        server = start_edge(replace(deps, fetch=HttpxFetch(), kv=None))
+        deps = make_deps(config=Config.from_env({**env, "ORIGINS": pool_origins(members, **settings)}))
+        server = EdgeServer(EdgeApp(replace(deps, fetch=HttpxFetch(), kv=None), route_objects=False)).start()
+        servers.append(server)
         client = httpx.Client(base_url=server.url, timeout=60)
         clients.append(client)
         return client
@@ -51,6 +55,8 @@ def fleet(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Deps])
     yield start
     for client in clients:
         client.close()
+    for server in servers:
+        server.stop()
 
 
 def chat(user: str, system: str = SYSTEM, **extra: Any) -> dict[str, Any]:

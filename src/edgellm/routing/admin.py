@@ -43,7 +43,7 @@ async def _object_views(deps: Deps) -> list[dict[str, Any]]:
         try:
             async with asyncio.timeout(1.0):
                 response = await deps.routers.get(pool.name).fetch(  # type: ignore[attr-defined]
-                    Request("POST", ROUTER_HOST + "/stats", {"content-type": "application/json"}, b"{}"))
+                    Request("POST", ROUTER_HOST + "/stats", {"content-type": "application/json"}, json.dumps({"pool": pool.name}).encode()))
             out.append(json.loads(response.body))
         except Exception as exc:  # the stats page still answers without the object
             out.append({"pool": pool.name, "error": f"the pool's object did not answer: {type(exc).__name__}"})

@@ -36,37 +36,42 @@ ROUTER_HOST = "https://router.internal"
 class RouterObject:
     """One pool's view, hosted in a Durable Object (`Router` in src/entry.py; locally
     `emulator.durable.local_routers`). `deps` are the object's own bindings (its `fetch` probes
-    the replicas); `name` is the pool."""
+    the replicas). Each request names its pool (`"pool"`), so the object needs no name of its own;
+    the Worker reaches one object per pool (`idFromName(pool)`)."""
 
     deps: Deps
-    name: str
-    view: PoolView | None = None
+    views: dict[str, PoolView] = field(default_factory=dict)
     leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # request id -> (replica, when)
-    probing: asyncio.Future[Any] | None = None
+    probing: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
 
-    def _view(self) -> PoolView:
-        pool = self.deps.config.routing.pools.get(self.name)
+    def _view(self, name: str) -> PoolView | None:
+        pool = self.deps.config.routing.pools.get(name)
         if pool is None:
-            raise KeyError(self.name)
-        if self.view is None or self.view.config != pool:
-            self.view = PoolView(pool, self.deps.config.routing.breaker)
-        return self.view
+            return None
+        view = self.views.get(name)
+        if view is None or view.config != pool:
+            view = self.views[name] = PoolView(pool, self.deps.config.routing.breaker)
+        return view
 
     async def fetch(self, request: Request) -> Response:
-        try:
-            view = self._view()
-        except KeyError:
-            return json_response({"error": f"no pool {self.name!r}"}, 404)
         try:
             data = json.loads(request.body or b"{}")
         except ValueError:
             return json_response({"error": "not JSON"}, 400)
+        if not isinstance(data, dict):
+            return json_response({"error": "not a JSON object"}, 400)
+        view = self._view(str(data.get("pool", "")))
+        if view is None:
+            return json_response({"error": f"no pool {data.get('pool')!r}"}, 404)
         now = self.deps.clock.now()
         self._expire(view, now)
         if request.path == "/pick":
             self._refresh_in_background(view)
-            ask = Ask(tuple(int(b) for b in data.get("blocks", ())), float(data.get("tokens", 0)), int(data.get("chars", 0)),
-                      data.get("session") or None)
+            try:
+                ask = Ask(tuple(int(b) for b in data.get("blocks", ())), float(data.get("tokens", 0)), int(data.get("chars", 0)),
+                          str(data["session"]) if data.get("session") else None)
+            except (TypeError, ValueError):
+                return json_response({"error": "not an ask"}, 400)
             picks = view.choose(ask, now)
             if picks:
                 view.dispatched(picks[0].name, ask, picks[0].reason)
@@ -75,14 +80,14 @@ class RouterObject:
         if request.path == "/done":
             lease = self.leases.pop(str(data.get("id", "")), None)
             name = data.get("name")
-            if lease is not None and lease[0] == name:
-                view.finished(name, now, data.get("ok"), data.get("ttft_s"), data.get("itl_s"),
+            if lease is not None and (name is None or lease[0] == name):  # name None: the Worker gave up waiting
+                view.finished(lease[0], now, data.get("ok"), data.get("ttft_s"), data.get("itl_s"),
                               data.get("cached_tokens"), data.get("prompt_tokens"))
             elif name in view.replicas and data.get("ok") is False:  # a failover's failure: the breaker still hears it
                 view.replicas[name].breaker.failure(now)
             return json_response({"ok": True})
         if request.path == "/stats":
-            return json_response(view.to_json(now))
+            return json_response({**view.to_json(now), "scope": "pool"})
         return json_response({"error": "unknown path"}, 404)
 
     def _expire(self, view: PoolView, now: float) -> None:
@@ -98,11 +103,13 @@ class RouterObject:
         """The object probes stale replicas on its own time: a pick never waits for a probe."""
         from .pools import refresh
 
-        if self.probing is not None and not self.probing.done():
+        name = view.config.name
+        running = self.probing.get(name)
+        if running is not None and not running.done():
             return
-        members = [o for o in self.deps.config.routing.origins if o.pool == self.name]
-        self.probing = asyncio.ensure_future(refresh(self.deps, view, members))
-        self.deps.wait_until(self.probing)
+        members = [o for o in self.deps.config.routing.origins if o.pool == name]
+        self.probing[name] = task = asyncio.ensure_future(refresh(self.deps, view, members))
+        self.deps.wait_until(task)
 
 
 async def ask_router(deps: Deps, view: PoolView, ask: Ask) -> tuple[list[Pick], str] | None:
@@ -114,7 +121,7 @@ async def ask_router(deps: Deps, view: PoolView, ask: Ask) -> tuple[list[Pick], 
         return None
     counters = deps.state.routing.counters
     lease = deps.state.ids.hex(8)
-    body = json.dumps({"blocks": [str(b) for b in ask.blocks], "tokens": ask.prompt_tokens, "chars": ask.prompt_chars,
+    body = json.dumps({"pool": view.config.name, "blocks": [str(b) for b in ask.blocks], "tokens": ask.prompt_tokens, "chars": ask.prompt_chars,
                        "session": ask.session, "id": lease}).encode()
     try:
         async with asyncio.timeout(view.config.router_ms / 1000):
@@ -123,7 +130,7 @@ async def ask_router(deps: Deps, view: PoolView, ask: Ask) -> tuple[list[Pick], 
             data = json.loads(response.body) if isinstance(response.body, (bytes, bytearray)) else None
     except Exception:  # a timeout, the object failing, its answer not JSON: the isolate decides
         counters.router_fallbacks += 1
-        deps.wait_until(_done(deps, view.config.name, {"id": lease, "name": None, "ok": None}))
+        deps.wait_until(_done(deps, view.config.name, {"pool": view.config.name, "id": lease, "name": None, "ok": None}))
         return None
     picks = data.get("picks") if isinstance(data, dict) else None
     if not isinstance(picks, list) or not all(isinstance(p, list) and len(p) == 2 and p[0] in view.replicas for p in picks):
@@ -139,7 +146,8 @@ def report(deps: Deps, choice: Any, **outcome: Any) -> None:
     lease = getattr(choice, "lease", None)
     if routers is None or choice.view is None or lease is None:
         return
-    deps.wait_until(_done(deps, choice.view.config.name, {"id": lease, "name": choice.origin.name, **outcome}))
+    pool = choice.view.config.name
+    deps.wait_until(_done(deps, pool, {"pool": pool, "id": lease, "name": choice.origin.name, **outcome}))
 
 
 async def _done(deps: Deps, pool: str, data: dict[str, Any]) -> None:

@@ -202,3 +202,12 @@ def test_pool_mistakes_are_refused_at_start(items: list[object], says: str) -> N
     with pytest.raises(ValueError, match="ORIGINS") as refused:
         Config.from_env(origins(*items))
     assert says in str(refused.value)
+
+
+def test_deploy_check_names_a_pool_mistake() -> None:
+    from edgellm_local.deploy_check import check_vars
+
+    bad = check_vars({"vars": {"ORIGINS": json.dumps([{"pool": "gpu", "replicas": ["http://a:1", "http://a:1"]}])}})
+    assert not bad[0].ok and "pool 'gpu' lists the replica http://a:1/v1 twice" in bad[0].detail
+    good = check_vars({"vars": {"ORIGINS": json.dumps([{"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}])}})
+    assert good[0].ok

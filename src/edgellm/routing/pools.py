@@ -20,7 +20,8 @@ from ..stream import close_source
 from .config import OriginConfig, PoolConfig
 from .counting import render_chat
 from .fleet import PoolView
-from .probe import probe
+from .probe import refresh
+from .router import ask_router, report
 from .scheduler import CHARS_PER_TOKEN, Ask, prefix_blocks
 
 
@@ -52,26 +53,6 @@ def pool_view(deps: Deps, pool: PoolConfig) -> PoolView:
     if view is None or view.config != pool:
         view = views[pool.name] = PoolView(pool, deps.config.routing.breaker)
     return view
-
-
-async def refresh(deps: Deps, view: PoolView, replicas: list[OriginConfig]) -> None:
-    """Probe, together, the replicas whose reading is older than the pool's `probe_age_ms`; wait
-    at most `probe_ms` (each probe's own timeout) and keep what came back."""
-    if deps.fetch is None:
-        return
-    now = deps.clock.now()
-    age, timeout = view.config.probe_age_ms / 1000, view.config.probe_ms / 1000
-    stale = [o for o in replicas if o.kind and view.replicas[o.name].fresh(now, age) is None
-             and o.name not in view.probing]
-    if not stale:
-        return
-    view.probing.update(o.name for o in stale)
-    try:
-        readings = await asyncio.gather(*(probe(deps.fetch, o, timeout, deps.clock.now) for o in stale))
-    finally:
-        view.probing.difference_update(o.name for o in stale)
-    for origin, reading in zip(stale, readings):
-        view.replicas[origin.name].reading = reading
 
 
 @dataclass(frozen=True)
@@ -115,8 +96,6 @@ async def order(deps: Deps, gen_request: GenerationRequest, origins: tuple[Origi
 async def _picks(deps: Deps, view: PoolView, members: list[OriginConfig], ask: Ask) -> tuple[list[Any], str | None]:
     """The pool object's order when it answers in time (it probes on its own), else this
     isolate's, after refreshing its stale readings within the probe's timeout."""
-    from .router import ask_router  # the Durable Object placement, when a ROUTER binding is there
-
     asked = await ask_router(deps, view, ask)
     if asked is not None:
         return asked
@@ -133,8 +112,6 @@ def failed(deps: Deps, choice: Choice) -> None:
     """The replica refused or could not be reached before answering."""
     if choice.view is not None:
         choice.view.finished(choice.origin.name, deps.clock.now(), ok=False)
-        from .router import report
-
         report(deps, choice, ok=False)
 
 
@@ -169,8 +146,6 @@ async def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], sta
         ttft = None if first is None else first - started
         itl = None if first is None or last is None or tokens < 2 else (last - first) / (tokens - 1)
         choice.view.finished(choice.origin.name, deps.clock.now(), ok, ttft, itl, cached, prompt)
-        from .router import report
-
         report(deps, choice, ok=ok, ttft_s=ttft, itl_s=itl, cached_tokens=cached, prompt_tokens=prompt)
 
 

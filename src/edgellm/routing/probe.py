@@ -18,10 +18,11 @@ import asyncio
 import math
 from typing import Any
 
+from ..deps import Deps
 from ..ports import FetchError, HTTPFetch
 from ..stream import close_source
 from .config import OriginConfig
-from .fleet import Reading, sane_reading
+from .fleet import PoolView, Reading, sane_reading
 
 MAX_METRICS_BYTES = 256 * 1024
 NAMES = {
@@ -100,3 +101,23 @@ async def probe(fetch: HTTPFetch, origin: OriginConfig, timeout: float, now: Any
     except UnicodeDecodeError:
         return Reading(at, False, why="/metrics is not text")
     return reading_from(text, origin.kind, at)
+
+
+async def refresh(deps: Deps, view: PoolView, replicas: list[OriginConfig]) -> None:
+    """Probe, together, the replicas whose reading is older than the pool's `probe_age_ms`; wait
+    at most `probe_ms` (each probe's own timeout) and keep what came back."""
+    if deps.fetch is None:
+        return
+    now = deps.clock.now()
+    age, timeout = view.config.probe_age_ms / 1000, view.config.probe_ms / 1000
+    stale = [o for o in replicas if o.kind and view.replicas[o.name].fresh(now, age) is None
+             and o.name not in view.probing]
+    if not stale:
+        return
+    view.probing.update(o.name for o in stale)
+    try:
+        readings = await asyncio.gather(*(probe(deps.fetch, o, timeout, deps.clock.now) for o in stale))
+    finally:
+        view.probing.difference_update(o.name for o in stale)
+    for origin, reading in zip(stale, readings):
+        view.replicas[origin.name].reading = reading

@@ -27,6 +27,7 @@ from typing import Any
 from ..deps import Deps
 from ..http import Request, Response, json_response
 from .fleet import PoolView
+from .probe import refresh
 from .scheduler import Ask, Pick
 
 ROUTER_HOST = "https://router.internal"
@@ -101,8 +102,6 @@ class RouterObject:
 
     def _refresh_in_background(self, view: PoolView) -> None:
         """The object probes stale replicas on its own time: a pick never waits for a probe."""
-        from .pools import refresh
-
         name = view.config.name
         running = self.probing.get(name)
         if running is not None and not running.done():

@@ -61,10 +61,13 @@ def cost(new_prefill_tokens: float, queue: float, slowness: float = 1.0) -> floa
 def over_bound(queue: float, queues: Sequence[float], load_bound: float) -> bool:
     """Whether a replica at `queue` may take no more: at or above (1 + e) x the pool's mean queue
     once this request is counted (so an idle pool never refuses, and e = 0 is strict balance)."""
-    if not queues:
-        return False
+    return bool(queues) and max(0.0, queue) + 1.0 > load_cap(queues, load_bound)
+
+
+def load_cap(queues: Sequence[float], load_bound: float) -> float:
+    """The most a replica may hold with this request: ceil((1 + e) x the mean queue counting it)."""
     mean = (sum(max(0.0, q) for q in queues) + 1.0) / len(queues)
-    return max(0.0, queue) + 1.0 > math.ceil((1.0 + load_bound) * mean - 1e-9)
+    return math.ceil((1.0 + load_bound) * mean - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,8 @@ class Pick:
 
 
 def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, policy: str = "scheduler", turn: int = 0) -> list[Pick]:
-    """Every replica not down, best first. The first is where the request goes; the rest are its
+    """Every replica not down, best first (`policy`: the scheduler's cost, or a baseline:
+    round-robin, least in flight, session affinity with round-robin for requests without one). The first is where the request goes; the rest are its
     failover order. Unhealthy replicas come last (tried only when every healthy one failed)."""
     up = [r for r in replicas if not r.down]
     if not up:
@@ -123,10 +127,11 @@ def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, polic
         picks = [Pick(r.name, "load", r.queue) for r in order]
     elif policy == "least-in-flight":
         picks = [Pick(r.name, "load", r.queue) for r in sorted(up, key=lambda r: (r.queue, -rendezvous(ask.key, r.name)))]
-    elif policy == "session":
-        key = ask.session or ask.key
-        picks = [Pick(r.name, "session" if ask.session else "load", r.queue)
-                 for r in sorted(up, key=lambda r: rendezvous(key, r.name), reverse=True)]
+    elif policy == "session" and ask.session:  # the single origins' rule: rendezvous on the session id
+        picks = [Pick(r.name, "session", r.queue) for r in sorted(up, key=lambda r: rendezvous(ask.session, r.name), reverse=True)]
+    elif policy == "session":  # no session: nothing to keep, round-robin
+        order = up[turn % len(up):] + up[:turn % len(up)]
+        picks = [Pick(r.name, "load", r.queue) for r in order]
     else:
         picks = _by_cost(ask, up, queues, load_bound)
     healthy = {r.name for r in up if r.healthy}
@@ -134,7 +139,8 @@ def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, polic
 
 
 def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_bound: float) -> list[Pick]:
-    bounded = {r.name for r in up if over_bound(r.queue, queues, load_bound)}
+    cap = load_cap(queues, load_bound)
+    bounded = {r.name for r in up if max(0.0, r.queue) + 1.0 > cap}
     scored = sorted(up, key=lambda r: (r.name in bounded, cost(ask.new_prefill(r.held), r.queue, r.slowness),
                                        -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)

@@ -40,10 +40,12 @@ from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, sane_reading
 from edgellm.routing.scheduler import BLOCK_CHARS, Ask
 
-# Measured on this machine (bench_fleet's replicas: SmolLM2-135M Q4_1, llama.cpp, one thread, loaded
-# 2-core host): seconds per uncached prompt token and per generated token. `--measure` re-measures.
-PREFILL_S = 0.0016
-DECODE_S = 0.021
+# Measured on this machine (`--measure`: a bench_fleet replica, SmolLM2-135M Q4_1 on llama.cpp, one
+# thread, on the shared 2-core host at a load average near 15): seconds per uncached prompt token and
+# per generated token, from the replica's own counters. The simulated replicas run them `--speedup`
+# times faster (a GPU replica's scale); the ratios between them are what was measured.
+PREFILL_S = 0.0513
+DECODE_S = 0.227
 CHARS_PER_TOKEN = 4.0
 
 
@@ -357,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-rtt-ms", type=float, default=2.0)
     parser.add_argument("--prefill-s", type=float, default=PREFILL_S)
     parser.add_argument("--decode-s", type=float, default=DECODE_S)
-    parser.add_argument("--speedup", type=float, default=50.0,
+    parser.add_argument("--speedup", type=float, default=1000.0,
                         help="replicas this much faster than the measured one (a GPU replica; the ratios are what matter)")
     parser.add_argument("--measure", action="store_true", help="measure prefill and decode costs on a real replica first")
     parser.add_argument("--quick", action="store_true", help="8 replicas, 2 s: the plumbing only")

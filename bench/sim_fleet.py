@@ -143,7 +143,7 @@ class Sim:
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
         self.jobs: list[Job] = []
-        self.fallbacks = self.object_answers = self.probes = 0
+        self.fallbacks = self.object_answers = self.probes = self.skips = 0
         self.apps = max(8, replicas // 2)
         self.zipf = [1 / (k + 1) for k in range(self.apps)]
         self.conversations: dict[int, list[tuple[str, int]]] = {}
@@ -191,6 +191,10 @@ class Sim:
         view = self.views[job.isolate]
         ask = self.ask(job)
         if self.placement.startswith("object"):
+            breaker = view.router_breaker
+            if self.placement == "object+fallback" and breaker.admit(now) == "skip":
+                self.skips += 1
+                return self.decide_here(job, view, ask, now)
             rtt = self.rng.lognormvariate(math.log(self.object_rtt), 0.5)
             at_object = max(now + rtt / 2, self.object_free_at)
             self.object_free_at = at_object + 2 * self.object_call  # the pick, and later its done report
@@ -202,10 +206,16 @@ class Sim:
                 view.dispatched(picks[0].name, ask, picks[0].reason)
                 job.decider, job.also = self.object, [view]
                 self.object_answers += 1
+                breaker.success(back)
                 self.push(back, "start", (job, picks[0].name))
                 return
             self.fallbacks += 1
             now = now + self.router_s
+            breaker.failure(now)
+        self.decide_here(job, view, ask, now)
+
+    def decide_here(self, job: Job, view: PoolView, ask: Ask, now: float) -> None:
+        """The isolate's own view decides (after refreshing its stale readings)."""
         delay = self.refresh(view, now)
         picks = view.choose(ask, now)
         view.dispatched(picks[0].name, ask, picks[0].reason)
@@ -306,7 +316,7 @@ class Sim:
         prompt = sum(r.prompt_tokens for r in self.replicas)
         out = {"n": len(done), "ttft_p50_ms": _pct(ttft, 50) * 1000, "ttft_p99_ms": _pct(ttft, 99) * 1000,
                "throughput_rps": len(done) / span, "hit_rate": cached / prompt if prompt else 0.0,
-               "fallbacks": self.fallbacks, "object_answers": self.object_answers,
+               "fallbacks": self.fallbacks, "object_answers": self.object_answers, "skips": self.skips,
                "probes_per_s": self.probes / self.seconds}
         if self.slowed_at is not None:
             slow = {self.replicas[k].name for k in range(0, len(self.replicas), 8)}
@@ -386,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                     if "slowed_share_after" in row:
                         extra = f"  slowed share {row['slowed_share_after']:.3f} (fair {row['slowed_fair_share']:.3f})"
                     if placement != "isolates":
-                        extra += f"  object answers {row['object_answers']}, fallbacks {row['fallbacks']}"
+                        extra += f"  object answers {row['object_answers']}, fallbacks {row['fallbacks']}, not asked {row['skips']}"
                     print(f"{workload:>7} {size:4d} replicas {rate:7.0f}/s {policy:>16} {placement:>16}: TTFT p50 "
                           f"{row['ttft_p50_ms']:8.1f} ms  p99 {row['ttft_p99_ms']:8.1f} ms  {row['throughput_rps']:7.0f}/s  "
                           f"hits {row['hit_rate']:.0%}  probes {row['probes_per_s']:.0f}/s{extra}  "

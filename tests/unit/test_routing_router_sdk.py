@@ -75,3 +75,28 @@ async def test_two_isolates_share_the_pools_view_through_the_router_object(runti
     view = namespace.instance("gpu").router.views["gpu"]
     assert view.replicas[holder].sent == 2 and view.replicas[holder].in_flight == 0
     assert first.state.routing.counters.router_answers == 2 and second.state.routing.counters.router_answers == 1
+
+
+class FailingRouters:
+    """The ROUTER binding with a fault: every call to an object fails (an overloaded object)."""
+
+    calls = 0
+
+    def get(self, name: str) -> "FailingRouters":
+        return self
+
+    async def fetch(self, request: Any) -> Any:
+        FailingRouters.calls += 1
+        raise RuntimeError("overloaded")
+
+
+async def test_an_object_that_keeps_failing_is_left_out_of_the_request_path() -> None:
+    config = Config.from_env({"ORIGINS": ORIGINS, "OPEN_ACCESS": "true"})
+    background = Background()
+    deps = Deps(config=config, ai=None, routers=FailingRouters(), wait_until=background, state=IsolateState(config=config))  # type: ignore[arg-type]
+    view = PoolView(config.routing.pools["gpu"])
+    ask = Ask(prefix_blocks("x" * 600), 150, 600)
+    assert [await ask_router(deps, view, ask) for _ in range(5)] == [None] * 5
+    counters = deps.state.routing.counters
+    assert (counters.router_fallbacks, counters.router_skips) == (3, 2) and view.router_breaker.state == "open"
+    await background.settle()  # the give-up reports fail too, and are only logged

@@ -159,10 +159,11 @@ async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tup
         try:
             events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request)
         except GatewayError as exc:
-            if choice.view is not None:
-                pools.failed(deps, choice) if exc.kind in FAILOVER_KINDS else choice.view.finished(origin.name, deps.clock.now(), None)
-            if exc.kind not in FAILOVER_KINDS:
+            if exc.kind not in FAILOVER_KINDS:  # the request's own fault (a 400): no verdict on the replica
+                if choice.view is not None:
+                    choice.view.finished(origin.name, deps.clock.now(), None)
                 raise
+            pools.failed(deps, choice)
             state.counters.origin_errors += 1
             deps.log.warning("origin %s failed: %s", origin.name, exc.detail or exc.message)  # its own text: the log's only
             last = exc

@@ -100,6 +100,9 @@ class PoolView:
     sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)
     turn: int = 0
     probing: set[str] = field(default_factory=set)  # replicas a probe is out for (one at a time each)
+    # the pool's Durable Object, as this isolate has seen it answer (routing.router): missing its
+    # deadline three times in ten seconds keeps it out of the request path for ten
+    router_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig(3, 10.0, 10.0)))
 
     def __post_init__(self) -> None:
         for name in self.config.replicas:

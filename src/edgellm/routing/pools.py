@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from ..deps import Deps
@@ -157,6 +157,3 @@ def route_text(choice: Choice, reason: str, why_not_edge: str) -> str:
     edge = "" if why_not_edge == "pool" else f"; edge={why_not_edge}"
     return f"origin; origin={choice.origin.name}; reason={reason}{edge}"
 
-
-def with_reason(choice: Choice, reason: str) -> Choice:
-    return replace(choice, reason=reason)

@@ -7,7 +7,10 @@ whole pool's view (every isolate's dispatches, the replicas' own reports, which 
 background when they are older than `probe_age_ms`) and runs the same `scheduler` over it. The
 request waits at most the pool's `router_ms` for the answer; past that, or on any error, it
 decides from its own isolate's view (rendezvous on the prefix keeps isolates that fall back
-agreeing on a new prefix's replica). When the answer ends, `POST /done` tells the object (in the
+agreeing on a new prefix's replica). An object that misses its deadline three times in ten
+seconds is not asked for the next ten (a breaker per isolate and pool, `PoolView.router_breaker`):
+an object past its throughput (Cloudflare: a soft limit of 1,000 requests a second per object)
+is then not kept busy by requests that will not wait for it, nor do they each wait `router_ms`. When the answer ends, `POST /done` tells the object (in the
 background, `wait_until`), so its in-flight counts come down. An entry whose `/done` never
 arrives (an isolate evicted mid-answer) expires after the replica's `total_ms`.
 
@@ -119,6 +122,11 @@ async def ask_router(deps: Deps, view: PoolView, ask: Ask) -> tuple[list[Pick], 
     if routers is None:
         return None
     counters = deps.state.routing.counters
+    breaker = view.router_breaker
+    now = deps.clock.now()
+    if breaker.admit(now) == "skip":  # it has been missing its deadline: not asked until the cool-down ends
+        counters.router_skips += 1
+        return None
     lease = deps.state.ids.hex(8)
     body = json.dumps({"pool": view.config.name, "blocks": [str(b) for b in ask.blocks], "tokens": ask.prompt_tokens, "chars": ask.prompt_chars,
                        "session": ask.session, "id": lease}).encode()
@@ -129,13 +137,16 @@ async def ask_router(deps: Deps, view: PoolView, ask: Ask) -> tuple[list[Pick], 
             data = json.loads(response.body) if isinstance(response.body, (bytes, bytearray)) else None
     except Exception:  # a timeout, the object failing, its answer not JSON: the isolate decides
         counters.router_fallbacks += 1
+        breaker.failure(deps.clock.now())
         deps.wait_until(_done(deps, view.config.name, {"pool": view.config.name, "id": lease, "name": None, "ok": None}))
         return None
     picks = data.get("picks") if isinstance(data, dict) else None
     if not isinstance(picks, list) or not all(isinstance(p, list) and len(p) == 2 and p[0] in view.replicas for p in picks):
         counters.router_fallbacks += 1
+        breaker.failure(deps.clock.now())
         return None
     counters.router_answers += 1
+    breaker.success(deps.clock.now())
     return [Pick(str(name), str(reason), 0.0) for name, reason in picks], lease
 
 

@@ -25,6 +25,7 @@ class RoutingCounters:
     origin_errors: int = 0
     router_answers: int = 0  # a pool's Durable Object said where a request goes
     router_fallbacks: int = 0  # it did not answer in time (or failed): the isolate's own view decided
+    router_skips: int = 0  # it was not asked (it had been missing its deadline): the isolate's own view decided
 
     def to_json(self) -> dict[str, int]:
         return dict(self.__dict__)

@@ -75,6 +75,7 @@ class Outcome:
     sent_at: float
     reason: str = ""
     text: str = ""
+    error: str = ""
 
 
 @dataclass
@@ -100,7 +101,8 @@ class Cell:
         out = {"policy": self.policy, "workload": self.workload, "n": len(self.outcomes), "ok": len(ok),
                "ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
                "throughput_rps": len(ok) / self.span_s if self.span_s else 0.0,
-               "prefix_hit_rate": self.cached / self.prompt if self.prompt else 0.0, "shares": shares}
+               "prefix_hit_rate": self.cached / self.prompt if self.prompt else 0.0, "shares": shares,
+               "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3]}
         if self.slowed_at is not None and self.slowed:
             before = [o for o in ok if o.sent_at < self.slowed_at]
             after = [o for o in ok if o.sent_at >= self.slowed_at]
@@ -114,12 +116,14 @@ class Cell:
 async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], t0: float) -> Outcome:
     sent = time.monotonic()
     first: float | None = None
-    text, done, route = [], False, ""
+    text, done, route, error = [], False, "", ""
     try:
         async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, headers=headers) as response:
             route = response.headers.get("x-edgellm-route", "")
             async for line in response.aiter_lines():
-                if line == "data: [DONE]":
+                if response.status_code != 200:
+                    error += line
+                elif line == "data: [DONE]":
                     done = True
                 elif line.startswith("data: {"):
                     event = json.loads(line[6:])
@@ -129,12 +133,14 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str
                             first = first or time.monotonic()
                             text.append(piece)
             ok = response.status_code == 200 and done
-    except httpx.HTTPError:
-        ok = False
+            if response.status_code != 200:
+                error = f"{response.status_code}: {error[:200]}"
+    except httpx.HTTPError as exc:
+        ok, error = False, str(exc)[:200]
     end = time.monotonic()
     parts = dict(p.strip().split("=", 1) for p in route.split(";")[1:] if "=" in p)
     return Outcome(ok and first is not None, (first or end) - sent, end - sent, parts.get("origin", "?"), sent - t0,
-                   parts.get("reason", ""), "".join(text))
+                   parts.get("reason", ""), "".join(text), error)
 
 
 async def run_cell(url: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, rng: random.Random,

@@ -10,7 +10,7 @@ MODEL ?= smollm2-135m
 # more `edgellm dev` options, e.g. `make dev ARGS="--threads 2 --admin-token T"`
 ARGS ?=
 
-.PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split llama-server deploy-check deploy clean
+.PHONY: setup setup-test vendor vendor-python vendor-wllama dev test bench bench-split llama-server deploy-check deploy mutate clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -167,6 +167,21 @@ llama-server: $(BIN)/python
 # `make deploy-check` is the checks alone. wrangler's [build] step (vendor-python, vendor-wllama)
 # downloads from PyPI and npm on a fresh clone.
 WRANGLER_PATH := PATH="$(CURDIR)/node_modules/.bin:$$PATH"
+# Mutation testing (docs/architecture.md): each module a change touches (`src/edgellm/*.py` changed
+# since `git merge-base HEAD main`, or MODULES="src/edgellm/x.py ..."), mutated one change at a time
+# and run against its own unit tests (tests/unit/test_<module>.py, or TESTS="..."); prints the
+# survivors. Bounded: MUTATE_TIMEOUT seconds a mutant, MUTATE_BUDGET seconds the whole run.
+MODULES ?=
+TESTS ?=
+MUTATE_TIMEOUT ?= 60
+MUTATE_BUDGET ?= 1800
+$(VENV)/.installed-mutate: $(VENV)/.installed-test pyproject.toml
+	$(BIN)/pip install -q -e '.[local,test,mutate]'
+	touch $@
+
+mutate: $(VENV)/.installed-mutate
+	$(BIN)/python -m edgellm_local.mutate --modules "$(MODULES)" --tests "$(TESTS)" --timeout $(MUTATE_TIMEOUT) --budget $(MUTATE_BUDGET)
+
 deploy-check: | $(VENV)/.installed-local node_modules/.installed
 	$(WRANGLER_PATH) $(BIN)/edgellm deploy-check
 

@@ -16,6 +16,14 @@ p99 of a `/healthz` probe (every 50 ms) side by side; attack requests are counte
 should be 502/503/504 with Retry-After, never lost).
 
     .venv/bin/python -m bench.bench_abuse [--clients 200] [--duration 60] [--trickle 32] [--hostile 8]
+
+`--connections` runs the connection-place rows instead, on this checkout's edge and on a
+baseline's (`--before REF`, default main, from `git archive`) in the same run: 520 slow-body
+connections from ten loopback addresses (a byte every 2 s, reopened when cut) while `/healthz` is
+probed from another address, then 200 clients from one address (`/v1/models`): /healthz answered
+or failed, and the one address's answers, 503s and resets, side by side.
+
+    .venv/bin/python -m bench.bench_abuse --connections [--duration 15] [--before main]
 """
 
 from __future__ import annotations
@@ -264,14 +272,111 @@ def report(name: str, run: dict[str, Any], args: argparse.Namespace) -> dict[Any
     return bad
 
 
+async def slow_body_flood(host: str, port: int, stop: float, addresses: int, per_address: int) -> int:
+    """`addresses` x `per_address` connections, each a POST whose body comes a byte every 2 s,
+    reopened when the edge answers or closes it, until `stop`; returns how many were opened."""
+    opened = 0
+
+    async def one(source: str) -> None:
+        nonlocal opened
+        while time.monotonic() < stop:
+            opened += 1
+            try:
+                reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
+            except OSError:
+                await asyncio.sleep(0.5)
+                continue
+            try:
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
+                             b"content-length: 100000\r\n\r\n{")
+                while time.monotonic() < stop:
+                    await writer.drain()
+                    try:
+                        await asyncio.wait_for(reader.read(65536), 2.0)
+                        break  # answered (a 400, a 503) or closed: open another
+                    except asyncio.TimeoutError:
+                        writer.write(b" ")
+            except OSError:
+                pass
+            finally:
+                writer.close()
+            await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(one(f"127.0.5.{a + 1}") for a in range(addresses) for _ in range(per_address)))
+    return opened
+
+
+async def one_address_load(url: str, clients: int, duration: float) -> collections.Counter:
+    """`clients` concurrent clients from one address (127.0.4.1), each asking `/v1/models` in a
+    loop on its own connection: the statuses, and the failures by exception name (resets)."""
+    outcomes: collections.Counter = collections.Counter()
+    stop = time.monotonic() + duration
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits,
+                                 transport=httpx.AsyncHTTPTransport(local_address="127.0.4.1", limits=limits)) as client:
+        async def worker() -> None:
+            while time.monotonic() < stop:
+                try:
+                    response = await client.get("/v1/models")
+                except httpx.HTTPError as exc:
+                    outcomes[type(exc).__name__] += 1
+                    continue
+                outcomes[response.status_code] += 1
+                if response.status_code == 503:
+                    outcomes["503 with Retry-After"] += "retry-after" in response.headers
+                    await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    return outcomes
+
+
+async def connections_phase(url: str, duration: float) -> dict[str, Any]:
+    host, port = url.rsplit("//", 1)[1].split(":")
+    stop = time.monotonic() + duration
+    opened, (health, health_failed) = await asyncio.gather(slow_body_flood(host, int(port), stop, 10, 52), healthz_probe(url, stop))
+    return {"opened": opened, "health": len(health), "health_failed": health_failed, "health_p50": percentile(health, 50),
+            "health_p99": percentile(health, 99),
+            "one_address": await one_address_load(url, 200, duration)}
+
+
+def connections_main(args: argparse.Namespace) -> int:
+    """The connection-place rows, on a baseline's edge and on this checkout's, in one run."""
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="edgellm-before-") as before:
+        archive = subprocess.run(["git", "archive", args.before, "src", "local"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", before], input=archive, check=True)
+        for name, code in ((f"before ({args.before})", before), ("this checkout", None)):
+            with running_edge(extra=["--open"], code=code, ready_within=300, stop_within=30) as url:
+                runs[name] = asyncio.run(connections_phase(url, args.duration))
+    print(f"1-minute load {Path('/proc/loadavg').read_text().split()[0]}; {args.duration:.0f} s per row")
+    for name, run in runs.items():
+        answered = run["health"] - run["health_failed"]
+        print(f"[{name}] 520 slow bodies from 10 addresses ({run['opened']} connections opened): /healthz answered "
+              f"{answered}/{run['health']} ({100 * answered / max(1, run['health']):.0f}%), p50 {run['health_p50'] * 1000:.1f} ms, "
+              f"p99 {run['health_p99'] * 1000:.1f} ms")
+        outcomes = run["one_address"]
+        sent = sum(c for k, c in outcomes.items() if k != "503 with Retry-After")
+        failed = sum(c for k, c in outcomes.items() if isinstance(k, str) and k != "503 with Retry-After")
+        print(f"[{name}] 200 clients from one address: {sent} requests, {failed} lost ({100 * failed / max(1, sent):.1f}%); "
+              + ", ".join(f"{k}: {c}" for k, c in sorted(outcomes.items(), key=str)))
+    after = runs["this checkout"]
+    lost = sum(c for k, c in after["one_address"].items() if isinstance(k, str) and k != "503 with Retry-After")
+    ok = after["health_failed"] == 0 and lost == 0
+    print("targets: /healthz answered under the flood, nothing lost from one address ->", "met" if ok else "MISSED")
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--connections", action="store_true", help="run the connection-place rows (before/after) instead")
+    parser.add_argument("--before", default="main", help="the baseline's git ref for --connections (default %(default)s)")
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (default %(default)s)")
     parser.add_argument("--hits", type=int, default=300, help="HITs per side for the key-check cost")
     parser.add_argument("--trickle", type=int, default=32, help="slow-body connections in the attack phase")
     parser.add_argument("--hostile", type=int, default=8, help="clients sending to the hostile origin in the attack phase")
     args = parser.parse_args()
+    if args.connections:
+        return connections_main(args)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support, from a checkout
     from tests.support.hostile_origin import HostileOriginProcess
 

@@ -57,7 +57,9 @@ def _serve_dev(args: argparse.Namespace) -> int:
         check_sizes(args)
         for url in args.origin:
             check_origin_url(url)
-        env = dev_vars(args.var)  # any [vars] value, as wrangler.toml would set it
+        # [vars] as the deployed Worker has them (wrangler.toml), under any --var given here
+        wrangler, vars_line = wrangler_vars(args)
+        env = {**wrangler, **dev_vars(args.var)}
         model, chat_template = resolve_model(args.model)
         chat_template = args.chat_template or chat_template
         embedding_model = resolve_embedding_model(args.embedding_model)
@@ -71,8 +73,9 @@ def _serve_dev(args: argparse.Namespace) -> int:
         for name, value in (("MODEL", args.model_id), ("ADMIN_TOKEN", args.admin_token or os.environ.get("EDGELLM_ADMIN_TOKEN"))):
             if value:
                 env[name] = value
-        # /metrics: open on loopback (Prometheus beside it), behind the admin token elsewhere
-        env.setdefault("METRICS_OPEN", "true" if loopback else "false")
+        # /metrics: open on loopback (Prometheus beside it) when the API is, behind the admin token
+        # elsewhere: open beside API keys it would show every tenant's name (the config refuses that)
+        env.setdefault("METRICS_OPEN", "true" if loopback and open_access else "false")
         env["LOG_PROMPTS"] = "true" if args.log_prompts else env.get("LOG_PROMPTS", "false")
         if args.max_waiting_generations is not None:
             env["MAX_WAITING_GENERATIONS"] = str(args.max_waiting_generations)
@@ -109,6 +112,7 @@ def _serve_dev(args: argparse.Namespace) -> int:
     print(f"  {config.model} (and fallbacks {', '.join(config.fallback_models) or 'none'}) -> llama.cpp with {model.name}", flush=True)
     for origin in config.routing.origins:
         print(f"  origin {origin.name}: {origin.url}", flush=True)
+    print(f"  {vars_line}", flush=True)
     print(f"  state in {settings.state_dir.resolve()}; try: curl http://{host}:{port}/v1/models", flush=True)
     if config.open_access:
         print("  WARNING: OPEN ACCESS: API calls need no key; anyone who can reach this port can spend inference.", flush=True)
@@ -142,6 +146,43 @@ def check_origin_url(url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"--origin {url!r} is not an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080/v1")
+
+
+# [vars] the local edge takes from wrangler.toml only through its own rule: who may call it follows
+# the address it listens on (loopback: open, so the README's requests work as they are), because a
+# deployment's OPEN_ACCESS says who on the internet may call it; --open, --require-keys or a --var
+# decide explicitly. METRICS_OPEN follows the access mode the same way.
+ADDRESS_VARS = ("OPEN_ACCESS", "METRICS_OPEN")
+
+
+def wrangler_vars(args: argparse.Namespace) -> tuple[dict[str, str], str]:
+    """The `[vars]` of the Worker's wrangler.toml (`--config`, default ./wrangler.toml), so the
+    local edge runs with the deployed Worker's settings unless a flag says otherwise; and the one
+    start line saying which file was read. A mistake in them is refused as `deploy-check` refuses it."""
+    import tomllib
+
+    from edgellm.vars import as_var_text, check_vars
+
+    path = Path(args.config) if args.config else Path("wrangler.toml")
+    if not args.wrangler_vars:
+        return {}, "[vars]: built-in defaults (--no-wrangler-vars: wrangler.toml not read)"
+    if not path.is_file():
+        if args.config:
+            raise ValueError(f"--config {args.config}: no such file (the Worker's wrangler.toml, as wrangler's --config)")
+        return {}, "[vars]: built-in defaults (no wrangler.toml here; --config PATH reads one)"
+    try:
+        values = tomllib.loads(path.read_text()).get("vars", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: [vars] is not a table of NAME = \"value\" lines")
+    problems = check_vars(values)
+    if problems:
+        raise ValueError(f"{path} [vars]: {problems[0]} (or --no-wrangler-vars)")
+    taken = {name: as_var_text(value) for name, value in values.items() if name not in ADDRESS_VARS}
+    left = [name for name in ADDRESS_VARS if name in values]
+    aside = f"; {' and '.join(left)} follow{'s' if len(left) == 1 else ''} this edge's address" if left else ""
+    return taken, f"[vars] from {path.resolve()}: {len(taken)} value(s){aside} (--no-wrangler-vars: built-in defaults)"
 
 
 def dev_vars(pairs: list[str]) -> dict[str, str]:
@@ -294,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="send R2 files in chunks through Python instead of sendfile(2) (for comparison)")
     dev.add_argument("--origin", action="append", default=[], metavar="URL", help="an OpenAI-compatible origin to fall back to (repeatable)")
     dev.add_argument("--origin-token", help="bearer token for the origins (default: $EDGELLM_ORIGIN_TOKEN)")
+    dev.add_argument("--config", "-c", metavar="PATH", default=None,
+                     help="the Worker's wrangler.toml whose [vars] the edge runs with, as wrangler's --config "
+                          "(default: ./wrangler.toml if there is one; flags, --var and the environment win over it)")
+    dev.add_argument("--no-wrangler-vars", dest="wrangler_vars", action="store_false",
+                     help="ignore wrangler.toml's [vars]: built-in defaults and flags only")
     dev.add_argument("--var", action="append", default=[], metavar="NAME=VALUE", help="a [vars] value, e.g. EDGE_FIRST_TOKEN_MS=500 (repeatable; every name is in docs/operations.md)")
     dev.add_argument("--fault", action="append", default=[], metavar="KIND=RATE[:OPT=V]",
                      help="inject faults at the AI binding: fail, retired, delay_first, stall, fail_mid (e.g. stall=0.33:after=3)")

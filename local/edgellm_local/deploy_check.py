@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from edgellm.guardrails.policy import PolicyError, parse_policy
 from edgellm.vars import check_vars as vars_problems
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -53,7 +54,7 @@ def check_vars(config: dict[str, Any]) -> list[Check]:
     """The [vars] as the Worker will read them: an unknown name (a typo the Worker would ignore,
     leaving the default in force), a TOML value of a type it cannot read, a secret written into
     the file, a value the config refuses. Each would deploy fine and then misbehave (or answer
-    `worker_setup_failed` to every request), so each stops the deploy here."""
+    `worker_misconfigured` to every request), so each stops the deploy here."""
     values = config.get("vars", {})
     if not isinstance(values, dict):
         return [Check("[vars]", False, "is not a table", "write [vars] as a TOML table of NAME = \"value\" lines")]
@@ -62,6 +63,20 @@ def check_vars(config: dict[str, Any]) -> list[Check]:
         return [Check("[vars]", True, f"{len(values)} value(s), each known and readable")]
     return [Check("[vars]", False, problem, "fix it in wrangler.toml (docs/operations.md lists every name and its values)")
             for problem in problems]
+
+
+def check_guardrails(config: dict[str, Any]) -> list[Check]:
+    """GUARDRAILS, parsed as the Worker will parse it at start: an unknown category, detector or
+    action would make every request fail there, so it stops the deploy here, named."""
+    values = config.get("vars", {})
+    if not isinstance(values, dict) or "GUARDRAILS" not in values:
+        return []
+    try:
+        policy = parse_policy(values["GUARDRAILS"])
+    except PolicyError as exc:
+        return [Check("GUARDRAILS", False, str(exc), "fix it in wrangler.toml (docs/guardrails.md gives the format)")]
+    rules = len(policy.prompt) + len(policy.answer) + len(policy.dlp)
+    return [Check("GUARDRAILS", True, f"{rules} rule(s), each a known category or detector and action")]
 
 
 def check_ids(config: dict[str, Any]) -> list[Check]:
@@ -176,6 +191,50 @@ def check_key(config: dict[str, Any], wrangler: Sequence[str], run: Runner) -> C
     return Check("API key", True, f"{len(keys)} key record(s) in KV")
 
 
+def check_index(config: dict[str, Any], wrangler: Sequence[str], run: Runner) -> list[Check]:
+    """The semantic index's dimension against the embedding model's width. Vectorize fixes the
+    dimension when the index is made, and the Worker learns it only from its first query (which
+    then fails, as every later one would); so it is read from the account here and held to the
+    width Cloudflare's catalog gives the first of EMBEDDING_MODELS (a model the catalog lacks is
+    known only from its first answer: said, not checked)."""
+    from edgellm.config import Config, embedding_width, index_width_problem
+
+    indexes = [i for i in config.get("vectorize", []) if isinstance(i, dict) and i.get("index_name")]
+    try:
+        settings = Config.from_env({k: str(v) for k, v in config.get("vars", {}).items()})
+    except ValueError:
+        return []  # the [vars] check says what is wrong
+    if not indexes or not settings.embedding_models:
+        return []
+    model = settings.embedding_models[0]
+    checks = []
+    for index in indexes:
+        name, binding = str(index["index_name"]), f"semantic index {index.get('binding', '?')}"
+        width = embedding_width(model)
+        make = f"npx wrangler vectorize create {name} --dimensions={width or '<its width>'} --metric=cosine"
+        if width is None:
+            checks.append(Check(binding, True, f"{model}'s width is known only from its first answer: not checked "
+                                "(a mismatch fails the first semantic lookup)"))
+            continue
+        done = run([*wrangler, "vectorize", "get", name, "--json"], capture_output=True, text=True, timeout=WRANGLER_TIMEOUT_S)
+        try:
+            dimensions = int(json.loads(done.stdout)["config"]["dimensions"]) if done.returncode == 0 else None
+        except (ValueError, KeyError, TypeError):
+            dimensions = None
+        if dimensions is None:
+            checks.append(Check(binding, False, f"cannot read the index {name} ({_last_line(_output(done))})",
+                                f"{make}, then {' '.join(wrangler)} vectorize create-metadata-index {name} "
+                                "--property-name=context --type=string"))
+            continue
+        problem = index_width_problem(settings, dimensions, f"the Vectorize index {name}")
+        if problem is None:
+            checks.append(Check(binding, True, f"{name} holds {dimensions} dimensions, as {model} makes"))
+        else:
+            checks.append(Check(binding, False, problem, f"{make} (and bind it), or put a {dimensions}-dimensional model "
+                                "first in EMBEDDING_MODELS"))
+    return checks
+
+
 def check_dry_run(wrangler: Sequence[str], run: Runner, outdir: str = "dist") -> Check:
     """Builds the bundle and validates wrangler.toml without an account (its [build] step runs
     `make vendor-python vendor-wllama`, which reaches PyPI and npm on a fresh clone)."""
@@ -190,13 +249,14 @@ def check_dry_run(wrangler: Sequence[str], run: Runner, outdir: str = "dist") ->
 def run_checks(config_path: Path, wrangler: Sequence[str], run: Runner = subprocess.run) -> list[Check]:
     """Offline checks first; the account checks only once logged in (they would all fail alike)."""
     config = load_config(config_path)
-    checks = check_vars(config) + check_ids(config)
+    checks = check_vars(config) + check_guardrails(config) + check_ids(config)
     login = check_login(wrangler, run)
     checks.append(login)
     if login.ok:
         checks += check_secrets(config, wrangler, run)
         if all(c.ok for c in checks if c.name.startswith("KV namespace")):
             checks.append(check_key(config, wrangler, run))
+        checks += check_index(config, wrangler, run)
     checks.append(check_analytics(config))
     checks.append(check_dry_run(wrangler, run))
     return checks

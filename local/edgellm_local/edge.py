@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgellm.config import Config
+from edgellm.config import Config, index_width_problem
 from edgellm.embeddings import DEFAULT_EMBEDDING_MODEL
 from edgellm.ports import Clock
 from edgellm.deps import Deps, SystemClock
@@ -103,6 +103,16 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         ai.embedders = {model: embedder for model in settings.config.embedding_models}
     elif settings.config.embedding_models:  # nothing stands in for them: not listed, not served
         settings = replace(settings, config=replace(settings.config, embedding_models=()))
+    vectors = None
+    if settings.config.embedding_models:  # the semantic cache's index (Vectorize's stand-in), only where embeddings are served
+        vectors = SqliteVectorIndex(settings.state_dir / "vectors.sqlite3")
+        if vectors.dimensions is not None and settings.embedding_model_path is not None:
+            # the index keeps its first vector's width (as Vectorize keeps the one it was made with)
+            problem = index_width_problem(settings.config, vectors.dimensions, f"the local index {vectors.path}",
+                                          width=embedder.dimensions)
+            if problem is not None:
+                vectors.close()
+                raise ValueError(f"{problem} (or delete {vectors.path})")
     return Deps(
         config=settings.config,
         ai=ai,
@@ -117,8 +127,7 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         fetch=HttpxFetch(),
         tracer=otlp_tracer(),
         exposition=PrometheusExposition(),
-        # the semantic cache's index (Vectorize's stand-in), only where embeddings are served
-        vectors=SqliteVectorIndex(settings.state_dir / "vectors.sqlite3") if settings.config.embedding_models else None,
+        vectors=vectors,
     )
 
 

@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -35,12 +36,14 @@ class FamiliesCollector(Collector):
 
 @dataclass(frozen=True)
 class PrometheusExposition:
-    """`/metrics` through the official client (its text, its content type)."""
+    """`/metrics` through the official client. Its content type is the one the client's own
+    handler sends for this text (`choose_encoder` without a 1.0.0 `Accept`): the names are all
+    legacy ones, so the text is the 0.0.4 format, as the Worker's writer says of the same text."""
 
     def render(self, families: list[Family]) -> tuple[bytes, str]:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(FamiliesCollector(families))
-        return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4
 
 
 class OtelSpan:

@@ -54,6 +54,7 @@ export function legendLayout(names, width, left = 8, right = 8) {
 
 function frame(svg, names) {
   svg.replaceChildren();
+  delete svg.dataset.empty;
   const width = svg.clientWidth || 400, height = svg.clientHeight || 220;
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   const layout = legendLayout(names, width);
@@ -144,6 +145,35 @@ export function renderBars(svg, groups, measures) {
     svg.append(label);
   });
   legend(svg, f);
+}
+
+/** `text` cut into lines of at most `fits` characters, at spaces where it can be. */
+export function wrapWords(text, fits) {
+  const lines = [];
+  let line = "";
+  for (const word of text.split(/\s+/).filter(Boolean)) {
+    for (let rest = word; rest; ) {
+      const piece = rest.slice(0, fits);
+      rest = rest.slice(piece.length);
+      if (!line) line = piece;
+      else if (line.length + 1 + piece.length <= fits) line += ` ${piece}`;
+      else { lines.push(line); line = piece; }
+    }
+  }
+  if (line) lines.push(line);
+  return lines;
+}
+
+/** A chart with nothing to draw says why, in words inside its frame (an empty frame reads as a
+ * broken page): what would show it, or that there is nothing yet. */
+export function renderEmpty(svg, message) {
+  const f = frame(svg, []);
+  const lines = wrapWords(message, Math.max(8, Math.floor((f.width - 16) / CHAR_WIDTH)));
+  const first = f.height / 2 - ((lines.length - 1) * ROW) / 2;
+  const text = el("text", { class: "empty", x: f.width / 2, y: first, "text-anchor": "middle" });
+  lines.forEach((line, i) => text.append(el("tspan", { x: f.width / 2, y: first + i * ROW }, line)));
+  svg.dataset.empty = message;
+  svg.append(text);
 }
 
 /** A figure as people read it: 1.2k, 3.4M, and small amounts (a cost of $0.0038) with two

@@ -9,7 +9,7 @@
  * in Chromium through the page); `LiveView` at the end does the polling and the drawing.
  */
 import { errorFrom } from "./api-errors.mjs";
-import { formatNumber, renderBars, renderLines } from "./usage-charts.mjs";
+import { formatNumber, renderBars, renderEmpty, renderLines } from "./usage-charts.mjs";
 
 export const ISOLATE_START = "edgellm_isolate_start_time_seconds";
 export const DEFAULT_EVERY_MS = 5000;
@@ -304,6 +304,7 @@ export class LiveView {
     this.lastGood = null;
     document.addEventListener("visibilitychange", () => this.visibilityChanged());
     this.setState("off", "Type the admin token above to watch /metrics live.");
+    this.clear("The admin token, typed above, shows this live.");
   }
 
   /** Scrape with `token` ("" for a /metrics that is open), unless already watching with it, or
@@ -316,7 +317,7 @@ export class LiveView {
     this.window = new LiveWindow();
     this.lastGood = null;
     document.body.dataset.liveSamples = "0";
-    this.clear();
+    this.clear("Waiting for two scrapes of /metrics: a rate is the difference between them.");
     this.setState("waiting", "Scraping /metrics…");
     this.tick(this.run);
   }
@@ -325,7 +326,7 @@ export class LiveView {
   refuse(access) {
     this.stop();
     const trouble = troubleOf({ status: access === "tenant" ? 403 : 401 });
-    this.clear();
+    this.clear(trouble.message);
     this.setState(trouble.state, trouble.message);
   }
 
@@ -399,6 +400,7 @@ export class LiveView {
     const trouble = troubleOf(error);
     if (trouble.stop) {
       this.stop();
+      if (!this.window.intervals.length) this.clear(trouble.message);  // else the charts keep what was measured
       this.setState(trouble.state, trouble.message);
       return true;
     }
@@ -412,9 +414,10 @@ export class LiveView {
     this.el.status.textContent = message;
   }
 
-  clear() {
+  /** No cards, and each chart says `message` (why it has nothing to show) in its frame. */
+  clear(message) {
     this.el.cards.replaceChildren();
-    for (const svg of Object.values(this.el.charts)) svg.replaceChildren();
+    for (const svg of Object.values(this.el.charts)) renderEmpty(svg, message);
   }
 
   /** Redraws the charts at the page's width (also on resize). */
@@ -434,7 +437,7 @@ export class LiveView {
       { format: (v) => `${formatNumber(v)} ms` });
     const tokens = figuresOf(intervals).tokens;
     if (tokens.length) renderBars(charts.tokens, tokens.map((t) => ({ label: t.tenant, values: [t.prompt, t.generated] })), ["prompt", "generated"]);
-    else charts.tokens.replaceChildren();
+    else renderEmpty(charts.tokens, "No tokens prompted or generated in the window yet.");
     this.showCards(figuresOf(this.window.recent(CURRENT_MS)));
   }
 

@@ -1,7 +1,7 @@
 /** The usage page: asks /admin/usage with the caller's token and draws the charts; with the admin
  * token (or a /metrics open without one) the live view scrapes /metrics too (usage-live.mjs). */
 import { errorFrom } from "./api-errors.mjs";
-import { formatNumber, renderBars, renderLines, seriesBy } from "./usage-charts.mjs";
+import { formatNumber, renderBars, renderEmpty, renderLines, seriesBy } from "./usage-charts.mjs";
 import { LiveView, liveAccess, pollEvery } from "./usage-live.mjs";
 
 const $ = (id) => document.getElementById(id);
@@ -9,6 +9,16 @@ const live = new LiveView({
   status: $("live-status"), cards: $("live-cards"),
   charts: { requests: $("live-requests"), errors: $("live-errors"), hits: $("live-hits"), ttft: $("live-ttft"), tokens: $("live-tokens") },
 }, pollEvery(location.search));
+
+// what each chart shows, for the words an empty one says
+const CHARTS = { "chart-requests": "requests per day", "chart-tokens": "tokens per day", "chart-hits": "the cache hit rate",
+  "chart-cost": "the cost" };
+
+/** Every chart says `message(what it shows)` instead of an empty frame; kept for a resize. */
+function emptyCharts(message) {
+  drawn = () => { for (const [id, what] of Object.entries(CHARTS)) renderEmpty($(id), message(what)); };
+  drawn();
+}
 
 async function usage(token, params) {
   const response = await fetch(`/admin/usage?${new URLSearchParams(params)}`, { headers: { authorization: `Bearer ${token}` } });
@@ -45,11 +55,18 @@ async function show(event) {
     showTotals(daily.totals);
     const tokens = seriesBy(daily.data, "tenant", (r) => r.prompt_tokens + r.completion_tokens);
     const tenants = perTenant.data.map((r) => ({ ...r, label: r.tenant ?? "(none)" }));
+    const none = `No usage in the last ${days} days yet: nothing to draw.`;
     drawn = () => {
-      renderLines($("chart-requests"), seriesBy(daily.data, "tenant", (r) => r.requests));
-      renderLines($("chart-tokens"), tokens);
-      renderBars($("chart-hits"), tenants.map((r) => ({ label: r.label, values: [r.hit_rate] })), ["hit rate"]);
-      renderBars($("chart-cost"), tenants.map((r) => ({ label: r.label, values: [r.cost_usd, r.saved_usd] })), ["cost", "saved"]);
+      if (!daily.data.length) for (const id of ["chart-requests", "chart-tokens"]) renderEmpty($(id), none);
+      else {
+        renderLines($("chart-requests"), seriesBy(daily.data, "tenant", (r) => r.requests));
+        renderLines($("chart-tokens"), tokens);
+      }
+      if (!tenants.length) for (const id of ["chart-hits", "chart-cost"]) renderEmpty($(id), none);
+      else {
+        renderBars($("chart-hits"), tenants.map((r) => ({ label: r.label, values: [r.hit_rate] })), ["hit rate"]);
+        renderBars($("chart-cost"), tenants.map((r) => ({ label: r.label, values: [r.cost_usd, r.saved_usd] })), ["cost", "saved"]);
+      }
     };
     drawn();
     document.body.dataset.state = "shown";
@@ -57,6 +74,9 @@ async function show(event) {
   } catch (error) {
     $("error").textContent = error.message;  // a 404 says how to turn the admin routes on
     $("error").hidden = false;
+    // the charts drawn for an earlier token are not this one's
+    emptyCharts(() => ([401, 403].includes(error.status) ? "The edge refused this token: nothing to show (the error above says why)."
+      : "Nothing to show: the error above says why."));
     document.body.dataset.state = "error";
     watchLive(token, liveAccess({ status: error.status }));
   }
@@ -70,6 +90,7 @@ function watchLive(token, access) {
 }
 
 let drawn = null;  // redraws the charts at the page's new width (a phone turned, a window resized)
+emptyCharts((what) => `Type the admin token (or a tenant's API key) above to see ${what}.`);
 let resizing = 0;
 window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(() => { drawn?.(); live.draw(); }, 100); });
 

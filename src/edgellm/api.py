@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import hashlib
 
-from . import access, embeddings, openai, workers_ai
+from . import access, embeddings, model_catalog, openai, workers_ai
 from .capabilities import capabilities_of, enforce, required_capabilities
 from .errors import ErrorKind, GatewayError
 from .generation import Generation, GenerationRequest
@@ -27,7 +27,7 @@ from .sessions import request_session
 from .validation import read_json
 
 JSONRenderer = Callable[[Generation], Awaitable[dict[str, Any]]]
-StreamRenderer = Callable[[Generation], AsyncIterator[bytes]]
+StreamRenderer = Callable[[Generation], Stream[bytes]]
 
 
 def generation_headers(generation: Generation) -> dict[str, str]:
@@ -81,7 +81,7 @@ async def serve_generation(
     shape: JSONShape | None = None,
 ) -> Response:
     """`shape`: how the route's JSON answer is kept for a stored entry's next HITs (`kept_json`)."""
-    await access.admit_generation(request, deps, gen_request)
+    gen_request = await access.admit_generation(request, deps, gen_request)
     described = deps.ai.describe(gen_request.model, live=False)  # once: the capabilities and the fingerprint both read it
     enforce_capabilities(deps, gen_request, described)
     if gen_request.session is None and request.principal is not None and gen_request.prefix_scope != request.principal.scope.prefix_scope:
@@ -107,14 +107,12 @@ async def serve_generation(
     return response
 
 
-def streamed_body(generation: Generation, rendered: AsyncIterator[bytes]) -> Stream[bytes]:
-    """The SSE body rendered from `generation`, owning it and the events behind it. A HIT's
-    replay never waits (every stored token is there at once), so it goes out in blocks
+def streamed_body(generation: Generation, rendered: Stream[bytes]) -> Stream[bytes]:
+    """The SSE body rendered from `generation` (a renderer's `Stream`, owning the generation). A
+    HIT's replay never waits (every stored token is there at once), so it goes out in blocks
     (`in_blocks`: a write, a gzip flush and on Workers a JS hop each, not one per token); a live
     answer goes out chunk by chunk, each token as it is made."""
-    if generation.cache_status == "HIT":
-        return Stream(in_blocks(rendered), rendered, generation.events)
-    return Stream(rendered, generation.events)
+    return in_blocks(rendered) if generation.cache_status == "HIT" else rendered
 
 
 def _kept_answer(request: Request, generation: Generation, shape: JSONShape, kept: tuple[KeptJSON, Observation]) -> Response:
@@ -194,9 +192,12 @@ async def list_models(request: Request, deps: Deps) -> Response:
         entry: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "cloudflare"}
         described = deps.ai.describe(model) or {}
         entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **described,
-                            "capabilities": capabilities_of(model, deps.config.model_capabilities, described).names()}
+                            "capabilities": capabilities_of(model, deps.config.model_capabilities, described).names(),
+                            "context_window": model_catalog.context_window(deps, model)}
         data.append(entry)
-    data.extend(embeddings.model_entries(deps))
+    for entry in embeddings.model_entries(deps):  # the window the models search gives them too
+        entry["edgellm"]["context_window"] = model_catalog.context_window(deps, entry["id"])
+        data.append(entry)
     for alias, target in deps.config.aliases.items():
         data.append({"id": alias, "object": "model", "created": 0, "owned_by": "edgellm",
                      "edgellm": {"role": "alias", "alias_of": target}})
@@ -210,13 +211,22 @@ async def retrieve_model(request: Request, deps: Deps) -> Response:
         return json_response({"id": model, "object": "model", "created": 0, "owned_by": "edgellm",
                               "edgellm": {"role": "alias", "alias_of": deps.config.aliases[model]}})
     if embeddings.is_embedding_model(deps, model):
-        return json_response(next(e for e in embeddings.model_entries(deps) if e["id"] == model))
+        entry = next(e for e in embeddings.model_entries(deps) if e["id"] == model)
+        entry["edgellm"]["context_window"] = model_catalog.context_window(deps, model)
+        return json_response(entry)
     if model not in deps.config.models:
         raise GatewayError(ErrorKind.NOT_FOUND, f"The model '{model}' does not exist on this gateway; GET /v1/models lists the models served.",
                            param="model", code="model_not_found")
     entry: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "cloudflare"}
-    entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **(deps.ai.describe(model) or {})}
+    entry["edgellm"] = {"role": "primary" if model == deps.config.model else "fallback", **(deps.ai.describe(model) or {}),
+                        "context_window": model_catalog.context_window(deps, model)}
     return json_response(entry)
+
+
+def misconfigured_health(error: GatewayError) -> Response:
+    """`/healthz` of an edge whose configuration was refused: a 503 a probe sees as down, saying
+    why in the same `error` the other routes answer."""
+    return error.to_response({"status": "misconfigured"})
 
 
 async def health(request: Request, deps: Deps) -> Response:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
-from .capabilities import Capabilities
+from .capabilities import WORKERS_AI_MODELS, Capabilities
 from .routing.config import RoutingConfig
 
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
@@ -220,7 +220,7 @@ class Config:
             return None if value is None or value == "" else value
 
         base = cls()
-        return cls(
+        config = cls(
             model=str(get("MODEL") or base.model),
             # present but empty turns fallback off; absent keeps the default list
             fallback_models=_json_text("FALLBACK_MODELS", env.get("FALLBACK_MODELS"), _list,
@@ -258,3 +258,59 @@ class Config:
                            if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
             routing=RoutingConfig.from_env(env),
         )
+        problem = config_mistake(config)
+        if problem is not None:
+            raise ValueError(problem)
+        return config
+
+
+def _is_embedding_model(model: str, config: Config) -> str | None:
+    """Why `model` cannot chat, if it cannot: listed in EMBEDDING_MODELS, or an embedding model
+    in Cloudflare's catalog (`capabilities.WORKERS_AI_MODELS`)."""
+    if model in config.embedding_models:
+        return "is listed in EMBEDDING_MODELS"
+    facts = WORKERS_AI_MODELS.get(model)
+    return "is an embedding model in Workers AI's catalog" if facts is not None and facts.kind == "embedding" else None
+
+
+def config_mistake(config: Config) -> str | None:
+    """Settings each valid alone that together make an edge that starts and then fails every
+    request of a kind, or publishes what it must not: refused where a deploy is checked and where
+    an edge starts (the local edge exits, the Worker answers `worker_misconfigured`), never found by
+    the first caller. One line, naming each variable involved; None when there is none."""
+    if (why := _is_embedding_model(config.model, config)) is not None:
+        return (f"MODEL {config.model} {why}: an embedding model cannot chat, so every chat request would be a 400; "
+                "set MODEL to a chat model and keep embedding models in EMBEDDING_MODELS only")
+    for model in config.fallback_models:
+        if (why := _is_embedding_model(model, config)) is not None:
+            return (f"FALLBACK_MODELS names {model}, which {why}: an embedding model cannot chat, so every fallback "
+                    "to it would fail; list chat models only in FALLBACK_MODELS")
+    if config.metrics_open and not config.open_access:
+        return ("METRICS_OPEN is true while API keys are required (OPEN_ACCESS false): /metrics would show every "
+                "tenant's name and token counts to anyone; set METRICS_OPEN false and scrape /metrics with the admin "
+                "token (Authorization: Bearer), or open the whole edge with OPEN_ACCESS true")
+    return None
+
+
+def embedding_width(model: str) -> int | None:
+    """The width of the vectors `model` makes, where Cloudflare's catalog says it (None: known
+    only from its first answer)."""
+    facts = WORKERS_AI_MODELS.get(model)
+    return facts.dimensions if facts is not None and facts.kind == "embedding" else None
+
+
+def index_width_problem(config: Config, index_dimensions: int, where: str, width: int | None = None) -> str | None:
+    """The semantic cache embeds with the first of EMBEDDING_MODELS and searches an index of a
+    dimension fixed when it was made (Vectorize's `--dimensions`, the local index's first vector):
+    a model of another width makes every lookup and write fail, so the cache never answers. `width`
+    is the model's, where the caller knows it (the local edge reads its GGUF), else the catalog's;
+    unknown, nothing can be said before its first answer. One line, or None."""
+    if not config.embedding_models:
+        return None
+    model = config.embedding_models[0]
+    width = width if width is not None else embedding_width(model)
+    if width is None or width == index_dimensions:
+        return None
+    return (f"the semantic cache's embedding model {model} (the first of EMBEDDING_MODELS) makes {width}-dimensional "
+            f"vectors, but {where} holds {index_dimensions}: every semantic lookup would fail; put a model of "
+            f"{index_dimensions} dimensions first in EMBEDDING_MODELS, or make an index of {width}")

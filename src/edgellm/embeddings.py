@@ -184,9 +184,10 @@ async def _cache_key(deps: Deps, request: Request, embedding: EmbeddingRequest) 
 
 def reserved_tokens(embedding: EmbeddingRequest) -> int:
     """What a request reserves of its key's tokens: cautious, as a generation's prompt estimate
-    is (`access.reservation`), and never more than the model reads of each text."""
+    is (`access.reservation`): never below the answer's own estimate (a text of one-letter words
+    is a token a letter), and never more than the model reads of each text."""
     limit = input_tokens(embedding.model)
-    return sum(min(limit, math.ceil(len(text) / CHARS_PER_TOKEN) + 2) for text in embedding.texts)
+    return sum(min(limit, max(math.ceil(len(text) / CHARS_PER_TOKEN) + 2, estimated_tokens((text,)))) for text in embedding.texts)
 
 
 async def embed(deps: Deps, request: Request, embedding: EmbeddingRequest, param: str = "input") -> Embedded:
@@ -202,8 +203,10 @@ async def embed(deps: Deps, request: Request, embedding: EmbeddingRequest, param
 
 async def _embedded(deps: Deps, request: Request, embedding: EmbeddingRequest, param: str) -> Embedded:
     key, policy = await _cache_key(deps, request, embedding)
-    counters = counters_of(deps)
-    if key is not None and deps.kv is not None and policy.read:
+    counters = counters_of(deps)  # chat's: /metrics and the cache stats count both kinds of answer
+    if key is None:
+        counters.bypasses += 1
+    elif deps.kv is not None and policy.read:
         try:
             entry = await deps.kv.get(key.kv_key)
         except Exception as exc:  # fail open: a KV failure is a miss
@@ -212,9 +215,16 @@ async def _embedded(deps: Deps, request: Request, embedding: EmbeddingRequest, p
             entry = None
         cached = _decode_entry(bytes(entry.value)) if entry is not None else None
         if cached is not None and len(cached.vectors) == len(embedding.texts):
+            counters.hits += 1
+            counters.bytes_served += len(entry.value)  # type: ignore[union-attr]
             return cached
+    if key is not None:
+        counters.misses += 1
     try:
         result = await deps.ai.embed(embedding.model, list(embedding.texts))
+        vectors = _vectors(result, len(embedding.texts))
+        usage = result.get("usage")
+        tokens = int((usage.get("prompt_tokens") if isinstance(usage, dict) else None) or estimated_tokens(embedding.texts))
     except InvalidModelInput as exc:  # the model's own refusal of a text (past its input tokens): the caller's field
         said = exc.public or str(exc)
         raise invalid(f"'{param}' was refused by {embedding.model}: {said}", param, "invalid_input") from exc
@@ -222,16 +232,24 @@ async def _embedded(deps: Deps, request: Request, embedding: EmbeddingRequest, p
         raise binding_error(exc, "The AI binding", "upstream", embedding.model) from exc
     except Exception as exc:  # a binding's unexpected failure is a 502, never a bare 500
         raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), "The AI binding", "upstream", embedding.model) from exc
-    vectors = result.get("data")
-    if not isinstance(vectors, list) or len(vectors) != len(embedding.texts):
-        raise BindingError(f"the embedding model answered {len(vectors) if isinstance(vectors, list) else 'no'} vectors "
-                           f"for {len(embedding.texts)} texts")
-    usage = result.get("usage") or {}
-    tokens = int(usage.get("prompt_tokens") or estimated_tokens(embedding.texts))
     embedded = Embedded(vectors, tokens, "MISS" if key is not None else "BYPASS")
     if key is not None and deps.kv is not None and policy.write:
         deps.wait_until(_store(deps, key, embedded, policy.ttl))
     return embedded
+
+
+def _vectors(result: Any, texts: int) -> list[list[float]]:
+    """The answer's vectors, checked for what the answer is made of (one vector of numbers per
+    text, all of one width): anything else is the binding's failure (`BindingError`: a 502),
+    found before a byte is rendered or stored."""
+    vectors = result.get("data") if isinstance(result, dict) else None
+    if not isinstance(vectors, list) or len(vectors) != texts:
+        raise BindingError(f"the embedding model answered {len(vectors) if isinstance(vectors, list) else 'no'} vectors for {texts} texts")
+    width = len(vectors[0]) if isinstance(vectors[0], list) else 0
+    for vector in vectors:
+        if not isinstance(vector, list) or not vector or len(vector) != width or not all(type(x) in (float, int) for x in vector):
+            raise BindingError(f"the embedding model answered a vector that is not {width or 'some'} numbers")
+    return vectors
 
 
 async def _store(deps: Deps, key: CacheKey, embedded: Embedded, ttl: int) -> None:

@@ -214,6 +214,16 @@ def dependency_error(exc: BaseException, kind: ErrorKind, message: str, code: st
     return GatewayError(kind, message, code=code, retry_after=retry_after, detail=f"{said}{type(exc).__name__}: {exc}")
 
 
+def misconfigured(problem: str) -> GatewayError:
+    """The answer of a Worker whose configuration was refused (`problem`: the config's own line,
+    naming the variable and what it accepts). Cloudflare starts a Worker whatever its [vars] hold,
+    so every route says this until an operator fixes it: a 503 (the edge is there, the service is
+    not), never a 500 that reads like a bug."""
+    return GatewayError(ErrorKind.UNAVAILABLE, f"This edge is misconfigured, so it serves nothing until its operator fixes "
+                        f"its [vars] and deploys again: {problem}.", code="worker_misconfigured",
+                        retry_after=RetryAfter.UNCONFIGURED)
+
+
 def admin_routes_off(method: str, path: str) -> GatewayError:
     """The 404 of an admin route on an edge without an admin token, saying how to turn them on
     (on `make dev` they are off, and "No route" alone reads like a typo)."""

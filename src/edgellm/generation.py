@@ -135,6 +135,16 @@ class GenerationRequest:
 
 
 @dataclass
+class PromptSeen:
+    """The prompt tokens a binding stream has reported so far: a stream closed before its final
+    usage event (cut by a stop sequence, or left by its client) must still say what its prompt
+    cost. The local binding reports it with the first token; when nothing said it, the
+    estimate of `access.reservation` stands in."""
+
+    prompt_tokens: int = 0
+
+
+@dataclass
 class Generation:
     """A started generation: the model that accepted it, and its events (Token..., Finish)."""
 
@@ -150,6 +160,12 @@ class Generation:
     # entry's next HITs (`kept_json`); shared by the tenant's HITs of that entry, so only what
     # is a pure function of the entry goes in.
     rendered: dict[Any, Any] | None = None
+    prompt_seen: PromptSeen | None = None  # what the binding has said of the prompt so far (a live edge stream)
+
+    async def aclose(self) -> None:
+        """Close its events (read or not): what stops the generation behind them. So a
+        generation is a source a renderer's `Stream` owns (`stream.owns`)."""
+        await close_source(self.events)
 
     async def collect(self) -> tuple[str, Finish]:
         answer = await self.collect_answer()

@@ -16,21 +16,12 @@ from typing import Any, AsyncIterator
 from . import errors
 from .errors import ErrorKind, GatewayError, RetryAfter
 from .capabilities import capabilities_of, missing
-from .generation import Event, Finish, Generation, GenerationRequest, Token, ToolCallDelta, Usage
+from .generation import Event, Finish, Generation, GenerationRequest, PromptSeen, Token, ToolCallDelta, Usage
 from .ports import BindingError, ModelNotFound
 from .deps import Deps
 from .structured import new_call_id, response_text, tool_call_deltas
 from .access.reservation import prompt_estimate
-from .stream import Stream, close_source
-
-
-@dataclass
-class PromptSeen:
-    """The prompt tokens a binding stream has reported so far: a stream cut by a stop sequence is
-    closed before its final usage event, and must still say what its prompt cost (the local
-    binding reports it with the first token; else the estimate of `access.reservation`)."""
-
-    prompt_tokens: int = 0
+from .stream import close_source, owns
 
 
 def candidate_models(deps: Deps, model: str) -> list[str]:
@@ -82,8 +73,9 @@ async def start_generation(deps: Deps, request: GenerationRequest) -> Generation
             raise
         except Exception as exc:  # an adapter that let a runtime error through is still a failing dependency
             raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), model) from exc
-        events_of = apply_stop(source, request.stop, live=live, prompt=(seen, prompt_estimate(request.inputs)))
-        return Generation(model=model, events=owning(events_of, events) if live else events_of)
+        # each layer owns the one below: closing the events, read or not, closes the binding's stream
+        return Generation(model=model, events=apply_stop(source, request.stop, live=live, prompt=(seen, prompt_estimate(request.inputs))),
+                          prompt_seen=seen)
     assert last is not None
     raise binding_error(last, request.model)
 
@@ -99,25 +91,23 @@ def reads_live(request: GenerationRequest) -> bool:
     return bool(request.stop) and request.inputs.get("response_format") is None and not request.inputs.get("tools")
 
 
+@owns("events")
 async def _within(events: AsyncIterator[dict[str, Any]], deps: Deps, max_tokens: int) -> AsyncIterator[dict[str, Any]]:
     """A stream read for a whole answer, ended by `answer_timeout` past the deadline `run` has."""
     limit = deps.config.answer_timeout_seconds(max_tokens)
     deadline = asyncio.get_running_loop().time() + limit
-    try:
-        while True:
-            timer = asyncio.timeout_at(deadline)
-            try:
-                async with timer:
-                    event = await anext(events)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                if timer.expired():
-                    raise answer_timeout(limit) from None
-                raise
-            yield event
-    finally:
-        await close_source(events)
+    while True:
+        timer = asyncio.timeout_at(deadline)
+        try:
+            async with timer:
+                event = await anext(events)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if timer.expired():
+                raise answer_timeout(limit) from None
+            raise
+        yield event
 
 
 def start_timeout(deps: Deps) -> GatewayError:
@@ -192,6 +182,7 @@ async def _from_result(result: dict[str, Any], max_tokens: int) -> AsyncIterator
     yield Finish(_with_tool_calls(finish_reason(usage, max_tokens, result.get("finish_reason")), bool(calls)), usage)
 
 
+@owns("events")
 async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int, seen: PromptSeen | None = None) -> AsyncIterator[Event]:
     usage: Usage | None = None
     count = 0
@@ -218,7 +209,7 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int, s
         raise
     except Exception as exc:  # a broken stream (e.g. a JS read error) ends as an error event, not a crash
         raise binding_error(BindingError(f"{type(exc).__name__}: {exc}"), "the stream") from exc
-    finally:
+    finally:  # the binding's stream ended: closed now, before its Finish is passed on
         await close_source(events)
     usage = usage or Usage(0, count)  # a stream without a usage event: one event per token
     if count and not usage.completion_tokens:  # only the prompt was reported (the local binding's first token)
@@ -226,6 +217,7 @@ async def _from_stream(events: AsyncIterator[dict[str, Any]], max_tokens: int, s
     yield Finish(_with_tool_calls(finish_reason(usage, max_tokens, said), called), usage)
 
 
+@owns("events")
 async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, live: bool = True,
                      prompt: tuple[PromptSeen, int] | None = None) -> AsyncIterator[Event]:
     """Cut the text at the first stop sequence.
@@ -237,38 +229,32 @@ async def apply_stop(events: AsyncIterator[Event], stops: tuple[str, ...], *, li
     reported so far, and the estimate when it reported nothing).
     """
     if not stops:
-        try:
-            async for event in events:
-                yield event
-        finally:  # closed mid-answer: the stream below is closed now, not whenever it is collected
-            await close_source(events)
+        async for event in events:
+            yield event
         return
     hold = max(len(s) for s in stops) - 1
     pending, received = "", 0
-    try:
-        async for event in events:
-            if isinstance(event, Finish):
-                if pending:
-                    yield Token(pending)
-                yield event
-                return
-            if not isinstance(event, Token):  # a tool call is not text: nothing to cut
-                yield event
-                continue
-            received += 1
-            pending += event.text
-            cut = min((i for i in (pending.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
-                if pending[:cut]:
-                    yield Token(pending[:cut])
-                prompt_tokens = (prompt[0].prompt_tokens or prompt[1]) if prompt else 0
-                yield Finish("stop", Usage(prompt_tokens, received) if live else await _final_usage(events))
-                return
-            if len(pending) > hold:
-                yield Token(pending[: len(pending) - hold])
-                pending = pending[len(pending) - hold :]
-    finally:
-        await close_source(events)
+    async for event in events:
+        if isinstance(event, Finish):
+            if pending:
+                yield Token(pending)
+            yield event
+            return
+        if not isinstance(event, Token):  # a tool call is not text: nothing to cut
+            yield event
+            continue
+        received += 1
+        pending += event.text
+        cut = min((i for i in (pending.find(s) for s in stops) if i >= 0), default=-1)
+        if cut >= 0:
+            if pending[:cut]:
+                yield Token(pending[:cut])
+            prompt_tokens = (prompt[0].prompt_tokens or prompt[1]) if prompt else 0
+            yield Finish("stop", Usage(prompt_tokens, received) if live else await _final_usage(events))
+            return
+        if len(pending) > hold:
+            yield Token(pending[: len(pending) - hold])
+            pending = pending[len(pending) - hold :]
 
 
 @dataclass
@@ -278,6 +264,7 @@ class _OpenCall:
     arguments: str
 
 
+@owns("events")
 async def whole_tool_calls(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
     """Tool calls as clients can use them, whatever the backend streamed: each call one event with
     its id, one name and its own arguments, numbered from 0 in order, sent when the answer
@@ -292,31 +279,28 @@ async def whole_tool_calls(events: AsyncIterator[Event]) -> AsyncIterator[Event]
     answer and its stream, both read through this, give the same calls."""
     calls: list[_OpenCall] = []  # in the order begun
     filling: dict[int, _OpenCall] = {}  # the backend's index -> the call its fragments extend
-    try:
-        async for event in events:
-            if isinstance(event, ToolCallDelta):
-                call = filling.get(event.index)
-                if call is None or (event.name is not None and call.name is not None
-                                    and (event.name != call.name or (event.id is not None and event.id != call.id))):
-                    call = filling[event.index] = _OpenCall(event.id, event.name, event.arguments)
-                    calls.append(call)
-                else:
-                    call.id = call.id or event.id
-                    call.name = call.name or event.name
-                    call.arguments += event.arguments
-                continue
-            if isinstance(event, Finish):
-                whole = [c for c in calls if c.name is not None]
-                if whole and event.finish_reason == "length" and whole[-1] is calls[-1] and not _is_json(whole[-1].arguments):
-                    whole.pop()
-                for index, call in enumerate(whole):
-                    yield ToolCallDelta(index, call.id or new_call_id(), call.name, call.arguments)
-                if event.finish_reason == "tool_calls" and not whole:
-                    event = replace(event, finish_reason="stop")
-                calls, filling = [], {}
-            yield event
-    finally:
-        await close_source(events)
+    async for event in events:
+        if isinstance(event, ToolCallDelta):
+            call = filling.get(event.index)
+            if call is None or (event.name is not None and call.name is not None
+                                and (event.name != call.name or (event.id is not None and event.id != call.id))):
+                call = filling[event.index] = _OpenCall(event.id, event.name, event.arguments)
+                calls.append(call)
+            else:
+                call.id = call.id or event.id
+                call.name = call.name or event.name
+                call.arguments += event.arguments
+            continue
+        if isinstance(event, Finish):
+            whole = [c for c in calls if c.name is not None]
+            if whole and event.finish_reason == "length" and whole[-1] is calls[-1] and not _is_json(whole[-1].arguments):
+                whole.pop()
+            for index, call in enumerate(whole):
+                yield ToolCallDelta(index, call.id or new_call_id(), call.name, call.arguments)
+            if event.finish_reason == "tool_calls" and not whole:
+                event = replace(event, finish_reason="stop")
+            calls, filling = [], {}
+        yield event
 
 
 def _is_json(text: str) -> bool:
@@ -325,21 +309,6 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def owning(events: AsyncIterator[Event], owned: AsyncIterator[dict[str, Any]]) -> Stream[Event]:
-    """A generation's events made by generators from a binding stream they own: closing them
-    closes that stream, read or not. An async generator closed before its first read skips its
-    `finally`, so a client gone before the first token would leave the binding's stream open (on
-    the local edge, a llama.cpp slot held until the stream is collected); once read, the
-    generators' own `finally` closes it (closed once, not twice)."""
-    stream = Stream(events)
-
-    async def if_unread() -> None:
-        if not stream.started:
-            await close_source(owned)
-
-    return stream.on_close(if_unread)
 
 
 async def _final_usage(events: AsyncIterator[Event]) -> Usage:

@@ -14,6 +14,7 @@ from . import sse
 from .config import Config
 from .errors import LOG, ErrorKind, GatewayError, invalid, streamed_error
 from .generation import Finish, Generation, GenerationRequest, Token, ToolCallDelta
+from .stream import owns
 from .parameters import check_chat_fields, parse_grammar
 from .structured import parse_extensions, refuse_chat_only
 from .validation import as_bool, as_int
@@ -209,6 +210,7 @@ def tool_call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
+@owns("generation")
 async def render_stream(generation: Generation, created: int, *, chat: bool, include_usage: bool,
                         tools: bool = False, log: logging.Logger = LOG, answer_id: str | None = None) -> AsyncIterator[bytes]:
     """OpenAI SSE chunks, one per token as it arrives, then `[DONE]`.

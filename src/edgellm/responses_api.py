@@ -69,7 +69,7 @@ async def create_response(request: Request, deps: Deps) -> Response:
     if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
         parsed = replace(parsed, store=False)
     gen_request = parsed.generation_request(history, session or tenant_session(request, conversation))
-    await access.admit_generation(request, deps, gen_request)  # the key's models, limits and budget, as for chat
+    gen_request = await access.admit_generation(request, deps, gen_request)  # the key's models, limits and budget, as for chat
     try:  # text.format: only where the model can honour it, as for chat
         enforce_capabilities(deps, gen_request)
     except GatewayError as exc:

@@ -19,6 +19,7 @@ from .config import Config
 from .conversations import StoredResponse
 from .errors import LOG, GatewayError, invalid, streamed_error
 from .generation import Finish, Generation, GenerationRequest, Token, Usage
+from .stream import owns
 from .openai import new_id, resolve_model
 from .parameters import parse_grammar, refuse_unknown
 from .structured import parse_response_format
@@ -324,6 +325,7 @@ async def render_json(generation: Generation, meta: ResponseMeta, on_complete: C
     return response_object(meta, generation.model, status=status_of(finish), text=text, usage=finish.usage)
 
 
+@owns("generation")
 async def render_stream(generation: Generation, meta: ResponseMeta, on_complete: Completion,
                         log: logging.Logger = LOG) -> AsyncIterator[bytes]:
     """The Responses event stream: `response.created`, `response.in_progress`, the output item

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import codecs
 import json
-from contextlib import aclosing
 from typing import Any, AsyncIterator, Iterator
 
 from .http import json_bytes
+from .stream import owns
 
 DONE = "[DONE]"
 
@@ -96,22 +96,22 @@ class IncompleteStream(ValueError):
     (or cached) as a finished one. (Framing only: the adapter says which binding it was.)"""
 
 
+@owns("chunks")
 async def decode_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
     """Stream bytes -> event dicts, up to `[DONE]`; a stream cut before it raises.
 
-    The source is closed explicitly whatever happens (at `[DONE]`, on an error, or when this is
-    closed): left to the garbage collector, a JS reader is never cancelled nor released."""
+    The source is closed whatever happens (at `[DONE]`, on an error, or when this is closed,
+    read or not: `owns`): left to the garbage collector, a JS reader is never cancelled nor released."""
     decoder = SSEDecoder()
-    async with aclosing(chunks):  # type: ignore[type-var]
-        async for chunk in chunks:
-            for data in decoder.feed(chunk):
-                if data == DONE:
-                    return
-                yield json.loads(data)
-        for data in decoder.flush():
+    async for chunk in chunks:
+        for data in decoder.feed(chunk):
             if data == DONE:
                 return
             yield json.loads(data)
+    for data in decoder.flush():
+        if data == DONE:
+            return
+        yield json.loads(data)
     raise IncompleteStream("the stream ended before [DONE]")
 
 

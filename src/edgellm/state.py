@@ -91,6 +91,8 @@ class ParsedBodies(RecentMemo):
 @dataclass
 class IsolateState:
     config: Config | None = None  # the Worker's parsed Config, set on the isolate's first request
+    # why the Worker's [vars] were refused (None: not refused): kept so the isolate says it once and answers 503 after
+    misconfigured: str | None = None
     generations: dict[tuple[str, str], tuple[CacheScope, float]] = field(default_factory=dict)  # (tenant, namespace) -> (scope at its purge generation, read at)
     cache: CacheCounters = field(default_factory=CacheCounters)
     parsed: ParsedBodies = field(default_factory=ParsedBodies)  # recent request bodies, parsed, per tenant

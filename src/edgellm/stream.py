@@ -12,16 +12,20 @@ a past bug here:
 - a second close must change nothing (a server closes a body the handler already closed).
 
 `Stream` is a class, so closing it works unread; it closes its sources when it ends, fails or is
-closed, once, and then runs its `on_close` callbacks, once. Leaf module: imports nothing of the
-core, so every module may use it.
+closed, once, and then runs its `on_close` callbacks, once. An async generator that reads a
+source is made with `@owns("source")`, which returns it as a `Stream` owning that source: so no
+generator of the core is ever the layer that owes a close (a test scans the core for one that
+is not). Leaf module: imports nothing of the core, so every module may use it.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from typing import AsyncIterator, Awaitable, Callable, Generic, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Generic, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 OnClose = Callable[[], "Awaitable[None] | None"]
 
 
@@ -32,16 +36,40 @@ async def close_source(source: object) -> None:
         await close()
 
 
+def owns(*params: str) -> Callable[[Callable[P, AsyncIterator[T]]], Callable[P, "Stream[T]"]]:
+    """Make an async generator function that reads the sources passed as `params` return a
+    `Stream` over the generator that owns them: closing it closes them, read or not (the
+    generator's own `finally` never runs if it was closed before its first step). A source is
+    anything with `aclose` (a stream, a binding's stream, a `Generation`); the generator need
+    not close them itself."""
+
+    def wrap(make: Callable[P, AsyncIterator[T]]) -> Callable[P, Stream[T]]:
+        signature = inspect.signature(make)
+        unknown = [name for name in params if name not in signature.parameters]
+        if not params or unknown:
+            raise TypeError(f"owns() names the parameters {make.__qualname__} reads from; got {params or 'none'}")
+
+        @functools.wraps(make)
+        def owning(*args: P.args, **kwargs: P.kwargs) -> Stream[T]:
+            given = signature.bind(*args, **kwargs).arguments
+            return Stream(make(*args, **kwargs), *(given[name] for name in params if name in given))
+
+        return owning
+
+    return wrap
+
+
 # A replayed body's largest block: a client's first byte waits for at most this much rendering
 # (~70 tokens of OpenAI chunks, well under a millisecond), and it is a quarter of uvicorn's write buffer.
 REPLAY_BLOCK_BYTES = 16 * 1024
 
 
+@owns("chunks")
 async def in_blocks(chunks: AsyncIterator[bytes], limit: int = REPLAY_BLOCK_BYTES) -> AsyncIterator[bytes]:
     """`chunks` joined into blocks of up to about `limit` bytes, for a body that never waits (a
     cache HIT's replay): one chunk per token costs a write, a socket send (and a gzip flush, a JS
     hop on Workers) each, though every token is there at once. The bytes, and so the SSE events,
-    are the same. A generator: the `Stream` around it owns `chunks` and closes them.
+    are the same.
 
     If `chunks` fails, what it gave before the failure still goes out, then the failure: a
     client of a broken replay gets every byte a chunk-per-token stream would have sent it."""

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from .errors import invalid
 from .generation import ToolCallDelta
-from .schema_bounds import check_schema
+from .schema_bounds import check_schema, check_together
 from .validation import as_bool, as_int
 
 MAX_TOOLS = 128
@@ -152,6 +152,11 @@ def parse_extensions(body: dict[str, Any], *, openai_shape: bool) -> dict[str, A
     if response_format is not None:
         out["response_format"] = response_format
     out.update(parse_tools(body))
+    if out.get("tools"):  # the tools and the response_format become one grammar: bounded together
+        schemas = [t["function"].get("parameters") or {} for t in out["tools"]]
+        if response_format is not None and response_format["type"] == "json_schema":
+            schemas.append(response_format["json_schema"])
+        check_together(schemas, "tools", choices=len(schemas))
     out.update(parse_logprobs(body))
     return out
 

@@ -59,6 +59,8 @@ VARS: dict[str, VarSpec] = {
     "REGIONS": VarSpec("json_object", 'a JSON object of region code -> settings, e.g. {"EU": {"origin": "central"}}'),
 }
 
+RATE_LIMIT_PERIODS = ("10", "60")  # the Rate Limiting binding's only periods (developers.cloudflare.com/workers/runtime-apis/bindings/rate-limit/)
+
 # Secrets, never [vars] (`npx wrangler secret put NAME`); `edgellm dev --var` takes them too.
 SECRETS = ("ADMIN_TOKEN", "ANALYTICS_API_TOKEN", "ORIGIN_TOKEN")
 
@@ -107,6 +109,15 @@ def as_var_text(value: Any) -> str:
     return str(value)
 
 
+def binding_var_problem(name: str, value: Any) -> str | None:
+    """A var a binding's adapter reads, not the config (RATE_LIMIT_PERIOD: the Rate Limiting
+    binding's period, the Retry-After of its refusals), refused as the config refuses its own: a
+    typo would otherwise become a wait the binding does not keep. None when it is fine or not one."""
+    if name == "RATE_LIMIT_PERIOD" and as_var_text(value).strip() not in RATE_LIMIT_PERIODS:
+        return f"RATE_LIMIT_PERIOD must be {VARS[name].accepts}, got {value!r}"
+    return None
+
+
 def check_vars(values: Mapping[str, Any], *, secrets_allowed: bool = False) -> list[str]:
     """Every mistake in a set of `[vars]`, one line each: unknown names, TOML types the Worker
     cannot read, a secret put in [vars] where anyone who reads wrangler.toml sees it, and any value
@@ -123,6 +134,8 @@ def check_vars(values: Mapping[str, Any], *, secrets_allowed: bool = False) -> l
         elif name not in VARS:
             problems.append(unknown_name(name, VARS))
         elif (problem := toml_type_problem(name, value)) is not None:
+            problems.append(problem)
+        elif (problem := binding_var_problem(name, value)) is not None:
             problems.append(problem)
         else:
             readable[name] = as_var_text(value)

@@ -15,6 +15,7 @@ from . import sse
 from .config import Config
 from .errors import LOG, GatewayError, invalid, streamed_error
 from .generation import Finish, Generation, Token, ToolCallDelta
+from .stream import owns
 from .http import Response
 from .structured import is_tool_message, parse_extensions, refuse_chat_only, validate_tool_message
 from .validation import as_bool, as_float, as_int, as_str
@@ -135,6 +136,7 @@ def _arguments(text: str) -> Any:
         return text
 
 
+@owns("generation")
 async def render_stream(generation: Generation, log: logging.Logger = LOG) -> AsyncIterator[bytes]:
     """Workers AI SSE: one `{"response": token}` per token, a usage event, then `[DONE]`.
 

@@ -164,12 +164,13 @@ async def test_controls_are_labelled_and_deterministic_fixes_temperature(page: P
 
 
 async def test_pages_link_to_each_other(page: Page, edge: EdgeServer, screenshot: Callable[[str], Awaitable[None]]) -> None:
-    for path in ("/", "/tokenizer", "/chat"):
+    pages = ("/", "/tokenizer", "/chat", "/python", "/device", "/usage")
+    for path in pages:
         await page.goto(edge.url + path)
         if path == "/":
             await screenshot("home")
         hrefs = await page.locator("header nav a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
-        assert {"/", "/tokenizer", "/chat", "/v1/models"} <= set(hrefs)
+        assert {*pages, "/v1/models", "/openapi.json"} <= set(hrefs)  # every page, from every page
         for href in hrefs:
             assert (await page.request.get(edge.url + href)).status == 200, href
         await expect(page.locator('header nav a[aria-current="page"]')).to_have_attribute("href", path)

@@ -224,7 +224,9 @@ async def test_a_tenant_key_is_told_the_live_view_needs_the_admin_token(page: Pa
     await expect(page.locator("body")).to_have_attribute("data-live", "tenant")
     await expect(page.locator("#live-status")).to_contain_text("needs the admin token")
     assert scraped == ([] if usage_store else [403])
-    assert await page.locator("#live .charts svg > *, #live-cards > *").count() == 0  # nothing drawn
+    assert await page.locator("#live .charts svg :is(polyline, circle, rect), #live-cards > *").count() == 0  # nothing drawn
+    for chart in await page.locator("#live .charts svg").all():  # and each chart says why
+        assert "needs the admin token" in (await chart.text_content() or "")
 
     await page.get_by_label("Admin token or API key").fill("wrong")
     await page.get_by_role("button", name="Show usage").click()

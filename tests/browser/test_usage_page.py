@@ -91,3 +91,37 @@ async def test_the_page_says_admin_routes_are_off_only_when_they_are(page: Page,
     await page.goto(f"{on.url}/usage")
     await expect(page.locator("body")).to_have_attribute("data-admin", "on")
     await expect(page.locator("#admin-off")).to_be_hidden()
+
+
+CHARTS = ("chart-requests", "chart-tokens", "chart-hits", "chart-cost")
+LIVE_CHARTS = ("live-requests", "live-errors", "live-hits", "live-ttft", "live-tokens")
+
+
+async def chart_words(page: Page, ids: tuple[str, ...]) -> dict[str, str]:
+    return {chart: (await page.locator(f"#{chart}").text_content() or "").strip() for chart in ids}
+
+
+async def test_every_empty_chart_says_why_it_is_empty(page: Page, start_edge: Callable[..., EdgeServer], make_deps, tmp_path: Path,
+                                                      screenshot: Callable[[str], Awaitable[None]]) -> None:
+    """A frame with nothing in it reads as a broken page: before a token, each chart says what
+    shows it; with a token and no usage yet, each says there is none; the live charts say the same."""
+    edge = start_edge(make_deps(config=Config(admin_token=ADMIN), usage=SqliteUsage(tmp_path / "usage.sqlite3")))
+    await page.goto(f"{edge.url}/usage")
+    await expect(page.locator("body")).to_have_attribute("data-state", "idle")
+    before = await chart_words(page, CHARTS)
+    assert all("admin token" in words for words in before.values()), before
+    live = await chart_words(page, LIVE_CHARTS)
+    assert all("admin token" in words for words in live.values()), live
+    await screenshot("usage-no-token")
+
+    await page.get_by_label("Admin token or API key").fill(ADMIN)
+    await page.get_by_role("button", name="Show usage").click()
+    await expect(page.locator("body")).to_have_attribute("data-state", "shown")
+    shown = await chart_words(page, CHARTS)
+    assert all("no usage" in words.lower() for words in shown.values()), shown
+
+    await page.get_by_label("Admin token or API key").fill("wrong")
+    await page.get_by_role("button", name="Show usage").click()
+    await expect(page.locator("body")).to_have_attribute("data-state", "error")
+    refused = await chart_words(page, CHARTS)
+    assert all("refused" in words for words in refused.values()), refused

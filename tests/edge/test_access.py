@@ -179,8 +179,10 @@ def test_hits_are_free_of_tokens(keyed) -> None:
 
 def test_budget_exhaustion(keyed) -> None:
     server, _, mint, _ = keyed
-    key = mint("acme", token_budget=5, requests_per_minute=0).api_key
-    assert chat(server, key).status_code == 200  # over budget after this one
+    key = mint("acme", token_budget=27, requests_per_minute=0).api_key  # Q's prompt, estimated (26), and one token
+    first = chat(server, key)
+    assert first.status_code == 200  # admitted with its max_tokens cut to what is left: spent after this one
+    assert first.json()["usage"]["completion_tokens"] <= 1
     server.drain()
     refused = chat(server, key, {**Q, "messages": [{"role": "user", "content": "more"}]})
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota"

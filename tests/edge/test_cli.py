@@ -143,3 +143,70 @@ def test_bad_model_file(tmp_path: Path, make, message: str) -> None:  # type: ig
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+WRANGLER_TOML = """name = "edge-under-test"
+main = "src/entry.py"
+
+[vars]
+MODEL = "@cf/test/from-wrangler"
+FALLBACK_MODELS = ""
+RUN_MIN_TOKENS_PER_SECOND = "4"
+OPEN_ACCESS = "false"
+"""
+
+
+def serve_once(args: list[str], cwd: Path) -> tuple[list[str], str]:
+    """Start `edgellm dev` in `cwd`, read the served model ids, stop it; its banner and the ids."""
+    port = free_port()
+    process = subprocess.Popen(dev(*args, "--port", str(port)), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_health(url, process)
+        ids = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+    assert process.returncode == 0, err
+    return ids, out
+
+
+def test_dev_runs_with_the_workers_wrangler_vars_unless_told_not_to(tiny_model: Path, tmp_path: Path) -> None:
+    """The local edge and the deployed Worker run with the same [vars]: read from ./wrangler.toml
+    (or --config, as wrangler's), named in one start line; flags win over them; --no-wrangler-vars
+    goes back to the built-in defaults. OPEN_ACCESS follows the edge's address (loopback: open)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "wrangler.toml").write_text(WRANGLER_TOML)
+    common = ["--model", str(tiny_model), "--state", str(tmp_path / "state"), "--no-warm-up"]
+
+    ids, out = serve_once(common, project)
+    assert ids[0] == "@cf/test/from-wrangler" and "@cf/meta/llama-2-7b-chat-hf-lora" not in ids  # both vars took effect
+    lines = [line for line in out.splitlines() if "[vars]" in line]
+    assert len(lines) == 1 and str((project / "wrangler.toml").resolve()) in lines[0], out
+    assert "OPEN ACCESS" in out  # on loopback, whatever the deployment's OPEN_ACCESS says
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    config = project / "wrangler.toml"
+    ids, out = serve_once([*common, "--config", str(config), "--model-id", "@cf/test/from-the-flag"], elsewhere)
+    assert ids[0] == "@cf/test/from-the-flag" and "@cf/meta/llama-2-7b-chat-hf-lora" not in ids  # the flag wins, the file still read
+    assert str(config.resolve()) in next(line for line in out.splitlines() if "[vars]" in line)
+
+    ids, out = serve_once([*common, "--no-wrangler-vars"], project)
+    assert ids[:2] == ["@cf/meta/llama-2-7b-chat-int8", "@cf/meta/llama-2-7b-chat-hf-lora"]  # the built-in defaults
+    assert "--no-wrangler-vars" in next(line for line in out.splitlines() if "[vars]" in line)
+
+
+def test_a_wrangler_toml_dev_cannot_use_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "wrangler.toml").write_text('[vars]\nRUN_MIN_TOKENS_PER_SECOND = "fast"\n')
+    done = subprocess.run(dev("--port", "0", "--state", str(tmp_path / "state")), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"edgellm: error: wrangler.toml [vars]: RUN_MIN_TOKENS_PER_SECOND must be a number above 0, got 'fast' (or --no-wrangler-vars)"]
+    missing = subprocess.run(dev("--port", "0", "--config", str(tmp_path / "nope.toml")), capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -101,3 +101,50 @@ def test_deploy_check_refuses_a_wrangler_toml_vars_mistake(tmp_path: Path, lines
 def test_the_committed_wrangler_toml_vars_pass() -> None:
     assert [c.line() for c in check_vars(load_config(ROOT / "wrangler.toml"))] == [
         f"[ok  ] [vars]: {len(load_config(ROOT / 'wrangler.toml')['vars'])} value(s), each known and readable"]
+
+
+# Settings each valid alone that together make an edge fail every request of a kind, or publish
+# what it must not: `edgellm dev` refuses them at start as it refuses a bad value (the Worker answers
+# them `worker_misconfigured`: tests/unit/test_worker_misconfigured.py; the core's table:
+# tests/unit/test_config.py).
+@pytest.mark.parametrize(("args", "fragments"), [
+    (("--var", "EMBEDDING_MODELS=@cf/meta/llama-2-7b-chat-int8,@cf/baai/bge-small-en-v1.5"),
+     ("MODEL @cf/meta/llama-2-7b-chat-int8 is listed in EMBEDDING_MODELS", "every chat request would be a 400")),
+    (("--model-id", "@cf/baai/bge-small-en-v1.5"), ("MODEL @cf/baai/bge-small-en-v1.5", "embedding model")),
+    (("--require-keys", "--var", "METRICS_OPEN=true"), ("METRICS_OPEN is true while API keys are required", "admin token")),
+    (("--var", "OPEN_ACCESS=false", "--var", "METRICS_OPEN=true"), ("METRICS_OPEN is true while API keys are required",)),
+], ids=["model-is-embedding", "model-id-is-embedding", "metrics-open-with-keys", "metrics-open-with-keys-var"])
+def test_a_dev_config_mistake_across_settings_is_one_line_at_once(tmp_path: Path, args: tuple[str, ...],
+                                                                   fragments: tuple[str, ...]) -> None:
+    done = refused("dev", "--no-warm-up", "--port", "0", "--state", str(tmp_path / "state"), "--no-wrangler-vars", *args)
+    assert_one_line_refusal(done, *fragments)
+    assert not (tmp_path / "state").exists()
+
+
+def test_dev_refuses_a_local_index_of_another_width_than_its_embedding_model(tmp_path: Path, tiny_model: Path) -> None:
+    """The local semantic index keeps the dimension of its first vector (as Vectorize keeps the one
+    it was made with): an embedding model of another width would fail every semantic lookup."""
+    import asyncio
+
+    from edgellm.ports import VectorRecord
+    from edgellm_local.emulator.vector_index import SqliteVectorIndex
+    from tests.support.minilm import minilm_gguf
+
+    state = tmp_path / "state"
+    index = SqliteVectorIndex(state / "vectors.sqlite3")
+    asyncio.run(index.upsert([VectorRecord("a", [0.5] * 768, "ns", {})]))  # bge-base's width, not MiniLM's 384
+    index.close()
+    done = refused("dev", "--no-warm-up", "--port", "0", "--state", str(state), "--no-wrangler-vars",
+                   "--model", str(tiny_model), "--embedding-model", str(minilm_gguf(tmp_path / "embedding")))
+    assert_one_line_refusal(done, "makes 384-dimensional vectors", "vectors.sqlite3", "holds 768", "EMBEDDING_MODELS")
+
+
+@pytest.mark.parametrize(("lines", "fragment"), [
+    ('EMBEDDING_MODELS = "@cf/meta/llama-2-7b-chat-int8"', "MODEL @cf/meta/llama-2-7b-chat-int8 is listed in EMBEDDING_MODELS"),
+    ('FALLBACK_MODELS = "@cf/baai/bge-small-en-v1.5"', "FALLBACK_MODELS names @cf/baai/bge-small-en-v1.5"),
+    ('METRICS_OPEN = "true"', "METRICS_OPEN is true while API keys are required"),
+], ids=["model-is-embedding", "fallback-is-embedding", "metrics-open-with-keys"])
+def test_deploy_check_refuses_settings_that_fail_together(tmp_path: Path, lines: str, fragment: str) -> None:
+    config = wrangler_toml_with(tmp_path, lines)
+    failing = [c for c in check_vars(load_config(config)) if not c.ok]
+    assert [fragment in c.detail for c in failing] == [True], [c.detail for c in failing]

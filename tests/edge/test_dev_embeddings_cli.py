@@ -57,15 +57,20 @@ def test_clients_and_the_semantic_cache_against_edgellm_dev(served: tuple[str, P
     result = Cloudflare(api_token="unused", base_url=url + "/client/v4", max_retries=0).ai.run(BGE, account_id="local", text="hello world")
     assert result["shape"] == [1, 384]  # type: ignore[index]
 
-    def ask(text: str) -> httpx.Response:
-        return httpx.post(url + "/v1/chat/completions", timeout=60, headers={"x-edgellm-semantic-cache": "on"},
+    def ask(text: str, **headers: str) -> httpx.Response:
+        return httpx.post(url + "/v1/chat/completions", timeout=60, headers={"x-edgellm-semantic-cache": "on", **headers},
                           json={"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 4})
 
     assert ask("What is the capital of France?").headers["cf-aig-cache-status"] == "MISS"
-    for _ in range(100):  # the vector is written after the answer (waitUntil): poll its HIT, each try a real request
-        again = ask("what is the capital of france")
+    # The vector is written after the answer (waitUntil): poll for its HIT, each try a real request.
+    # A try that misses must store nothing (`no-store`): stored, its own exact entry would answer
+    # the next try, and no later try could be the semantic HIT this waits for.
+    for _ in range(100):
+        again = ask("what is the capital of france", **{"cache-control": "no-store"})
         if again.headers["cf-aig-cache-status"] == "HIT":
             break
+    else:
+        raise AssertionError("the paraphrase never met the first question's vector")
     assert again.headers["x-edgellm-cache-match"].startswith("semantic; score=")
     assert (state / "vectors.sqlite3").is_file()  # the index lives with the edge's other state
 

@@ -223,7 +223,8 @@ def test_admin_faults_holds_to_the_same_guards(admin_edge: EdgeServer) -> None:
 def test_slowloris_connections_are_closed_and_the_edge_keeps_answering(serve: Callable[..., EdgeServer]) -> None:
     """350 connections that never finish their head: each is closed by the head deadline (we wait
     for the close itself, not for a time), and a normal request is answered meanwhile."""
-    server = serve(head_timeout=1.0, max_connections_per_client=512)  # one address here: the head deadline alone is under test
+    # one address here: the head deadline alone is under test, so that address may take every place
+    server = serve(head_timeout=1.0, max_connections_per_client=512, min_connections_per_client=512)
     try:
         socks = []
         for _ in range(350):
@@ -259,21 +260,64 @@ def test_a_silent_connection_and_a_stalled_body_are_closed(serve: Callable[..., 
         server.stop()
 
 
-def test_connections_over_the_cap_are_refused(serve: Callable[..., EdgeServer]) -> None:
-    server = serve(max_connections=20, head_timeout=60.0)
+def test_connections_over_the_cap_are_answered_503_then_closed(serve: Callable[..., EdgeServer]) -> None:
+    """A connection past every place is told so (503, Retry-After, connection: close) on accept,
+    before its request is read, and closed after it: never a bare close or a reset."""
+    server = serve(max_connections=20, max_connections_per_client=20, min_connections_per_client=20, head_timeout=60.0)
     try:
         held = [connect(server) for _ in range(20)]
-        extra = connect(server)
-        extra.settimeout(60)
-        try:
-            assert extra.recv(1) == b""  # closed on accept
-        except ConnectionResetError:
-            pass
-        extra.close()
+        for sock in held:  # each answered once: the edge surely counts all twenty
+            sock.sendall(request_bytes("GET", "/healthz", {"Host": "localhost"}))
+            sock.settimeout(30)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        status, headers, body, closed = exchange(server, request_bytes("GET", "/healthz", {"Host": "localhost"}))
+        assert status == 503 and closed, (status, headers, body)
+        assert int(headers["retry-after"]) > 0 and headers["connection"] == "close"
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        held.pop().close()
         for sock in held:
             sock.close()
     finally:
         server.stop()
+
+
+OVERSIZED = 6 * 1024 * 1024  # six times the body cap: more than the socket buffers hold unread, less than the drain allows
+
+
+def _post_oversized_with_urllib(url: str) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=b"x" * OVERSIZED, method="POST", headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def _post_oversized_with_requests(url: str) -> tuple[int, dict]:
+    import requests
+
+    answer = requests.post(url, data=b"x" * OVERSIZED, headers={"content-type": "application/json"}, timeout=30)
+    return answer.status_code, answer.json()
+
+
+def _post_oversized_with_httpx(url: str) -> tuple[int, dict]:
+    answer = httpx.post(url, content=b"x" * OVERSIZED, headers={"content-type": "application/json"}, timeout=30)
+    return answer.status_code, answer.json()
+
+
+@pytest.mark.parametrize("post", [_post_oversized_with_httpx, _post_oversized_with_requests, _post_oversized_with_urllib],
+                         ids=["httpx", "requests", "urllib"])
+def test_a_python_client_sending_an_oversized_body_reads_the_413(admin_edge: EdgeServer, post: Callable[[str], tuple[int, dict]]) -> None:
+    """The 413 is answered from the declared length, before the body is read; the connection then
+    drains what the client still sends before closing (a lingering close), so a client that
+    writes its whole body before reading (every Python one) reads the 413, not a broken pipe."""
+    for _ in range(3):  # the same connection never serves twice: each is a fresh close to get right
+        status, body = post(admin_edge.url + "/v1/chat/completions")
+        assert status == 413 and body["error"]["code"] == "request_too_large", body
+    assert httpx.get(admin_edge.url + "/healthz").status_code == 200
 
 
 def test_a_read_only_state_makes_admin_writes_503_not_500(start_edge, make_deps, tmp_path: Path) -> None:

@@ -96,6 +96,35 @@ def test_a_gzip_stream_is_decoded(origin: HostileOriginProcess, client: httpx.Cl
     assert done and text_of(events) == "one two three"
 
 
+def test_a_whole_json_answer_to_a_streamed_request_is_read_as_the_answer(origin: HostileOriginProcess, client: httpx.Client) -> None:
+    """An origin asked to stream that answers `application/json` (it does not stream, or a proxy
+    buffered it) gave a whole answer, not a broken stream: the edge reads it by its content type
+    and renders it as the client asked, a stream of chunks ending in [DONE] or a JSON answer."""
+    origin.set_mode("json_answer")
+    response, events, done = stream(client, chat(stream_options={"include_usage": True}))
+    assert response.status_code == 200 and done, events[-3:]
+    assert text_of(events) == "one two three"
+    assert [e["choices"][0]["finish_reason"] for e in events if e.get("choices") and e["choices"][0].get("finish_reason")] == ["stop"]
+    assert events[-1]["usage"]["prompt_tokens"] == 7 and events[-1]["usage"]["completion_tokens"] == 3
+    whole = client.post("/v1/chat/completions", json=chat())
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["choices"][0]["message"]["content"] == "one two three"
+    origin.set_mode("json_tool_call")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    response, events, done = stream(client, chat(tools=tools))
+    assert response.status_code == 200 and done, events[-3:]
+    calls = [c for e in events if e.get("choices") for c in e["choices"][0]["delta"].get("tool_calls") or []]
+    assert calls[0]["function"]["name"] == "get_weather" and "".join(c["function"].get("arguments") or "" for c in calls) == '{"city": "Paris"}'
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_json_error_in_place_of_a_stream_is_the_origins_failure(origin: HostileOriginProcess, client: httpx.Client) -> None:
+    origin.set_mode("json_error")
+    response, events, done = stream(client, chat())
+    assert MARKER not in json.dumps(events)
+    assert_upstream_error(client.post("/v1/chat/completions", json=chat()), "origin_error")
+
+
 def test_an_encoding_the_edge_cannot_decode_is_refused(origin: HostileOriginProcess, client: httpx.Client) -> None:
     origin.set_mode("unknown_encoding")
     response = client.post("/v1/chat/completions", json=chat())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -148,3 +149,42 @@ def test_a_schema_within_the_bounds_is_served_and_stored(client: httpx.Client) -
     assert answer.status_code == 200, answer.text
     if answer.json()["choices"][0]["finish_reason"] == "stop":  # the schema is honoured, not dropped
         assert 0 <= json.loads(answer.json()["choices"][0]["message"]["content"])["n"] <= 9
+
+
+def test_schemas_that_would_cost_without_bound_are_refused_while_another_caller_is_served(client: httpx.Client) -> None:
+    """Two 20,000-value enums at once (each ~300 KB) once held both of the edge's generating
+    slots for minutes, past their answers' deadline, and every other caller got 503: refused
+    before any grammar is built, they hold nothing, and a plain request beside them is answered."""
+    path, body = chat_schema({"type": "string", "enum": [f"value-{i:06d}" for i in range(20_000)]})
+    with ThreadPoolExecutor(3) as pool:
+        costly = [pool.submit(client.post, path, json={**body, "messages": messages()}) for _ in range(2)]
+        plain = pool.submit(client.post, "/v1/chat/completions", json={"messages": messages(), "max_tokens": 4})
+        refusals, answer = [f.result() for f in costly], plain.result()
+    for refused in refusals:
+        assert refused.status_code == 400, refused.text[:300]
+        error = error_of(refused)
+        assert error["code"] == "schema_too_complex" and "'enum'" in error["message"] and "20000" in error["message"]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] is not None
+
+
+@pytest.mark.parametrize("place", ["chat", "tool", "responses", "client_v4"])
+@pytest.mark.parametrize("name, schema, words", [
+    ("ref to the root", {"type": "object", "properties": {"a": {"$ref": "#"}}}, ["'#'", "root"]),
+    ("mutual refs", {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, ["refers back to itself"]),
+    ("pointer escape", {"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"}, ["~1"]),
+    ("4096 x 4096 arrays", {"type": "array", "minItems": 4096, "maxItems": 4096,
+                            "items": {"type": "array", "minItems": 4096, "maxItems": 4096, "items": {"type": "integer"}}},
+     ["'minItems'", "2000"]),
+    ("required, no such property", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]},
+     ["'b'", "'properties'"]),
+])
+def test_a_schema_llama_cpp_cannot_build_is_a_400_saying_what_is_wrong_with_it(client: httpx.Client, place: str, name: str,
+                                                                               schema: dict[str, Any], words: list[str]) -> None:
+    path, body = PLACES[place](schema)
+    response = client.post(path, json=body)
+    assert response.status_code == 400, response.text[:300]
+    message = error_of(response)["message"]
+    assert "chat template" not in message
+    for word in words:
+        assert word in message, message

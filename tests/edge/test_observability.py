@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgellm.app import ROUTES
 from edgellm.config import Config
+from edgellm.telemetry.exposition import TextExposition, families
 from edgellm_local.emulator.server import EdgeServer
 from edgellm_local.telemetry import OtelTracer, PrometheusExposition
 
@@ -85,14 +86,14 @@ def test_every_answer_carries_a_request_id_and_errors_name_it(start_edge: Callab
         assert ok.status_code == 200 and re.fullmatch(FRESH_ID, ok.headers["x-request-id"])
         again = client.post("/v1/chat/completions", json=chat())
         assert again.headers["x-request-id"] != ok.headers["x-request-id"]  # a new id per request
-        kept = client.get("/healthz", headers={"x-request-id": "client-id:42.a_b"})
-        assert kept.headers["x-request-id"] == "client-id:42.a_b"  # a client's own well-formed id is kept
-        for malformed in ("has space", "x" * 129, "semi;colon"):
-            fresh = client.get("/healthz", headers={"x-request-id": malformed}).headers["x-request-id"]
-            assert fresh != malformed and re.fullmatch(FRESH_ID, fresh)
+        for sent in ("client-id:42.a_b", "has space", "x" * 129, "semi;colon"):  # a client's own id never becomes the operator's
+            fresh = client.get("/healthz", headers={"x-request-id": sent}).headers["x-request-id"]
+            assert fresh != sent and re.fullmatch(FRESH_ID, fresh)
+        ray = client.get("/healthz", headers={"cf-ray": "8f2a1b3c4d5e6f70-AMS", "x-request-id": "mine"})
+        assert ray.headers["x-request-id"] == "8f2a1b3c4d5e6f70-AMS"  # Cloudflare's ray id, when one came
         bad = client.post("/v1/chat/completions", json={"messages": "nope"}, headers={"x-request-id": "find-me-1"})
-        assert bad.status_code == 400 and bad.headers["x-request-id"] == "find-me-1"
-        assert bad.json()["error"]["request_id"] == "find-me-1"  # the body names it too
+        assert bad.status_code == 400 and re.fullmatch(FRESH_ID, bad.headers["x-request-id"])
+        assert bad.json()["error"]["request_id"] == bad.headers["x-request-id"]  # the body names it too
         missing = client.get("/v1/nowhere")
         assert missing.status_code == 404 and missing.json()["error"]["request_id"] == missing.headers["x-request-id"]
         rest = client.post("/client/v4/accounts/acct/ai/run/@cf/nope/nope", json={"prompt": "hi"})
@@ -117,7 +118,8 @@ def test_one_json_line_per_request_with_its_fields_and_never_the_prompt(start_ed
     assert (miss.headers["cf-aig-cache-status"], hit.headers["cf-aig-cache-status"], bad.status_code) == ("MISS", "HIT", 400)
     assert b"[DONE]" in body
     lines = {r["request_id"]: r for r in records.wait(4)}
-    first = lines["line-1"]
+    first = lines[miss.headers["x-request-id"]]
+    assert first["client_request_id"] == "line-1"  # the client's own id, beside the operator's
     assert first["trace_id"] == CLIENT_TRACE  # the client's trace
     assert (first["status"], first["cache"], first["route"], first["handler"], first["tenant"]) == (
         200, "MISS", "/v1/chat/completions", "create_chat_completion", "default")
@@ -146,12 +148,20 @@ def test_log_prompts_puts_the_prompt_in_the_line(start_edge: Callable[..., EdgeS
 def families_now(client: httpx.Client, **headers: str) -> dict[str, Any]:
     response = client.get("/metrics", headers=headers)
     assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"  # what the text is, on both writers
     return metrics_of(response.text)
 
 
-def test_metrics_parse_and_move_with_traffic_and_every_label_is_bounded(start_edge: Callable[..., EdgeServer]) -> None:
-    server = start_edge(config=Config(open_access=True, metrics_open=True), exposition=PrometheusExposition())
+def parsed(text: str) -> list[tuple[str, str, list[tuple[str, tuple[tuple[str, str], ...], float]]]]:
+    return sorted((f.name, f.type, sorted((s.name, tuple(sorted(s.labels.items())), s.value) for s in f.samples))
+                  for f in text_string_to_metric_families(text))
+
+
+@pytest.mark.parametrize("exposition", [TextExposition(), PrometheusExposition()], ids=["worker-writer", "prometheus-client"])
+def test_metrics_parse_and_move_with_traffic_and_every_label_is_bounded(start_edge: Callable[..., EdgeServer], exposition: Any) -> None:
+    """Served by the Worker's own writer and by `prometheus_client`'s: each parsed by the
+    client's parser, and both writings of the same real edge's families read back the same."""
+    server = start_edge(config=Config(open_access=True, metrics_open=True), exposition=exposition)
     model = Config().model
     with httpx.Client(base_url=server.url, timeout=60) as client:
         before = families_now(client)
@@ -178,12 +188,17 @@ def test_metrics_parse_and_move_with_traffic_and_every_label_is_bounded(start_ed
         assert sample_value(after, histogram, histogram + "_count", model=model, served_by="cache") == 1
         inf = sample_value(after, histogram, histogram + "_bucket", served_by="edge", le="+Inf")
         assert inf == 1
+    assert sample_value(after, "edgellm_routed", "edgellm_routed_total", to="edge") == 1  # the MISS; the HIT generated nothing
     assert after["edgellm_num_requests_running"].samples[0].value == 0  # every generation has ended
+    isolate = server.app.deps.state.telemetry.isolate
+    assert {s.labels.get("isolate") for f in after.values() for s in f.samples} == {isolate}  # one bounded value, on every series
+    real = families(server.app.deps)  # the Worker's writer on a real edge's metrics, against the client's rendering
+    assert parsed(TextExposition().render(real)[0].decode()) == parsed(PrometheusExposition().render(real)[0].decode())
     assert {s.labels["state"] for s in after["edgellm_breaker_state"].samples} == {"closed", "half_open", "open"}
     # bounded labels: routes are templates, models served ones, never the prompt, a path with an id, a key or a URL
     allowed = {"route": {r.template for r in ROUTES.routes} | {"unmatched", "workers-ai"},
                "model": {"", model}, "tenant": {"", "default"}, "status": {"1xx", "2xx", "3xx", "4xx", "5xx"},
-               "served_by": {"cache", "edge", "origin", "fallback"}}
+               "served_by": {"cache", "edge", "origin", "fallback"}, "isolate": {isolate}}
     for family in after.values():
         for sample in family.samples:
             assert secret not in json.dumps(sample.labels) and "resp_0123" not in json.dumps(sample.labels)

@@ -6,6 +6,7 @@ connections, a few seconds) and loopback-only, from 127.0.0.2 while /healthz is 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
@@ -15,6 +16,8 @@ from typing import Iterator
 import httpx
 import pytest
 
+from edgellm_local.emulator.hardening import ServerLimits, address_share
+from edgellm_local.emulator.server import EdgeApp, EdgeServer
 from tests.support.watched_edge import WatchedEdge
 
 LIMITS = {"body_timeout": 2.0, "body_min_rate": 1024.0, "max_connections": 24, "max_connections_per_client": 8}
@@ -101,3 +104,143 @@ def test_a_body_trickled_below_the_minimum_rate_is_cut(edge: WatchedEdge) -> Non
             while chunk := sock.recv(65536):
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 400") and b"request_timeout" in answer, answer[:300]
+
+
+# --- places: the edge in this process, so a test may hold its connections exactly --------------------
+
+def _serve_with(make_deps, **limits: float) -> EdgeServer:
+    return EdgeServer(EdgeApp(make_deps(), limits=ServerLimits(**limits))).start()
+
+
+def _held(server: EdgeServer, source: str) -> socket.socket:
+    """A keep-alive connection from `source` that has been answered once (so the edge surely
+    counts it) and then stays idle."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(30)
+    sock.connect((server.host, server.port))
+    sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {server.host}\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+        chunk = sock.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    return sock
+
+
+def _slow_body(server: EdgeServer, source: str) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(30)
+    sock.connect((server.host, server.port))
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {server.host}\r\ncontent-type: application/json\r\n"
+                 f"content-length: 100000\r\n\r\n{{".encode())
+    return sock
+
+
+def _held_or_answer(server: EdgeServer, sock: socket.socket, reading: int) -> bytes | None:
+    """b"" once the edge waits for this slow body (its count of bodies in flight grew past
+    `reading`), else what it answered on `sock` (None for a reset or a bare close)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if server.app.connections.reading > reading:
+            return b""
+        if select.select([sock], [], [], 0.01)[0]:
+            try:
+                return sock.recv(65536) or None
+            except ConnectionResetError:
+                return None
+    raise AssertionError("the edge neither waited for the body nor answered it")
+
+
+def test_slow_bodies_from_many_addresses_never_take_healthz_s_place(make_deps) -> None:
+    """Forty addresses each open slow bodies until the edge refuses one of theirs: the edge is
+    then full of bodies, and /healthz (and anything else without a body) is still answered."""
+    server = _serve_with(make_deps, max_connections=48, reserved_connections=8, max_connections_per_client=16,
+                         head_timeout=30.0, body_timeout=30.0, body_timeout_min=30.0, linger_timeout=1.0)
+    held: list[socket.socket] = []
+    try:
+        refused: bytes | None = b""
+        for i in range(40 * 4):  # bounded: more attempts than the edge has places
+            reading = server.app.connections.reading
+            sock = _slow_body(server, f"127.0.0.{2 + i % 40}")
+            held.append(sock)
+            refused = _held_or_answer(server, sock, reading)
+            if refused != b"":
+                break
+        assert refused is not None, "a refused slow body is answered, never reset"
+        assert refused.startswith(b"HTTP/1.1 503") and b"retry-after" in refused.lower(), refused[:300]
+        statuses = []
+        for _ in range(10):
+            try:
+                statuses.append(httpx.get(server.url + "/healthz", timeout=5).status_code)
+            except httpx.HTTPError as exc:
+                statuses.append(type(exc).__name__)
+        assert statuses == [200] * 10, statuses
+        assert server.app.connections.reading == server.app.limits.body_places  # the bodies still hold theirs
+        # a body that comes whole with its head needs no place: answered (its 400) while the flood holds them all
+        with socket.create_connection((server.host, server.port), timeout=30) as sock:
+            body = b'{"messages": ['
+            sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {server.host}\r\ncontent-type: application/json\r\n"
+                         f"content-length: {len(body)}\r\n\r\n".encode() + body)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 400")
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("kind", ["fast", "baseline"])
+def test_a_client_over_its_address_share_is_answered_503_not_reset(make_deps, kind: str) -> None:
+    limits = ServerLimits(max_connections=24, max_connections_per_client=8, head_timeout=30.0, idle_timeout=30.0)
+    server = EdgeServer(EdgeApp(make_deps(), limits=limits), kind=kind).start()
+    held: list[socket.socket] = []
+    try:
+        while len(held) < address_share(limits.max_connections, len(held), limits.min_connections_per_client,
+                                        limits.max_connections_per_client):
+            held.append(_held(server, "127.0.0.2"))
+        assert len(held) == 8
+        transport = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(transport=transport, timeout=10) as client:
+            response = client.get(server.url + "/healthz")
+        assert response.status_code == 503, response.text
+        assert int(response.headers["retry-after"]) > 0 and response.headers["connection"] == "close"
+        assert response.json()["error"]["code"] == "too_many_connections"
+        with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.3"), timeout=10) as other:
+            assert other.get(server.url + "/healthz").status_code == 200  # another address has its own share
+        held.pop().close()
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def _seconds_to_cut(server: EdgeServer) -> float:
+    """How long the edge takes to cut a body trickled from 127.0.0.1 (a byte every 0.2 s)."""
+    sock = _slow_body(server, "127.0.0.1")
+    started, answer = time.monotonic(), b""
+    with sock:
+        while b"request_timeout" not in answer and time.monotonic() - started < 30:
+            sock.sendall(b" ")
+            sock.settimeout(0.2)
+            with contextlib.suppress(socket.timeout):
+                answer += sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400") and b"request_timeout" in answer, answer[:300]
+    return time.monotonic() - started
+
+
+def test_a_loaded_edge_cuts_slow_bodies_sooner_than_an_idle_one(make_deps) -> None:
+    server = _serve_with(make_deps, max_connections=40, body_timeout=8.0, body_timeout_min=1.0, head_timeout=60.0,
+                         idle_timeout=60.0, max_connections_per_client=8)
+    held: list[socket.socket] = []
+    try:
+        idle = _seconds_to_cut(server)
+        held = [_held(server, f"127.0.0.{2 + i // 4}") for i in range(36)]  # nine addresses, four each: 90% of the places
+        loaded = _seconds_to_cut(server)
+        print(f"slow body cut after {idle:.1f} s on an idle edge, {loaded:.1f} s on a loaded one")
+        assert idle >= 7.0 and loaded < 4.0, (idle, loaded)  # 8 s idle; 1 s + a recheck (1 s) loaded
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()

@@ -288,3 +288,34 @@ def test_an_alias_answers_with_the_default_model_and_is_listed(client: openai.Op
     assert "gpt-4o-mini" in listed and listed["gpt-4o-mini"].model_extra["edgellm"]["alias_of"] == MODEL  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-5-unknown", messages=ASK)  # type: ignore[arg-type]
+
+
+def test_a_constrained_answer_past_its_deadline_stops_generating(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Any],
+                                                                  tiny_runner: LlamaCppRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-answer deadline stops the work, not only the answer: the schema below forces
+    every one of max_tokens under a grammar of 900 alternatives, the deadline is half a second,
+    and llama.cpp stops at its next token: far fewer tokens are generated than were asked for
+    (counted where llama.cpp hands them over), and nothing is left tracked or holding a place
+    when the 503 comes back. (The grammar's build is one native call nothing interrupts: that is
+    bounded before it starts, schema_bounds.)"""
+    chunks: list[object] = []
+    chat = tiny_runner.chat
+
+    def counted(body: dict[str, Any], callback: Any = None) -> Any:
+        def seen(chunk: Any) -> bool:
+            chunks.append(chunk)
+            return callback(chunk)
+        return chat(body, seen if callback else None)
+
+    monkeypatch.setattr(tiny_runner, "chat", counted)
+    config = Config(open_access=True, start_timeout_seconds=0.5, run_min_tokens_per_second=1_000_000)
+    server = start_edge(make_deps(config=config))
+    max_tokens = tiny_runner.slot_context - 64
+    schema = {"type": "array", "items": {"type": "string", "enum": [f"value-{i:06d}" for i in range(900)]}, "minItems": max_tokens}
+    with sdk(server, {"cf-aig-skip-cache": "true"}) as client:
+        with pytest.raises(openai.InternalServerError) as stopped:
+            client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=max_tokens,
+                                           response_format={"type": "json_schema", "json_schema": {"name": "words", "schema": schema}})
+    assert stopped.value.status_code == 503 and stopped.value.body["code"] == "answer_timeout"  # type: ignore[index]
+    assert 0 < len(chunks) < max_tokens / 2, len(chunks)
+    assert not tiny_runner._generations and tiny_runner._active == 0

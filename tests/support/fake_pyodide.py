@@ -209,6 +209,7 @@ class FakeReadableStream(JsProxy):
         # [length] what workerd knows of the stream's length: a body stream's (an R2 object's, a
         # fixed body's) or a FixedLengthStream's readable half; None for `from_` (a Python generator)
         self.length = length
+        self.cancelled = False  # `cancel` called on the stream itself (not through a reader)
 
     def pipeThrough(self, transform: Any) -> "FakeReadableStream":  # noqa: N802 (JS name)
         return transform.piped(self)
@@ -226,6 +227,7 @@ class FakeReadableStream(JsProxy):
         return self.reader
 
     async def cancel(self, reason: Any = None) -> None:
+        self.cancelled = True
         await FakeReader(self).cancel()
 
     async def read_all(self) -> bytes:

@@ -20,7 +20,11 @@ HTTP library that would tidy its bytes up).
 - `refusal_500`: a 500 whose message carries `MARKER`;
 - `error_event`: two good tokens, then an OpenAI error event whose message carries `MARKER`;
 - `slow_tokens`: a token every 0.5 s for ever, each well within an idle budget: only a budget
-  for the whole answer ends it.
+  for the whole answer ends it;
+- `json_answer` / `json_tool_call`: asked to stream, a whole `chat.completion` as
+  `application/json` instead (a server that does not stream, or a proxy that buffered the
+  answer): "one two three", or a call of `get_weather`, with its usage;
+- `json_error`: a 200 `application/json` body that is an OpenAI error object carrying `MARKER`.
 
 `MARKER` stands for an origin's own text (an internal path): it must reach the edge's log, never a client.
 
@@ -40,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODES = ("ok", "gzip", "unknown_encoding", "gzip_bomb", "long_line", "no_headers", "pings", "endless",
-         "garbage", "garbage_late", "usage_huge", "usage_negative", "context_refusal", "refusal_500", "error_event", "slow_tokens")
+         "garbage", "garbage_late", "usage_huge", "usage_negative", "context_refusal", "refusal_500", "error_event", "slow_tokens",
+         "json_answer", "json_tool_call", "json_error")
 MARKER = "/srv/hostile-origin/internal-7f3a"
 BOMB_BYTES = 90 * 1024 * 1024
 
@@ -56,6 +61,16 @@ def usage(prompt: float, completion: float) -> bytes:
 
 def finish() -> bytes:
     return (b"data: " + json.dumps({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).encode() + b"\n\n")
+
+
+WEATHER_CALL = {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+def completion(message: dict[str, object], reason: str) -> bytes:
+    """A whole OpenAI chat completion, as a server that does not stream answers."""
+    return json.dumps({"id": "chatcmpl-whole", "object": "chat.completion", "created": 1, "model": "origin-model",
+                       "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": reason}],
+                       "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}).encode()
 
 
 GOOD = token("one ") + token("two ") + token("three") + finish() + usage(7, 3) + b"data: [DONE]\n\n"
@@ -151,6 +166,11 @@ class HostileOrigin:
                 writer.write(token("slow "))
                 await writer.drain()
                 await asyncio.sleep(0.5)  # the origin's own pace, never the test's clock
+        elif mode in ("json_answer", "json_tool_call", "json_error"):
+            payload = {"json_answer": completion({"content": "one two three"}, "stop"),
+                       "json_tool_call": completion({"content": None, "tool_calls": [WEATHER_CALL]}, "tool_calls"),
+                       "json_error": json.dumps({"error": {"message": f"no slot at {MARKER}", "type": "server_error"}}).encode()}[mode]
+            writer.write(head(content_type="application/json; charset=utf-8", content_length=str(len(payload))) + payload)
         elif mode == "error_event":
             error = {"error": {"message": f"slot died at {MARKER}", "type": "server_error"}}
             writer.write(head() + token("one ") + token("two ") + b"data: " + json.dumps(error).encode() + b"\n\n")

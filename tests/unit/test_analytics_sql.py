@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
@@ -133,3 +134,132 @@ async def test_a_non_finite_time_is_a_400_naming_its_field_never_a_500(field: st
     assert set(error) == {"message", "type", "param", "code", "request_id"}
     assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", field, "invalid_value")
     assert api.sent == []  # refused before any query
+
+
+# --- the dashboard's panels over the usage dataset -------------------------------------------------
+
+class QuantileWeighted:
+    """ClickHouse's `quantileExactWeighted` (Cloudflare's `quantileWeighted(level, x, weight)`):
+    the smallest value whose weights, summed in order, reach `level` of the total."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []
+        self.level = 0.5
+
+    def step(self, level: float, value: float, weight: float) -> None:
+        self.level = level
+        self.points.append((value, weight))
+
+    def finalize(self) -> float | None:
+        total, running = sum(w for _, w in self.points), 0.0
+        for value, weight in sorted(self.points):
+            running += weight
+            if running >= self.level * total:
+                return value
+        return None
+
+
+class SumIf:
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    def step(self, value: float, condition: int) -> None:
+        if condition:
+            self.total += value
+
+    def finalize(self) -> float:
+        return self.total
+
+
+def analytics_engine(rows: list[dict[str, Any]]) -> Any:
+    """The dataset as Analytics Engine's SQL API reads it (blob1.., double1.., timestamp,
+    `_sample_interval`; developers.cloudflare.com/analytics/analytics-engine/sql-api), in SQLite
+    with the few functions the panels use."""
+    import sqlite3
+
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE edgellm_usage (timestamp INTEGER, _sample_interval INTEGER, blob1, blob2, blob3, blob4, blob5, "
+               "double1 REAL, double2 REAL, double3 REAL, double4 REAL)")
+    db.executemany("INSERT INTO edgellm_usage VALUES (:timestamp, :_sample_interval, :blob1, :blob2, :blob3, :blob4, :blob5, "
+                   ":double1, :double2, :double3, :double4)", rows)
+    db.create_function("toStartOfMinute", 1, lambda t: t - t % 60)
+    db.create_function("toDateTime", 1, lambda t: t)
+    db.create_aggregate("sumIf", 2, SumIf)
+    db.create_aggregate("quantileWeighted", 3, QuantileWeighted)
+    db.row_factory = sqlite3.Row
+    return db
+
+
+def written_rows(events: list[tuple[Any, int]]) -> list[dict[str, Any]]:
+    """The rows the Worker's own writer makes of `events` (each with its sample interval)."""
+    from tests.support import fake_pyodide as fp
+
+    class Dataset:
+        def __init__(self) -> None:
+            self.points: list[dict[str, Any]] = []
+
+        def writeDataPoint(self, point: Any) -> None:  # noqa: N802 - the binding's own name
+            self.points.append(fp.require_js_object(point))
+
+    rows = []
+    with fp.installed():
+        from edgellm.runtime.pyodide_usage import AnalyticsEngineUsage
+
+        for event, interval in events:
+            dataset = Dataset()
+            AnalyticsEngineUsage(dataset).record_now(event)
+            (point,) = dataset.points
+            row = {"timestamp": int(event.time), "_sample_interval": interval}
+            row.update({f"blob{i}": v for i, v in enumerate(point["blobs"], 1)})
+            row.update({f"double{i}": v for i, v in enumerate(point["doubles"], 1)})
+            rows.append(row)
+    return rows
+
+
+def test_every_panel_query_reads_the_columns_the_worker_writes() -> None:
+    """Each panel's SQL run over rows written by the Worker's own `AnalyticsEngineUsage`, against
+    the same figures counted from the events by name: a query naming the wrong blob or double,
+    or a writer that moved one, gives other numbers."""
+    from edgellm.access.analytics_sql import GROUP_COLUMNS
+    from edgellm.ports import UsageEvent
+    from edgellm.telemetry.analytics_panels import COLUMNS, PANELS, panel_sql
+
+    assert {k: v for k, v in COLUMNS.items() if k in GROUP_COLUMNS} == {k: v for k, v in GROUP_COLUMNS.items() if k in COLUMNS}
+    minute = 1_800_000_000 - 1_800_000_000 % 60
+    m = "@cf/meta/llama-2-7b-chat-int8"
+    events = [  # (event, sample interval): a row standing for 10 points weighs 10
+        (UsageEvent(minute + 1, "acme", "k1", m, "/v1/chat/completions", "MISS", 11, 7, 400.0, 200), 1),
+        (UsageEvent(minute + 2, "acme", "k1", m, "/v1/chat/completions", "HIT", 11, 7, 2.0, 200), 10),
+        (UsageEvent(minute + 3, "zeta", "k2", m, "/v1/completions", "BYPASS", 5, 3, 900.0, 200), 1),
+        (UsageEvent(minute + 4, "zeta", "k2", "", "/v1/chat/completions", "", 0, 0, 1.0, 400), 2),
+        (UsageEvent(minute + 5, "acme", "k1", m, "/v1/chat/completions", "MISS", 9, 0, 30000.0, 503), 1),
+        (UsageEvent(minute + 61, "acme", "k1", m, "/v1/chat/completions", "MISS", 4, 4, 100.0, 502), 3),
+    ]
+    db = analytics_engine(written_rows(events))
+
+    def run(title: str) -> list[dict[str, Any]]:
+        sql = panel_sql(title, start=f"toDateTime({minute})", end=f"toDateTime({minute + 120})")
+        assert sql.endswith(" FORMAT JSON")
+        return [dict(r) for r in db.execute(sql.removesuffix(" FORMAT JSON"))]
+
+    by_status = run("Requests per minute by status")
+    assert [(r["minute"], r["status_2xx"], r["status_3xx"], r["status_4xx"], r["status_5xx"]) for r in by_status] == [
+        (minute, 12, 0, 2, 1), (minute + 60, 0, 0, 0, 3)]
+    assert [(r["status_4xx"], r["status_5xx"]) for r in run("Errors per minute (4xx, 5xx)")] == [(2, 1), (0, 3)]
+    assert [(r["hits"], r["misses"]) for r in run("Cache hit ratio")] == [(10, 2), (0, 3)]
+    tokens = {(r["minute"], r["tenant"]): (r["prompt_tokens"], r["generated_tokens"]) for r in run("Tokens per minute by tenant")}
+    assert tokens == {(minute, "acme"): (20, 7), (minute, "zeta"): (5, 3), (minute + 60, "acme"): (12, 12)}  # HITs count none
+    latency = {(r["minute"], r["cache_status"]): (r["p50_ms"], r["p99_ms"]) for r in run("Request latency p50 / p99")}
+    assert latency == {(minute, "HIT"): (2.0, 2.0), (minute, "MISS"): (400.0, 30000.0), (minute, "BYPASS"): (900.0, 900.0),
+                       (minute + 60, "MISS"): (100.0, 100.0)}  # the 400 (no model served) is no generation
+    assert [(r["status_503"], r["status_502"]) for r in run("Refusals and failures per minute")] == [(1, 0), (0, 3)]
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "grafana" / "edgellm-dashboard.json").read_text())
+    assert set(PANELS) <= {panel["title"] for panel in dashboard["panels"]}  # each names a panel it stands for
+
+
+def test_the_docs_give_each_panels_query_as_the_code_makes_it() -> None:
+    from edgellm.telemetry.analytics_panels import PANELS, panel_sql
+
+    docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text().split())
+    for title in PANELS:
+        assert " ".join(panel_sql(title).split()) in docs, title

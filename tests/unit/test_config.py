@@ -54,3 +54,51 @@ def test_a_whole_answers_deadline_is_the_start_deadline_plus_its_length_at_the_s
     assert (config.start_timeout_seconds, config.run_min_tokens_per_second) == (2.5, 10.0)
     assert config.answer_timeout_seconds(100) == 12.5
     assert config.answer_timeout_seconds(1000) > config.answer_timeout_seconds(100)
+
+
+BGE = "@cf/baai/bge-small-en-v1.5"
+
+
+@pytest.mark.parametrize(("env", "fragments"), [
+    # a chat model that is an embedding model: every chat request would be a 400
+    ({"EMBEDDING_MODELS": f"{DEFAULT_MODEL},{BGE}"}, ("MODEL", DEFAULT_MODEL, "EMBEDDING_MODELS", "chat")),
+    ({"MODEL": BGE, "EMBEDDING_MODELS": BGE}, ("MODEL", BGE, "EMBEDDING_MODELS")),
+    ({"MODEL": BGE}, ("MODEL", BGE, "embedding model")),  # Cloudflare's own list says what it is
+    ({"FALLBACK_MODELS": BGE, "EMBEDDING_MODELS": BGE}, ("FALLBACK_MODELS", BGE, "EMBEDDING_MODELS")),
+    # every tenant's name and token counts to anyone, while the API itself needs a key
+    ({"METRICS_OPEN": "true"}, ("METRICS_OPEN", "OPEN_ACCESS", "admin token")),
+    ({"METRICS_OPEN": "true", "OPEN_ACCESS": "false"}, ("METRICS_OPEN", "OPEN_ACCESS")),
+], ids=["model-is-listed-embedding", "model-is-embedding-listed", "model-is-known-embedding", "fallback-is-embedding",
+        "metrics-open-with-keys-by-default", "metrics-open-with-keys"])
+def test_settings_valid_alone_that_together_fail_are_refused_naming_each(env: dict, fragments: tuple) -> None:
+    with pytest.raises(ValueError) as info:
+        Config.from_env(env)
+    for fragment in fragments:
+        assert fragment in str(info.value), (fragment, str(info.value))
+    assert "\n" not in str(info.value)  # one line: the local edge's refusal and the deploy check's are that line
+
+
+@pytest.mark.parametrize("env", [
+    {"EMBEDDING_MODELS": BGE},
+    {"METRICS_OPEN": "true", "OPEN_ACCESS": "true"},
+    {"METRICS_OPEN": "false", "OPEN_ACCESS": "false"},
+    {"MODEL": "@cf/meta/llama-3.1-8b-instruct", "EMBEDDING_MODELS": f"{BGE},@cf/baai/bge-m3"},
+], ids=["embeddings-beside-chat", "metrics-open-in-open-mode", "metrics-closed-with-keys", "other-model"])
+def test_coherent_settings_are_accepted(env: dict) -> None:
+    Config.from_env(env)
+
+
+@pytest.mark.parametrize(("model", "index", "problem"), [
+    (BGE, 384, None),
+    ("@cf/baai/bge-base-en-v1.5", 384, "768"),
+    ("@cf/baai/bge-m3", 768, "1024"),
+    ("@cf/example/unlisted-embedder", 384, None),  # its width is not known before its first answer: nothing to hold it to
+])
+def test_the_semantic_index_is_held_to_the_embedding_models_width(model: str, index: int, problem: str | None) -> None:
+    from edgellm.config import index_width_problem
+
+    said = index_width_problem(Config.from_env({"EMBEDDING_MODELS": model}), index, "the index")
+    if problem is None:
+        assert said is None
+    else:
+        assert said is not None and problem in said and str(index) in said and model in said and "EMBEDDING_MODELS" in said

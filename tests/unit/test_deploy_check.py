@@ -40,6 +40,12 @@ elif args[:2] == ["secret", "list"]:
     print(json.dumps([{{"name": n, "type": "secret_text"}} for n in os.environ.get("STUB_SECRETS", "").split(",") if n]))
 elif args[:3] == ["kv", "key", "list"]:
     print(json.dumps([{{"name": "access/keys/k1"}}] if os.environ.get("STUB_KEYS") == "1" else []))
+elif args[:2] == ["vectorize", "get"] and os.environ.get("STUB_NO_INDEX") == "1":
+    sys.stderr.write("\x1b[31m\u2718 [ERROR]\x1b[0m A request to the Cloudflare API failed. vectorize.not_found [code: 3000]\n")
+    sys.exit(1)
+elif args[:2] == ["vectorize", "get"]:  # wrangler 4.86 `vectorize get NAME --json`: the index as the API gives it
+    print(json.dumps({{"name": args[2], "config": {{"dimensions": int(os.environ.get("STUB_INDEX_DIMENSIONS", "384")),
+                                                  "metric": "cosine"}}, "created_on": "2026-01-01T00:00:00Z"}}))
 elif args[:1] == ["deploy"]:
     if "--dry-run" in args:
         print("--dry-run: exiting now.")
@@ -178,3 +184,30 @@ def test_the_real_wrangler_offline_not_logged_in(tmp_path: Path) -> None:
     assert "[FAIL] wrangler login" in done.stdout, done.stdout
     assert "[FAIL] KV namespace CACHE" in done.stdout
     assert "[ok  ] dry run" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(("stub_env", "line"), [
+    ({"STUB_INDEX_DIMENSIONS": "384"}, "[ok  ] semantic index VECTORIZE: edgellm-semantic holds 384 dimensions, as @cf/baai/bge-small-en-v1.5 makes"),
+    ({"STUB_INDEX_DIMENSIONS": "768"}, "[FAIL] semantic index VECTORIZE: the semantic cache's embedding model @cf/baai/bge-small-en-v1.5"),
+    ({"STUB_NO_INDEX": "1"}, "[FAIL] semantic index VECTORIZE: cannot read the index edgellm-semantic"),
+], ids=["same-width", "other-width", "no-index"])
+def test_the_vectorize_index_is_held_to_the_embedding_models_width(tmp_path: Path, stub: dict[str, str], stub_env: dict[str, str],
+                                                                   line: str) -> None:
+    """The index's dimension is fixed when it is made and known to the Worker only from its first
+    query; the deploy check reads it from the account (`wrangler vectorize get --json`) and holds
+    it to the width Cloudflare's catalog gives the first of EMBEDDING_MODELS."""
+    done = deploy_check(with_real_ids(tmp_path), {**stub, "STUB_LOGGED_IN": "1", "STUB_SECRETS": "ADMIN_TOKEN", "STUB_KEYS": "1",
+                                                  **stub_env})
+    assert any(x.startswith(line) for x in done.stdout.splitlines()), done.stdout
+    assert done.returncode == (0 if line.startswith("[ok") else 1), done.stdout
+    assert ["vectorize", "get", "edgellm-semantic", "--json"] in calls(stub)
+    if "768" in stub_env.values():
+        assert "holds 768" in done.stdout and "--dimensions=384" in done.stdout  # and the command that makes a fitting one
+
+
+def test_an_embedding_model_of_unknown_width_is_said_to_be_unchecked(tmp_path: Path, stub: dict[str, str]) -> None:
+    config = config_copy(tmp_path, **{'id = "00000000000000000000000000000000"': f'id = "{REAL_KV_ID}"',
+                                      'EMBEDDING_MODELS = "@cf/baai/bge-small-en-v1.5"': 'EMBEDDING_MODELS = "@cf/example/embedder"'})
+    done = deploy_check(config, {**stub, "STUB_LOGGED_IN": "1", "STUB_SECRETS": "ADMIN_TOKEN", "STUB_KEYS": "1"})
+    line = next(x for x in done.stdout.splitlines() if x.startswith("[ok  ] semantic index VECTORIZE"))
+    assert "not checked" in line and "first" in line, line

@@ -81,6 +81,16 @@ async def test_closing_an_ai_stream_early_cancels_and_releases_the_reader(adapte
     assert stream.reader.cancelled and stream.reader.released
 
 
+async def test_closing_an_ai_stream_before_its_first_read_cancels_the_js_stream(adapter) -> None:
+    """A client gone before the first token: no reader was ever taken, and the binding's stream
+    must still be told to stop (`cancel`), not left to the garbage collector."""
+    stream = fp.FakeReadableStream(chunks=[b'data: {"response":"a"}\n\n'] * 50 + [b"data: [DONE]\n\n"])
+    events = await adapter.ai.WorkersAI(FakeAIBinding(stream)).stream("@cf/m", {"prompt": "x"})
+    await events.aclose()
+    await events.aclose()
+    assert stream.cancelled and stream.reader is None
+
+
 async def test_an_ai_stream_cut_before_done_is_a_stream_cut_error(adapter) -> None:
     from edgellm.ports import StreamCutError
 
@@ -235,9 +245,10 @@ async def test_a_misconfigured_worker_answers_json_not_a_bare_500(adapter) -> No
 
     native = await adapter.pyodide.fetch(NativeRequest(), env, ctx, IsolateState())
     error = __import__("json").loads(await native.bytes())["error"]
-    assert native.status == 500 and native.headers["content-type"] == "application/json"
+    assert native.status == 503 and native.headers["content-type"] == "application/json" and native.headers["retry-after"]
     # the message names the variable and what it accepts, not only the parser's exception
-    assert error["code"] == "worker_setup_failed" and "CACHE_CLASSES must be a JSON object" in error["message"]
+    # (every route and variable: tests/unit/test_worker_misconfigured.py)
+    assert error["code"] == "worker_misconfigured" and "CACHE_CLASSES must be a JSON object" in error["message"]
 
 
 async def test_a_binding_failing_while_the_worker_sets_up_keeps_its_text_in_the_log(adapter, monkeypatch, caplog) -> None:
@@ -447,6 +458,26 @@ async def test_origin_fetch_sends_a_js_init_and_streams_the_body(adapter) -> Non
     url, init = sent[0]
     assert url == "https://o/v1/chat/completions" and init["method"] == "POST" and init["body"] == '{"a":1}'
     assert init["headers"] == {"authorization": "Bearer t"}
+
+
+@pytest.mark.parametrize("read", [0, 1], ids=["unread", "partly-read"])
+async def test_an_origin_body_closed_early_cancels_the_js_stream(adapter, read: int) -> None:
+    """The edge closes an origin's body when its client left, possibly before the first read:
+    the connection is given back (`cancel`) either way, not when the garbage collector runs."""
+    pyodide_fetch = importlib.import_module("edgellm.runtime.pyodide_fetch")
+    answers: list[FakeFetchResponse] = []
+
+    async def fetch(url: str, init: Any) -> Any:
+        answers.append(FakeFetchResponse(200, [b"data: {}\n\n"] * 5 + [b"data: [DONE]\n\n"]))
+        return answers[-1]
+
+    js = __import__("js")
+    js.fetch, js.AbortController = fetch, FakeAbortController
+    response = await pyodide_fetch.WorkersFetch().post("https://o/v1/chat/completions", b"{}", {}, 5)
+    for _ in range(read):
+        await anext(response.body)
+    await response.body.aclose()  # type: ignore[attr-defined]
+    assert answers[0].body.cancelled
 
 
 async def test_origin_fetch_failures_and_timeouts_are_fetch_errors(adapter) -> None:

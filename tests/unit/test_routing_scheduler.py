@@ -211,3 +211,34 @@ def test_deploy_check_names_a_pool_mistake() -> None:
     assert not bad[0].ok and "pool 'gpu' lists the replica http://a:1/v1 twice" in bad[0].detail
     good = check_vars({"vars": {"ORIGINS": json.dumps([{"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}])}})
     assert good[0].ok
+
+
+async def test_an_answer_closed_before_its_first_step_still_comes_off_the_replica() -> None:
+    """A client gone before the first event: the stream is closed unread, and the replica's
+    in-flight count comes down anyway (no verdict for its breaker), as does the source's."""
+    from edgellm.config import Config as _Config
+    from edgellm.deps import Deps
+    from edgellm.generation import Finish, Token, Usage
+    from edgellm.routing.pools import Choice, followed
+
+    closed = []
+
+    async def answer():  # type: ignore[no-untyped-def]
+        try:
+            yield Token("a")
+            yield Finish("stop", Usage(3, 1, cached_tokens=2))
+        finally:
+            closed.append(True)
+
+    config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
+    deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
+    view = PoolView(config.routing.pools["gpu"])
+    a = ask()
+    for read in (False, True):
+        view.dispatched("gpu-1", a, "load")
+        stream = followed(deps, Choice(config.routing.origins[0], "load", view, a), answer(), 0.0)
+        if read:
+            assert [type(e).__name__ async for e in stream] == ["Token", "Finish"]
+        await stream.aclose()
+        assert view.replicas["gpu-1"].in_flight == 0
+    assert view.replicas["gpu-1"].breaker.state == "closed" and view.replicas["gpu-1"].cached_tokens == 2

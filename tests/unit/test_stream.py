@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
@@ -220,3 +221,86 @@ async def test_in_blocks_sends_what_it_gathered_before_its_source_failed() -> No
     with pytest.raises(RuntimeError):  # nothing gathered yet: the failure alone
         async for block in in_blocks(breaks_after([])):
             raise AssertionError(f"an empty block was sent: {block!r}")
+
+
+# --- `owns`: a generator that reads a source, closable before its first step --------------------
+
+
+async def test_an_owning_generator_closed_before_its_first_step_closes_its_source() -> None:
+    """A plain async generator closed unread never starts, so its `finally` (its only way to close
+    what it reads) never runs; `owns` makes it a `Stream` that closes the source anyway, and a
+    source the generator closed itself is not closed twice in effect (a class source counts)."""
+    from edgellm.stream import owns
+
+    @owns("source")
+    async def doubled(source: AsyncIterator[int], by: int = 2) -> AsyncIterator[int]:
+        async for item in source:
+            yield item * by
+
+    unread = Source()
+    stream = doubled(unread)
+    assert isinstance(stream, Stream)
+    await stream.aclose()
+    assert unread.closes == 1
+    partly = Source()
+    stream = doubled(partly, by=3)
+    assert await anext(stream) == 3
+    await stream.aclose()
+    await stream.aclose()
+    assert partly.closes == 1
+    whole = Source()
+    assert [item async for item in doubled(source=whole)] == [2, 4, 6] and whole.closes == 1
+    with pytest.raises(TypeError, match="names the parameters"):
+        owns("missing")(doubled.__wrapped__)  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="names the parameters"):
+        owns()(doubled.__wrapped__)  # type: ignore[attr-defined]
+
+
+SOURCE_TYPE = re.compile(r"\b(AsyncIterator|AsyncIterable|AsyncGenerator|Generation|Stream)\b")
+
+
+def _own_yields(fn: "ast.AsyncFunctionDef") -> bool:
+    """Whether `fn` itself yields (a yield in a function nested inside it is that function's)."""
+    import ast
+
+    todo: list[ast.AST] = list(fn.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def test_every_async_generator_of_the_core_that_reads_a_source_owns_it() -> None:
+    """An async generator taking a stream (a parameter typed as an async iterator, a `Generation`
+    or a `Stream`) is the layer that owes it a close: it must be made with `@owns(...)` naming
+    that parameter, or a client gone before its first step leaks what the stream holds (an
+    admission place, a llama.cpp slot, an origin's connection)."""
+    import ast
+    from pathlib import Path
+
+    import edgellm
+
+    root = Path(edgellm.__file__).parent
+    found, missing = [], []
+    for path in sorted(root.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, ast.AsyncFunctionDef) or not _own_yields(fn):
+                continue
+            arguments = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+            sources = {a.arg for a in arguments if a.annotation is not None
+                       and SOURCE_TYPE.search(ast.unparse(a.annotation))}
+            if not sources:
+                continue
+            owned: set[str] = set()
+            for decorator in fn.decorator_list:
+                if isinstance(decorator, ast.Call) and ast.unparse(decorator.func).endswith("owns"):
+                    owned |= {a.value for a in decorator.args if isinstance(a, ast.Constant)}
+            where = f"{path.relative_to(root)}:{fn.lineno} {fn.name}"
+            found.append(where)
+            if sources - owned:
+                missing.append(f"{where} reads {sorted(sources - owned)} without @owns")
+    assert not missing, "\n".join(missing)
+    assert len(found) >= 10, found  # the scan sees the generators it is about (renderers, inference, sse, routing)

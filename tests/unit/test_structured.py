@@ -4,6 +4,7 @@ each model's capabilities refuse, and how the cache keys and records them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ from edgellm.config import Config
 from edgellm.generation import Finish, Token, ToolCall, ToolCallDelta, Usage
 from edgellm.openai import parse_chat_request
 from edgellm.deps import Deps
+from edgellm.errors import GatewayError, binding_error
+from edgellm.ports import InvalidModelInput
+from edgellm.structured import parse_extensions, parse_response_format
+from edgellm_local.llama.errors import llama_exception, raise_llama_error
+from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.doubles.scripted import ScriptedAI
 from tests.unit.test_app import assert_error, body_json, post, sse_events
 
@@ -268,3 +274,151 @@ async def test_whole_tool_calls_gives_each_call_one_name_its_own_arguments_and_d
     assert nameless == [Finish("stop", Usage(1, 2))]  # no usable call: not a tool-calls finish
     whole = await run(ToolCallDelta(3, "a", "f", "{}"), ToolCallDelta(5, "b", "f", '{"z":2}'), Finish("tool_calls", Usage()))
     assert whole == [ToolCallDelta(0, "a", "f", "{}"), ToolCallDelta(1, "b", "f", '{"z":2}'), Finish("tool_calls", Usage())]
+
+
+# --- schemas: what a grammar may cost, and what llama.cpp's grammar builder refuses ----------
+
+
+def enum_of(count: int, width: int = 12) -> dict[str, Any]:
+    return {"type": "string", "enum": [f"v{i:06d}".ljust(width, "x") for i in range(count)]}
+
+
+def optional_properties(count: int) -> dict[str, Any]:
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(count)}}
+
+
+def square_array(side: int) -> dict[str, Any]:
+    row = {"type": "array", "items": {"type": "integer"}, "minItems": side, "maxItems": side}
+    return {"type": "array", "items": row, "minItems": side, "maxItems": side}
+
+
+DEFS_LOOP = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+ANY_OF_LOOP = {"$defs": {"a": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}
+# (schema, error code, words the message must hold: what is wrong and where)
+REFUSED_SCHEMAS = {
+    "20,000-value enum": (enum_of(20_000), "schema_too_complex", ["'enum'", "20000", "1000"]),
+    "enums past the total": ({"type": "object", "properties": {"a": enum_of(600), "b": enum_of(600)}, "required": ["a", "b"]},
+                             "schema_too_complex", ["'enum'", "1200"]),
+    "anyOf past the total": ({"anyOf": [{"const": f"c{i}"} for i in range(1001)]}, "schema_too_complex", ["'anyOf'", "1001"]),
+    "long literals": (enum_of(100, 1300), "schema_too_complex", ["characters", "120000"]),
+    "optional properties": (optional_properties(129), "schema_too_complex", ["optional", "129", "#"]),
+    "required, not a property": ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"],
+                                  "additionalProperties": False}, "invalid_schema", ["'b'", "required", "#"]),
+    "required, extra allowed": ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"],
+                                 "additionalProperties": True}, "invalid_schema", ["'b'", "required"]),
+    "required, no properties": ({"type": "object", "required": ["b"]}, "invalid_schema", ["'b'"]),
+    "required across allOf, missing": ({"allOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+                                                  {"type": "object", "required": ["a", "z"]}]}, "invalid_schema", ["'z'"]),
+    "$ref to the root": ({"type": "object", "properties": {"a": {"$ref": "#"}}}, "unsupported_schema", ["'#'", "#/properties/a"]),
+    "mutual $refs": (DEFS_LOOP, "invalid_schema", ["#/$defs/a", "loop"]),
+    "anyOf looping to itself": (ANY_OF_LOOP, "invalid_schema", ["loop"]),
+    "allOf looping to itself": ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]}, "invalid_schema", ["loop"]),
+    "~1 in a pointer": ({"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"}, "unsupported_schema", ["~1"]),
+    "4096 x 4096 arrays": (square_array(4096), "invalid_schema", ["'minItems'", "2000"]),
+    "maxLength past llama.cpp's count": ({"type": "string", "maxLength": 2001}, "invalid_schema", ["'maxLength'", "2000"]),
+}
+ACCEPTED_SCHEMAS = {
+    "1000-value enum": enum_of(1000),
+    "128 optional properties": optional_properties(128),
+    "2000 x 2000 arrays": square_array(2000),
+    "maxLength 2000": {"type": "string", "maxLength": 2000},
+    "required across allOf": {"allOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
+                                        {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["a", "b"]}]},
+    "recursion through an object": {"$defs": {"node": {"type": "object", "properties": {"next": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/node"}]}}}},
+                                    "$ref": "#/$defs/node"},
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_SCHEMAS)
+def test_a_schema_too_costly_or_that_no_grammar_can_honour_is_a_400_saying_what(name: str) -> None:
+    schema, code, words = REFUSED_SCHEMAS[name]
+    with pytest.raises(GatewayError) as refused:
+        parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, openai_shape=True)
+    error = refused.value
+    assert (error.status, error.code, error.param) == (400, code, "response_format.json_schema.schema"), error.message
+    for word in words:
+        assert word in error.message, error.message
+
+
+@pytest.mark.parametrize("name", ACCEPTED_SCHEMAS)
+def test_a_schema_within_the_bounds_is_accepted(name: str) -> None:
+    assert parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": ACCEPTED_SCHEMAS[name]}},
+                                 openai_shape=True) == {"type": "json_schema", "json_schema": ACCEPTED_SCHEMAS[name]}
+
+
+LLAMA_REFUSES = ["$ref to the root", "mutual $refs", "anyOf looping to itself", "~1 in a pointer", "4096 x 4096 arrays"]
+
+
+@pytest.mark.parametrize("name", LLAMA_REFUSES + list(ACCEPTED_SCHEMAS))
+def test_the_bounds_agree_with_llama_cpps_grammar_builder(tiny_runner: LlamaCppRunner, name: str) -> None:
+    """What the check refuses as llama.cpp's refusal, llama.cpp does refuse; what it accepts at
+    its bounds, llama.cpp builds a grammar for and generates under."""
+    schema = REFUSED_SCHEMAS[name][0] if name in REFUSED_SCHEMAS else ACCEPTED_SCHEMAS[name]
+    body = {"messages": [{"role": "user", "content": "json"}], "max_tokens": 1,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    try:
+        result = tiny_runner.chat(body)
+        refused = isinstance(result, dict) and "error" in result
+    except ValueError:
+        refused = True
+    assert refused == (name in LLAMA_REFUSES), result
+
+
+CONVERTER_REFUSAL = "Unable to generate parser for this template. Automatic parser generation failed: JSON schema error at #: "
+PARSER_REFUSAL = "Failed to initialize samplers: failed to parse grammar "
+GRAMMAR_FAILURES = {
+    "a schema the converter refuses": lambda text: llama_exception(ValueError(CONVERTER_REFUSAL + text)),
+    "a grammar the parser refuses": lambda text: _raised(lambda: raise_llama_error({"error": {"code": 400, "message": PARSER_REFUSAL + text}})),
+}
+
+
+def _raised(call: Any) -> BaseException:
+    with pytest.raises(Exception) as raised:
+        call()
+    return raised.value
+
+
+@pytest.mark.parametrize("failure", GRAMMAR_FAILURES)
+def test_llama_cpps_grammar_failures_say_the_schema_and_log_its_size_and_hash_not_its_text(failure: str) -> None:
+    """A failure check_schema did not foresee still tells the caller it is the schema (not 'the
+    chat template refused the messages'), and the log line it makes (its text, the error's
+    detail) carries the size and hash of llama.cpp's text, which holds the schema, never the text
+    itself: one such line once held 6.5 MB of a caller's schema."""
+    schema_text = json.dumps({"enum": ["x" * 100] * 65_000})
+    error = GRAMMAR_FAILURES[failure](schema_text)
+    said = (CONVERTER_REFUSAL if "converter" in failure else PARSER_REFUSAL) + schema_text
+    assert isinstance(error, InvalidModelInput)
+    assert "schema" in error.public and "chat template" not in error.public
+    logged = binding_error(error, "The AI binding", "ai")
+    assert logged.status == 400 and "schema" in logged.message and "xxxx" not in logged.message
+    assert len(logged.detail) < 1000, len(logged.detail)
+    assert f"{len(said.encode())} bytes" in logged.detail and hashlib.sha256(said.encode()).hexdigest()[:16] in logged.detail
+    assert llama_exception(ValueError("short")).args[0].endswith("short")  # a short text is logged as it is
+
+
+def test_the_schemas_of_one_request_are_bounded_together() -> None:
+    """A request's tools and response_format become one grammar (the tool-call envelope is the
+    choice of every tool's parameters): 3 tools of 400 enum values each, each within the bound,
+    are 1200 choices in one grammar."""
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object", "properties": {"v": enum_of(400)},
+                                                                              "required": ["v"]}}} for i in range(3)]
+    with pytest.raises(GatewayError) as refused:
+        parse_extensions({"tools": tools}, openai_shape=True)
+    assert (refused.value.status, refused.value.code, refused.value.param) == (400, "schema_too_complex", "tools")
+    assert "1000" in refused.value.message and "tools" in refused.value.message
+    with pytest.raises(GatewayError) as refused:
+        parse_extensions({"tools": tools[:2], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": enum_of(300)}}},
+                         openai_shape=True)
+    assert refused.value.code == "schema_too_complex"
+    assert parse_extensions({"tools": tools[:2]}, openai_shape=True)["tools"] == tools[:2]
+
+
+def test_a_long_chain_of_references_is_checked_without_deep_recursion() -> None:
+    chain = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(1500)}
+    chain["a1500"] = {"type": "string"}
+    schema = {"$defs": chain, "$ref": "#/$defs/a0"}
+    assert parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, openai_shape=True)
+    chain["a1500"] = {"$ref": "#/$defs/a0"}
+    with pytest.raises(GatewayError) as refused:
+        parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, openai_shape=True)
+    assert refused.value.code == "invalid_schema" and "loop" in refused.value.message

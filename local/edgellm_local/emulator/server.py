@@ -28,7 +28,7 @@ from edgellm_local.emulator.durable import local_flights, local_routers
 from edgellm_local.emulator.isolation import InTask, as_runtime, request_context
 from edgellm_local.emulator.edge_encoding import encoded
 from edgellm_local.emulator.page_headers import HeaderRules
-from edgellm_local.emulator.hardening import ServerLimits, declared_too_large, receive_body, refuse_head, uvicorn_options
+from edgellm_local.emulator.hardening import ConnectionBook, ServerLimits, declared_too_large, receive_body, refuse_head, uvicorn_options
 from edgellm_local.emulator.r2 import FileBody
 from edgellm_local.emulator.zero_copy import EXTENSION, ZeroCopyStats
 
@@ -60,10 +60,14 @@ class EdgeApp:
     page_headers: HeaderRules = field(default_factory=HeaderRules)
     zero_copy: bool = True  # local files go to the socket with sendfile(2) where the server offers it (zero_copy.py)
     zero_copy_stats: ZeroCopyStats = field(default_factory=ZeroCopyStats)
+    # the places' ledger the server's protocol keeps and the body reads consult (hardening.py);
+    # remade for the limits of the moment by `connection_book` when a server is made
+    connections: ConnectionBook = field(init=False, repr=False)
     _background: set[asyncio.Future[Any]] = field(default_factory=set, init=False, repr=False)
     _for_requests: tuple[Deps, Deps] | None = field(default=None, init=False, repr=False)  # (deps, its request deps)
 
     def __post_init__(self) -> None:
+        self.connections = ConnectionBook(self.limits)
         if not self.page_headers.rules and self.assets is not None:
             self.page_headers = HeaderRules.load(self.assets.root)
         if self.coalesce and self.deps.flights is None:
@@ -73,6 +77,12 @@ class EdgeApp:
         if self.route_objects and self.deps.routers is None and self.deps.config.routing.pools:
             # the ROUTER binding: one object per pool holds the pool's view (routing.router)
             self.deps = replace(self.deps, routers=local_routers(lambda: self.deps, self.wait_until))
+
+    def connection_book(self) -> ConnectionBook:
+        """A new ledger for a server about to run, with the app's limits as they are now (a
+        test or `edgellm dev` may replace them after building the app)."""
+        self.connections = ConnectionBook(self.limits)
+        return self.connections
 
     def _request_deps(self) -> Deps:
         """`deps.for_request(wait_until)`, made once per `deps`: every request here has the same
@@ -219,7 +229,7 @@ class EdgeApp:
         await self._send(response, send, self._zero_copy_sender(_SCOPE.get(), response))
 
     async def _read_request(self, scope: dict[str, Any], receive: Any) -> Request | Response | None:
-        body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits.body_timeout, self.limits.body_min_rate)
+        body = await receive_body(receive, self.deps.config.max_body_bytes, self.limits, self.connections)
         if body is None or isinstance(body, Response):
             return body
         return self._request_of(scope, body)
@@ -292,7 +302,8 @@ def make_server(app: EdgeApp, kind: str = "fast") -> uvicorn.Server:
     `server.config.get_loop_factory()`): a bare `asyncio.run(server.serve())` skips uvicorn's loop
     choice and runs on the default asyncio loop whatever `loop` says."""
     # both kinds get the hostile-input guards (hardening.py) around their own HTTP parser
-    options = {**SERVER_KINDS[kind], **uvicorn_options(app.limits, SERVER_KINDS[kind]["http"], app.zero_copy_stats if app.zero_copy else None)}
+    options = {**SERVER_KINDS[kind], **uvicorn_options(app.limits, SERVER_KINDS[kind]["http"], app.zero_copy_stats if app.zero_copy else None,
+                                                         app.connection_book())}
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3, **options)
     return uvicorn.Server(config)
 

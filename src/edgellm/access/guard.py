@@ -9,6 +9,7 @@ as the configured tenant; it exists only when configured.
 from __future__ import annotations
 
 import hmac
+from dataclasses import replace
 
 from ..config import Config
 from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error, invalid
@@ -136,21 +137,32 @@ def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
         raise invalid(f"The prompt may hold at most {config.max_message_chars} characters.", "prompt", "prompt_too_long")
 
 
-async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> None:
+async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> GenerationRequest:
     """Before a generation (or a HIT): its input within bounds, then `admit_tokens` for its
-    prompt (estimated) and its `max_tokens`."""
+    prompt (estimated) and its `max_tokens`. The request to serve: `gen_request`, or with its
+    `max_tokens` cut to what is left of the key's budget (a shorter answer, cut at `length`)."""
     check_input_limits(gen_request, deps.config)
-    await admit_tokens(request, deps, gen_request.model, prompt_estimate(gen_request.inputs), gen_request.max_tokens)
+    max_tokens = await admit_tokens(request, deps, gen_request.model, prompt_estimate(gen_request.inputs), gen_request.max_tokens)
+    if max_tokens == gen_request.max_tokens:
+        return gen_request
+    return replace(gen_request, inputs={**gen_request.inputs, "max_tokens": max_tokens})
 
 
-async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, max_tokens: int) -> None:
+async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, max_tokens: int) -> int:
     """Before any call that spends tokens (a generation, embeddings) or its HIT: the key may use
     the model, has tokens left in its window and in its budget; what the request may cost (the
-    `prompt` estimate plus `max_tokens`) is then reserved until its usage is recorded."""
+    `prompt` estimate plus `max_tokens`) is then reserved until its usage is recorded.
+
+    The budget admits a request only when that cost fits what is left of it (the budget less
+    what was spent and what requests in progress reserved), so no request overspends it: one
+    that does not fit has its `max_tokens` cut to what is left after its prompt, and is refused
+    (429 `insufficient_quota`) when not one token would be left. An embedding (`max_tokens` 0:
+    its input is its whole cost) cannot be cut, so it fits or is refused. Returns the
+    `max_tokens` reserved."""
     principal: Principal | None = request.principal
     record = principal.record if principal else None
     if record is None:
-        return
+        return max_tokens
     if not record.allows_model(model):
         raise GatewayError(ErrorKind.PERMISSION, f"This key may not use the model {model}.", param="model", code="model_not_allowed")
     if record.token_budget > 0:
@@ -161,9 +173,18 @@ async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, ma
             except Exception as exc:
                 deps.log.warning("usage read failed: %s", exc)
         # what requests in progress have reserved counts as spent (access.reservation)
-        if spent + deps.state.access.reserved.get(record.key_id, 0) >= record.token_budget:
+        left = record.token_budget - spent - deps.state.access.reserved.get(record.key_id, 0)
+        if left <= 0:
             raise GatewayError(ErrorKind.RATE_LIMITED, f"The key's token budget ({record.token_budget}) is spent.",
                                code="insufficient_quota")
+        if prompt + max_tokens > left:
+            if max_tokens <= 0 or left - prompt < 1:
+                what = "its input" if max_tokens <= 0 else "its prompt, estimated"
+                raise GatewayError(ErrorKind.RATE_LIMITED, f"The key's token budget ({record.token_budget}) has {left} tokens left; "
+                                   f"this request may cost {prompt} ({what}). Send less, or ask for a larger budget.",
+                                   code="insufficient_quota")
+            max_tokens = left - prompt
     # checked and reserved with no await between: a concurrent request sees this one's reservation
     check_tokens(deps.state.access, record.key_id, record.tokens_per_minute, deps.clock.now())
     request.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, model, prompt, max_tokens, deps.clock.now())
+    return max_tokens

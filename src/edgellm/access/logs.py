@@ -1,5 +1,6 @@
 """One structured log record per request, written when it ends (a stream: when its body ends):
-its request id and trace id, who asked (tenant, key), what served it (model, route, cache status),
+its request id (the operator's: Cloudflare's `cf-ray`, else the isolate's own), the client's own
+`x-request-id` beside it, its trace id, who asked (tenant, key), what served it (model, route, cache status),
 its status, tokens, time to first token and duration. Never the prompt or the answer, unless the
 operator asks for prompts (`LOG_PROMPTS`, `edgellm dev --log-prompts`). The local edge formats the
 same record as a readable line or writes it as JSON (`edgellm_local.emulator.access_log`)."""
@@ -21,15 +22,28 @@ _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 PROMPT_CHARS = 4096  # the most of a prompt a log line carries (`log_prompts`)
 
 
+# A scrape of `/metrics` that was answered is logged at DEBUG: Prometheus asks every few seconds,
+# and exporters (prometheus_client's handler, Go's promhttp) write no line per scrape. A refused
+# scrape is an access attempt like any other, logged at INFO.
+SCRAPE_ROUTE = "/metrics"
+
+
 def request_id(request: Request, ids: RequestIds) -> str:
-    """The client's `x-request-id` if well-formed, else Cloudflare's `cf-ray`, else a new one
-    (`IsolateState.request_ids`)."""
-    headers = request.headers
-    for name in ("x-request-id", "cf-ray"):
-        value = headers.get(name)
-        if value and _ID.match(value):
-            return value
+    """The id the operator's logs key on and the answer's `x-request-id` carries: Cloudflare's
+    `cf-ray` (set by Cloudflare's edge, never by the client), else a new one of the isolate's
+    (`IsolateState.request_ids`). A client's `x-request-id` never takes its place, or a caller
+    could choose, or collide with, the id of another's log line: it is kept beside it
+    (`client_request_id`)."""
+    value = request.headers.get("cf-ray")
+    if value and _ID.match(value):
+        return value
     return ids.new()
+
+
+def client_request_id(request: Request) -> str | None:
+    """The client's own `x-request-id`, when it is one a log search can hold."""
+    value = request.headers.get("x-request-id")
+    return value if value and _ID.match(value) else None
 
 
 class _AsJson:
@@ -64,7 +78,8 @@ def prompt_of(request: Request) -> Any:
 def log_request(request: Request, response: Response, deps: Deps, started: float, handler: str,
                 route: str | None = None) -> dict[str, Any] | None:
     logger = deps.log.getChild("access")
-    if not logger.isEnabledFor(logging.INFO):
+    level = logging.DEBUG if route == SCRAPE_ROUTE and response.status < 400 else logging.INFO
+    if not logger.isEnabledFor(level):
         return None
     principal, seen, span = request.principal, request.observed, request.span
     if span is None:  # nothing needed it while it ran (no tracer, no origin): its trace, for the line
@@ -72,6 +87,7 @@ def log_request(request: Request, response: Response, deps: Deps, started: float
     now = deps.clock.now()
     record = {
         "request_id": request.id or request_id(request, deps.state.request_ids),
+        "client_request_id": client_request_id(request),
         "trace_id": span.context.trace_id,
         "method": request.method, "path": request.path[:256], "status": response.status,
         "cache": response.headers.get("cf-aig-cache-status", "-"), "route": route or handler, "handler": handler,
@@ -84,5 +100,5 @@ def log_request(request: Request, response: Response, deps: Deps, started: float
     }
     if deps.config.log_prompts:
         record["prompt"] = prompt_of(request)
-    logger.info("%s", _AsJson(record), extra={"edgellm": record})
+    logger.log(level, "%s", _AsJson(record), extra={"edgellm": record})
     return record

@@ -4,9 +4,11 @@ Checked before and charged after, one request could spend 456 tokens on a 200-pe
 and six concurrent ones 2,694 of a 300-token budget: each saw the window as it was before any
 of them had finished. So admission reserves what the request may cost (its prompt, estimated,
 plus its `max_tokens`) in the key's token window and against its budget, and the end of the
-request (`access.usage`) replaces the reservation by what was actually generated. A request is
-admitted while anything is left, so a key overspends by at most one request's reservation,
-concurrent or not. Plain per-isolate data (`AccessState`), like the rate windows.
+request (`access.usage`) replaces the reservation by what was actually generated. The budget
+admits a request only when its reservation fits what is left (`guard.admit_tokens` cuts a
+generation's `max_tokens` to fit, and refuses an embedding, which cannot be cut); the token
+window admits while anything is left, so within it a key overspends by at most one request's
+reservation, concurrent or not. Plain per-isolate data (`AccessState`), like the rate windows.
 """
 
 from __future__ import annotations

@@ -47,7 +47,13 @@ def observe(request: Request, generation: Generation, now: Callable[[], float] |
     and with them the generation's admission ticket. `now`: the clock (`deps.clock.now`)."""
     seen = Observation(generation.model, generation.cache_status or "BYPASS", route=generation.route)
     request.observed = seen
-    generation.events = Stream(generation.events).tap(_seen_by(seen, now))
+    reported = generation.prompt_seen
+
+    def unfinished() -> None:  # closed before its Finish: the prompt the model counted, when it said (not the estimate)
+        if not seen.finished and not seen.prompt_tokens and reported is not None:
+            seen.prompt_tokens = reported.prompt_tokens
+
+    generation.events = Stream(generation.events).tap(_seen_by(seen, now)).on_close(unfinished)
 
 
 def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bool) -> None:

@@ -32,7 +32,7 @@ from ..errors import ErrorKind, GatewayError, RetryAfter
 from ..http import Request, Response, json_response
 from ..ports import R2Range
 from ..deps import Deps
-from ..stream import close_source
+from ..stream import close_source, owns
 from .conditional import ByteRange, none_match, parse_range, range_applies
 from .names import BLOB, FILES, IMMUTABLE, JSON, OCTETS, REVALIDATE, ArtifactPath, validate_name
 from .routes import _call, _store
@@ -200,6 +200,7 @@ async def _open(deps: Deps, piece: Piece, offset: int, length: int) -> AsyncIter
     return obj.body
 
 
+@owns("first_body")
 async def _concatenated(deps: Deps, first_body: AsyncIterator[bytes], rest: list[tuple[Piece, int, int]]) -> AsyncIterator[bytes]:
     """The spans' bytes in order. The first span was opened before the headers went out (so a
     missing first shard is a clean 502); a later one that fails cuts the body short, which the

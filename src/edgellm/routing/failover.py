@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
@@ -30,7 +31,7 @@ from ..http import Request
 from ..inference import apply_stop, start_generation
 from ..deps import Deps
 from ..ports import Clock
-from ..stream import close_source
+from ..stream import close_source, owns
 from . import pools
 from .breaker import CircuitBreaker
 from .config import OriginConfig
@@ -106,8 +107,8 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
         return await _from_origins(deps, gen_request, plan.origins, started.reason, plan.prompt_tokens)
     generation, first = started
     counters.edge += 1
-    return Generation(generation.model, _follow_edge(deps, gen_request, plan, verdict, first, generation.events),
-                      route="edge; reason=primary")
+    followed = _follow_edge(deps, gen_request, plan, verdict, first, generation.events).on_close(verdict.close)  # read or not
+    return Generation(generation.model, followed, route="edge; reason=primary", prompt_seen=generation.prompt_seen)
 
 
 async def _start_edge(deps: Deps, gen_request: GenerationRequest, budget: float) -> tuple[Generation, Event] | Cut:
@@ -190,12 +191,10 @@ def _all_down(last: GatewayError | None = None) -> GatewayError:
                         detail=(last.detail or last.message) if last is not None else "every replica's breaker is open")
 
 
+@owns("events")
 async def _tagged(events: AsyncIterator[Event], route: str) -> AsyncIterator[Event]:
-    try:
-        async for event in events:
-            yield replace(event, route=route) if isinstance(event, Finish) else event
-    finally:
-        await close_source(events)
+    async for event in events:
+        yield replace(event, route=route) if isinstance(event, Finish) else event
 
 
 async def _next_edge_event(events: AsyncIterator[Event], stall: float) -> Event | Cut | None:
@@ -214,6 +213,7 @@ async def _next_edge_event(events: AsyncIterator[Event], stall: float) -> Event 
         return Cut("edge-failed-mid-stream")
 
 
+@owns("events")
 async def _follow_edge(deps: Deps, gen_request: GenerationRequest, plan: Plan, verdict: EdgeVerdict,
                        first: Event, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
     """Relay the edge stream from its `first` event. Its Finish is the edge's success; a stall or
@@ -266,16 +266,17 @@ async def _origin_continues(deps: Deps, gen_request: GenerationRequest, plan: Pl
     deps.log.warning("edge %s after %d tokens; the origin continues", cut.reason, sent)
     continuation = await _continue(deps, gen_request, plan.origins, text, sent)
     origin_tokens = 0
-    async for event in apply_stop(continuation, gen_request.stop):
-        if isinstance(event, (Token, ToolCallDelta)):
-            if origin_tokens == 0:
-                state.last_stall_to_origin_ms = (deps.clock.now() - stalled_at) * 1000
-            origin_tokens += 1
-            yield event
-        else:
-            usage = Usage(plan.prompt_tokens or 0, sent + event.usage.completion_tokens)
-            yield Finish(event.finish_reason, usage, route=route, cacheable=False)
-            return
+    async with aclosing(apply_stop(continuation, gen_request.stop)) as events:  # closed with this, wherever it is left
+        async for event in events:
+            if isinstance(event, (Token, ToolCallDelta)):
+                if origin_tokens == 0:
+                    state.last_stall_to_origin_ms = (deps.clock.now() - stalled_at) * 1000
+                origin_tokens += 1
+                yield event
+            else:
+                usage = Usage(plan.prompt_tokens or 0, sent + event.usage.completion_tokens)
+                yield Finish(event.finish_reason, usage, route=route, cacheable=False)
+                return
 
 
 def _not_continuable(gen_request: GenerationRequest, called: bool) -> str | None:

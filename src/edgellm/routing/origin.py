@@ -3,7 +3,11 @@
 The client speaks OpenAI over the `HTTPFetch` port and turns the origin's SSE stream into the
 gateway's own events, so an origin answer renders exactly like an edge one. It always
 streams (a JSON answer is collected from the events): one code path, and a stalled origin is
-noticed between tokens rather than after the whole answer.
+noticed between tokens rather than after the whole answer. An origin that answers the stream
+with `application/json` (a server that does not stream, a proxy that buffered the answer) gave
+a whole answer: it is read as one and becomes the same events, so the client still gets what
+it asked for, a stream of chunks ending in `[DONE]` (all an OpenAI client that asked to stream
+can parse) or a JSON answer.
 
 Continuing a cut edge answer: a chat request is resent with the partial answer as a final
 assistant message (assistant prefill: llama.cpp continues a trailing assistant message; vLLM
@@ -24,13 +28,14 @@ from ..http import json_bytes
 from ..ids import RandomIds
 from ..ports import FetchError, HTTPFetch
 from ..sse import DONE, SSEDecoder, SSEFrameTooLarge
-from ..stream import close_source
+from ..stream import close_source, owns
 from ..structured import tool_call_deltas
 from ..telemetry.tracing import outgoing
 from .affinity import slot_for
 from .config import OriginConfig
 
 DECODED_ENCODINGS = ("identity", "gzip", "x-gzip", "deflate")  # what `fetch` decodes on both runtimes
+MAX_WHOLE_ANSWER_BYTES = 8 * 1024 * 1024  # a whole JSON answer in place of a stream, read into memory
 MAX_USAGE_TOKENS = 10**9  # a usage figure above this (or negative, or not an integer) is not a count
 _SAMPLING = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
 _AS_GIVEN = ("repetition_penalty", "tools", "tool_choice", "parallel_tool_calls", "logprobs", "top_logprobs")
@@ -173,12 +178,63 @@ class OriginClient:
             await close_source(response.body)
             raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent its answer as {encoding[:40]!r}, an encoding "
                                f"the edge does not decode ({', '.join(DECODED_ENCODINGS)}).", code="origin_bad_encoding")
+        content_type = {k.lower(): v for k, v in response.headers.items()}.get("content-type", "")
+        if content_type.split(";")[0].strip().lower() == "application/json":
+            return self._whole(response.body, chat=path == "/chat/completions", max_tokens=body["max_tokens"], deadline=deadline)
         return self._events(response.body, chat=path == "/chat/completions", max_tokens=body["max_tokens"], deadline=deadline)
+
+    @owns("chunks")
+    async def _whole(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int, deadline: float) -> AsyncIterator[Event]:
+        """A whole JSON answer (`chat.completion` or `text_completion`) as the events its stream
+        would have given: its text as one token, its tool calls, then its finish and usage. Read
+        within the same budgets as a stream (`timeout` between chunks, `total_ms` in all) and up
+        to MAX_WHOLE_ANSWER_BYTES; an error object or any other shape is the origin failing."""
+        loop = asyncio.get_running_loop()
+        data = bytearray()
+        while True:
+            try:
+                async with asyncio.timeout_at(min(loop.time() + self.timeout, deadline)):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} did not finish within {self.origin.total_ms} ms.",
+                                   code="origin_timeout") from None
+            except FetchError as exc:
+                raise GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} broke off mid-answer.", code="origin_error",
+                                   detail=f"origin {self.origin.name}: {exc}") from exc
+            data += chunk
+            if len(data) > MAX_WHOLE_ANSWER_BYTES:
+                raise self._garbage(f"a JSON answer of more than {MAX_WHOLE_ANSWER_BYTES} bytes")
+        try:
+            text = bytes(data).decode()
+        except UnicodeDecodeError:
+            raise self._garbage("bytes that are not UTF-8") from None
+        answer = self._event(text)
+        choices = answer.get("choices")
+        if not choices:
+            raise self._garbage("a JSON answer without 'choices'")
+        choice = choices[0]
+        message = choice.get("message") if chat else {"content": choice.get("text")}
+        if not isinstance(message, dict) or not isinstance(message.get("content"), (str, type(None))):
+            raise self._garbage("a JSON answer whose message is not an object with text")
+        usage = self._usage(answer["usage"]) if answer.get("usage") else None
+        lp = choice.get("logprobs")
+        logprobs = lp.get("content") if chat and isinstance(lp, dict) and isinstance(lp.get("content"), list) else None
+        content = message.get("content") or ""
+        if content or logprobs:
+            yield Token(content, tuple(logprobs) if logprobs else None)
+        calls = tool_call_deltas(message.get("tool_calls")) if chat else []
+        for call in calls:
+            yield call
+        usage = usage or Usage(0, 1 if content else 0)
+        yield Finish(_reason(choice.get("finish_reason"), usage, max_tokens, bool(calls)), usage)
 
     def _garbage(self, what: str) -> GatewayError:
         return GatewayError(ErrorKind.UPSTREAM, f"The origin {self.origin.name} sent an answer that is not an OpenAI stream: {what}.",
                             code="origin_garbage")
 
+    @owns("chunks")
     async def _events(self, chunks: AsyncIterator[bytes], *, chat: bool, max_tokens: int, deadline: float) -> AsyncIterator[Event]:
         """The origin's SSE as events, within the budgets: `timeout` between tokens (bytes that
         carry none, keep-alive pings included, are not progress), `total_ms` for the whole

@@ -9,14 +9,13 @@ it updates are plain per-isolate data (`RoutingState.pools`), as the breaker is.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from ..deps import Deps
 from ..generation import Event, Finish, GenerationRequest, Token, ToolCallDelta
-from ..stream import close_source
+from ..stream import Stream
 from .config import OriginConfig, PoolConfig
 from .counting import render_chat
 from .fleet import PoolView
@@ -115,38 +114,57 @@ def failed(deps: Deps, choice: Choice) -> None:
         report(deps, choice, ok=False)
 
 
-async def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float) -> AsyncIterator[Event]:
-    """The replica's events, passed on; when they end, the pool's view hears how it went (time to
-    first token, time between tokens, what the replica said it reused from its cache)."""
-    if choice.view is None:
-        async for event in events:
-            yield event
-        return
+@dataclass
+class _Outcome:
+    """What a replica's answer showed, gathered as it passes: token times, its usage, whether it
+    failed (a client that leaves is no verdict)."""
+
+    started: float
     first: float | None = None
     last: float | None = None
-    tokens = 0
+    tokens: int = 0
     ok: bool | None = None
-    cached = prompt = None
+    cached: int | None = None
+    prompt: int | None = None
+
+    def see(self, event: Event) -> None:
+        if isinstance(event, (Token, ToolCallDelta)):
+            now = time.monotonic()
+            self.first = now if self.first is None else self.first
+            self.last = now
+            self.tokens += 1
+        elif isinstance(event, Finish):
+            self.ok = True
+            self.cached, self.prompt = event.usage.cached_tokens, event.usage.prompt_tokens
+
+
+async def _watched(events: AsyncIterator[Event], outcome: _Outcome) -> AsyncIterator[Event]:
     try:
         async for event in events:
-            if isinstance(event, (Token, ToolCallDelta)):
-                now = time.monotonic()
-                first = now if first is None else first
-                last = now
-                tokens += 1
-            elif isinstance(event, Finish):
-                ok = True
-                cached, prompt = event.usage.cached_tokens, event.usage.prompt_tokens
             yield event
-    except BaseException as exc:
-        ok = None if isinstance(exc, (GeneratorExit, asyncio.CancelledError)) else False
+    except Exception:  # the replica failed mid-answer (a client leaving is GeneratorExit/CancelledError)
+        outcome.ok = False
         raise
-    finally:
-        await close_source(events)
-        ttft = None if first is None else first - started
-        itl = None if first is None or last is None or tokens < 2 else (last - first) / (tokens - 1)
-        choice.view.finished(choice.origin.name, deps.clock.now(), ok, ttft, itl, cached, prompt)
-        report(deps, choice, ok=ok, ttft_s=ttft, itl_s=itl, cached_tokens=cached, prompt_tokens=prompt)
+
+
+def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float) -> AsyncIterator[Event]:
+    """The replica's events, passed on; when they end, fail or are closed (even before their first
+    step), the pool's view hears how it went (time to first token, time between tokens, what the
+    replica said it reused from its cache) and its in-flight count comes down."""
+    if choice.view is None:
+        return events
+    outcome = _Outcome(started)
+
+    def done() -> None:
+        view = choice.view
+        assert view is not None
+        ttft = None if outcome.first is None else outcome.first - outcome.started
+        itl = None if outcome.first is None or outcome.last is None or outcome.tokens < 2 else \
+            (outcome.last - outcome.first) / (outcome.tokens - 1)
+        view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt)
+        report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt)
+
+    return Stream(_watched(events, outcome), events).tap(outcome.see).on_close(done)
 
 
 def route_text(choice: Choice, reason: str, why_not_edge: str) -> str:

@@ -16,11 +16,13 @@ from typing import Any, Awaitable
 from pyodide.ffi import create_proxy  # type: ignore[import-not-found]
 from workers import Response as WorkersResponse  # type: ignore[import-not-found]
 
+from ..access.logs import request_id
+from ..api import misconfigured_health
 from ..app import handle
-from ..errors import ErrorKind, GatewayError
+from ..errors import ErrorKind, GatewayError, misconfigured
 from ..http import Response
 from ..state import IsolateState
-from .pyodide_bindings import build_deps
+from .pyodide_bindings import Misconfigured, build_deps
 from .pyodide_native import to_core_request, to_native_response
 from .pyodide_toolbox import is_missing
 
@@ -87,20 +89,31 @@ async def until_departure(work: Awaitable[Response], request: Any) -> Response |
 
 
 async def fetch(request: Any, env: Any, ctx: Any, state: IsolateState | None = None) -> Any:
+    state = state or isolate_state()
     try:
-        deps = build_deps(env, ctx, state or isolate_state())
+        deps = build_deps(env, ctx, state)
         core_request = await to_core_request(request, deps.config.max_body_bytes)
+    except Misconfigured as refused:  # said once by `isolate_config`; answered on every route
+        return await _before_handle(request, misconfigured(str(refused)), state)
     except Exception as exc:  # before `handle` can answer: still JSON, never the platform's bare 500
         logging.getLogger("edgellm").exception("could not set up the request")
-        # a [vars] value the config refused (a ValueError in the config's own words, naming the
-        # variable) is said; any other failure (a binding's, the runtime's) by its type, its text logged above
-        said = f"{type(exc).__name__}: {exc}" if isinstance(exc, ValueError) else type(exc).__name__
-        error = GatewayError(
-            ErrorKind.SERVER, f"The Worker could not set up this request ({said}); check its [vars] and bindings.",
-            code="worker_setup_failed",
-        )
-        return to_native_response(error.to_response())
+        # a binding's or the runtime's failure, named by its type; its text (paths, a runtime's words) logged above
+        return await _before_handle(request, GatewayError(
+            ErrorKind.SERVER, f"The Worker could not set up this request ({type(exc).__name__}); check its bindings.",
+            code="worker_setup_failed"), state)
     response = await until_departure(handle(core_request, deps), request)
     if response is None:
         return WorkersResponse(b"", status=CLIENT_CLOSED)
+    return to_native_response(response)
+
+
+async def _before_handle(request: Any, error: GatewayError, state: IsolateState) -> Any:
+    """An error answered before `handle` could run, with a request id as every answer has (header
+    and body: the id an operator finds the request by in Workers Logs); `/healthz` says the edge is
+    misconfigured in its own words (`api.misconfigured_health`). The body is never read."""
+    head = await to_core_request(request, 0, read_body=False)
+    error.request_id = request_id(head, state.request_ids)
+    misconfigured_edge = error.code == "worker_misconfigured"
+    response = misconfigured_health(error) if misconfigured_edge and head.path == "/healthz" else error.to_response()
+    response.headers["x-request-id"] = error.request_id
     return to_native_response(response)

@@ -5,7 +5,6 @@ numbered message) become the core's binding errors."""
 from __future__ import annotations
 
 import re
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
@@ -14,6 +13,7 @@ from pyodide.ffi import JsException  # type: ignore[import-not-found]
 from ..capabilities import workers_ai_description
 from ..ports import BindingError, CapacityExceeded, InvalidModelInput, ModelNotFound, StreamCutError
 from ..sse import IncompleteStream, decode_events
+from ..stream import owns
 from ..structured import for_workers_ai_binding
 from .pyodide_toolbox import js_message, js_options, read_stream
 
@@ -85,13 +85,13 @@ class WorkersAI:
         return result.to_py()
 
 
+@owns("events")
 async def _ai_events(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-    async with aclosing(events):  # type: ignore[type-var]
-        try:
-            async for event in events:
-                yield event
-        except IncompleteStream as exc:
-            raise StreamCutError(f"the AI stream was cut: {exc}") from exc
+    try:
+        async for event in events:
+            yield event
+    except IncompleteStream as exc:
+        raise StreamCutError(f"the AI stream was cut: {exc}") from exc
 
 
 async def _one_event(result: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:

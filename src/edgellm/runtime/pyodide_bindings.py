@@ -5,6 +5,7 @@ a function to dodge a circle."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..access.analytics_sql import AnalyticsEngineSQL
@@ -13,6 +14,7 @@ from ..config import Config
 from ..deps import Deps
 from ..state import IsolateState
 from ..telemetry.tracing import LogTracer, NoopTracer
+from ..vars import binding_var_problem
 from .pyodide_ai import WorkersAI
 from .pyodide_conversations import conversation_namespace
 from .pyodide_durable import WorkersDurableObjectNamespace
@@ -30,11 +32,10 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
     """The core's ports over the bindings. `wait_until` replaces `ctx.waitUntil` where that one
     is not adapted for Python awaitables (a Durable Object's: `pyodide_flight.ObjectBackground`)."""
     wait_until = wait_until or ctx.waitUntil
-    if state.config is None:  # `[vars]` do not change within an isolate: parse them once
-        state.config = Config.from_env(EnvMapping(env))
+    config = isolate_config(env, state)
     kv, r2 = getattr(env, "CACHE", None), getattr(env, "ARTIFACTS", None)
     return Deps(
-        config=state.config,
+        config=config,
         ai=WorkersAI(env.AI),
         kv=None if is_missing(kv) else WorkersKV(kv),
         r2=_r2(r2, wait_until),
@@ -45,19 +46,44 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
         routers=_flights(getattr(env, "ROUTER", None)) if state.config.routing.pools else None,  # a pool's view (routing.router)
         rate_limiter=_rate_limiter(env),
         usage=_usage(env),
-        fetch=WorkersFetch() if state.config.routing.origins else None,
+        fetch=WorkersFetch() if config.routing.origins else None,
         # spans as log lines beside Workers' own traces ([observability]), when TRACE_LOGS asks
-        tracer=LogTracer(ids=state.ids) if state.config.trace_logs else NoopTracer(),
+        tracer=LogTracer(ids=state.ids) if config.trace_logs else NoopTracer(),
         vectors=_vectors(env),
     )
+
+
+class Misconfigured(Exception):
+    """The Worker's `[vars]` were refused (the config's own line, naming the variable): every
+    request of the isolate is answered `errors.misconfigured` (`pyodide.fetch`)."""
+
+
+def isolate_config(env: Any, state: IsolateState) -> Config:
+    """The isolate's Config, parsed from `[vars]` once (they do not change within an isolate). A
+    refusal is kept too, and logged here, once per isolate: Cloudflare starts a Worker whatever its
+    vars hold, and a line (with a traceback) per request buried the one that mattered."""
+    if state.config is not None:
+        return state.config
+    if state.misconfigured is None:
+        try:
+            config = Config.from_env(EnvMapping(env))
+            period = optional_binding(env, "RATE_LIMIT_PERIOD")
+            if period is not None and (problem := binding_var_problem("RATE_LIMIT_PERIOD", period)) is not None:
+                raise ValueError(problem)
+            state.config = config
+            return config
+        except ValueError as exc:
+            state.misconfigured = str(exc)
+            logging.getLogger("edgellm").error("the Worker's configuration is refused, so every request is answered 503 "
+                                               "worker_misconfigured until it is fixed and deployed again: %s", exc)
+    raise Misconfigured(state.misconfigured)
 
 
 def _rate_limiter(env: Any) -> WorkersRateLimit | None:
     binding = optional_binding(env, "RATE_LIMITER")
     if binding is None:
         return None
-    period = str(optional_binding(env, "RATE_LIMIT_PERIOD") or "60").strip()
-    return WorkersRateLimit(binding, int(period) if period.isdigit() and int(period) > 0 else 60)
+    return WorkersRateLimit(binding, int(str(optional_binding(env, "RATE_LIMIT_PERIOD") or "60").strip()))  # checked: isolate_config
 
 
 def _usage(env: Any) -> AnalyticsEngineUsage | None:

@@ -15,6 +15,7 @@ import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException  # type: ignore[import-not-found]
 
 from ..ports import FetchError, FetchResponse
+from ..stream import owns
 from .pyodide_toolbox import is_missing, js_message, js_options, read_stream
 
 
@@ -41,14 +42,20 @@ class WorkersFetch:
         content_type = response.headers.get("content-type")
         stream = response.body
         return FetchResponse(int(response.status), {"content-type": "" if is_missing(content_type) else str(content_type)},
-                             _chunks(None if is_missing(stream) else stream))
+                             _no_chunks() if is_missing(stream) else _chunks(read_stream(stream)))
 
 
-async def _chunks(stream: Any) -> AsyncIterator[bytes]:
-    if stream is None:
-        return
+@owns("chunks")
+async def _chunks(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The body's chunks, a read error as `FetchError`."""
     try:
-        async for chunk in read_stream(stream):
+        async for chunk in chunks:
             yield chunk
     except JsException as exc:
         raise FetchError(js_message(exc)) from exc
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    """A response without a body."""
+    return
+    yield  # an async generator that gives nothing

@@ -12,11 +12,12 @@ from ..http import Request, Response
 from .pyodide_toolbox import is_missing, to_native_body
 
 
-async def to_core_request(request: Any, max_body: int) -> Request:
+async def to_core_request(request: Any, max_body: int, read_body: bool = True) -> Request:
+    """`read_body=False`: its method, URL and headers only (an answer that reads no body)."""
     headers = {name.lower(): value for name, value in request.headers.items()}
     declared = headers.get("content-length", "")
     too_big = declared.isdigit() and int(declared) > max_body
-    body = b"" if too_big or request.method in ("GET", "HEAD") else await request.bytes()
+    body = b"" if too_big or not read_body or request.method in ("GET", "HEAD") else await request.bytes()
     return Request(request.method, str(request.url), headers, bytes(body), cf=_cf(request))
 
 

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Mapping
 import js  # type: ignore[import-not-found]
 from pyodide.ffi import JsException, create_proxy, jsnull, to_js  # type: ignore[import-not-found]
 
-from ..stream import close_source
+from ..stream import Stream, close_source, owns
 
 
 def js_options(data: Mapping[str, Any]) -> Any:
@@ -31,9 +31,24 @@ def js_message(exc: BaseException) -> str:
     return str(getattr(exc, "message", None) or exc)
 
 
-async def read_stream(stream: Any) -> AsyncIterator[bytes]:
-    """A JS ReadableStream's chunks. Close it explicitly (`aclosing`): its `finally` awaits the
-    reader's cancel, which the garbage collector cannot do ("async generator ignored GeneratorExit")."""
+def read_stream(stream: Any) -> Stream[bytes]:
+    """A JS ReadableStream's chunks. Closed explicitly (a `Stream`): once read, the reader is
+    cancelled and released, which the garbage collector cannot do ("async generator ignored
+    GeneratorExit"); closed before its first read, no reader was taken and the stream itself is
+    cancelled (what tells the producer, the AI binding or R2 or an origin, to stop)."""
+    chunks = Stream(_read(stream))
+
+    async def if_unread() -> None:
+        if not chunks.started:
+            try:
+                await stream.cancel()
+            except JsException:
+                pass
+
+    return chunks.on_close(if_unread)
+
+
+async def _read(stream: Any) -> AsyncIterator[bytes]:
     reader = stream.getReader()
     finished = False
     try:
@@ -55,6 +70,7 @@ async def read_stream(stream: Any) -> AsyncIterator[bytes]:
             pass
 
 
+@owns("body")
 async def _js_chunks(body: AsyncIterator[bytes]) -> AsyncIterator[Any]:
     """The core's body as JS chunks. When the client leaves, this receives GeneratorExit: closing
     the core's body then is what stops the generation behind it."""

@@ -1,9 +1,12 @@
 """The isolate's metrics as Prometheus families, and the Prometheus text format written from them.
 
 `families(deps)` reads every count once per scrape: the finished requests' (`Telemetry`), and what
-the cache, admission, routing and the engine count themselves. `TextExposition` writes them in the
-text exposition format (0.0.4) with no package, as the Worker must; the local edge writes the same
-families through `prometheus_client` (`edgellm_local.telemetry`), and a test holds the two equal.
+the cache, admission, routing and the engine count themselves. Every sample carries the isolate's
+name (`isolate="..."`, drawn once per isolate): on Cloudflare successive scrapes reach different
+isolates, and without it Prometheus would read two isolates' counters as one counter that resets.
+`TextExposition` writes them in the text exposition format (0.0.4) with no package, as the Worker
+must; the local edge writes the same families through `prometheus_client` (`edgellm_local.telemetry`),
+and a test holds the two equal on a real edge's metrics.
 
 Names follow vLLM's where the meaning is the same (`time_to_first_token_seconds`,
 `e2e_request_latency_seconds`, `prompt_tokens`, `generation_tokens`, `num_requests_running`),
@@ -21,7 +24,10 @@ from .metrics import Histogram, status_label
 if TYPE_CHECKING:
     from ..deps import Deps
 
+# What the text is: the 0.0.4 format (legacy names, no UTF-8 escaping), as prometheus_client says
+# of the same text when a scraper does not ask for 1.0.0 (`CONTENT_TYPE_PLAIN_0_0_4`).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ISOLATE_LABEL = "isolate"
 PREFIX = "edgellm_"
 
 
@@ -110,8 +116,8 @@ def families(deps: Deps) -> list[Family]:
         _single("num_requests_running", "gauge", "Generations in progress in this isolate (admitted).", admission.active),
         _single("admission_refusals", "counter", "Generations refused with 503 because every place was taken.", admission.refused),
         _single("origin_failures", "counter", "Origin calls that failed (unreachable, refused, cut).", routing.counters.origin_errors),
-        _counter("routed", "Generations started, by where routing sent them.", ("to",),
-                 {"edge": routing.counters.edge, "origin": routing.counters.origin}),
+        _counter("routed", "Answers generated for this isolate's requests (not cache HITs), by where they ran: the edge or "
+                 "an origin (a fallback ran at both).", ("to",), t.routed),
         _counter("failovers", "Edge generations moved to an origin, by when.", ("when",),
                  {"before_first_token": routing.counters.failovers_before_first_token,
                   "mid_stream": routing.counters.failovers_mid_stream}),
@@ -132,6 +138,9 @@ def families(deps: Deps) -> list[Family]:
         out.append(_single("num_requests_waiting", "gauge", "Generations waiting for an engine slot.", float(slots.get("waiting", 0))))
         out.append(_single("slots_busy", "gauge", "Engine slots generating now.", float(slots.get("busy", 0))))
         out.append(_single("slots", "gauge", "Engine slots that generate at once.", float(slots.get("generating_at_once", 0))))
+    isolate = t.isolate
+    for family in out:
+        family.samples = [(suffix, {**labels, ISOLATE_LABEL: isolate}, value) for suffix, labels, value in family.samples]
     return out
 
 

@@ -23,6 +23,7 @@ def request_ended(request: Request, response: Response, deps: Deps, started: flo
         where = served_by(seen.route, seen.cache_status)
         if seen.cache_status != "HIT":
             telemetry.count_tokens(model, tenant, seen.prompt_tokens, seen.completion_tokens)
+            telemetry.count_routed(where)
         latency = max(0.0, now - started)
         if seen.first_token_at is not None:
             ttft: float | None = max(0.0, seen.first_token_at - started)

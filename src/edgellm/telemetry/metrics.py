@@ -13,6 +13,7 @@ folded into `other`, so no traffic can grow the exposition without end.
 
 from __future__ import annotations
 
+import secrets
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 MAX_SERIES = 512  # label sets per family; past it, new tenants are counted as "other"
 OTHER = "other"
+ISOLATE_BYTES = 4  # the isolate label: 8 hex digits, one value per isolate
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 
 
@@ -95,9 +97,16 @@ class Telemetry:
     ttft: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     r2_errors: int = 0
+    # answers generated for this isolate's requests, by where they ran (`served_by`: a fallback ran
+    # at both): counted where the answer ends, so a generation a Durable Object ran (a coalesced
+    # miss, in an isolate of its own on Cloudflare) counts in the isolate that answered it
+    routed: dict[str, int] = field(default_factory=lambda: {"edge": 0, "origin": 0})
     # when this isolate began counting (the first request made its state): a scrape that finds
     # another value reached another isolate, or a new one, whose counters start again from zero
     started_at: float = field(default_factory=time.time)
+    # the isolate's name on every series (`isolate="..."`): drawn once, so two isolates' counters
+    # are two series and a scrape that alternates between them never reads as a counter reset
+    isolate: str = field(default_factory=lambda: secrets.token_hex(ISOLATE_BYTES))
     tenants: set[str] = field(default_factory=set)  # the tenants labels were made for (bounded by MAX_SERIES)
 
     def tenant_label(self, tenant: str | None) -> str:
@@ -127,6 +136,14 @@ class Telemetry:
             key = (OTHER, OTHER)
         self.prompt_tokens[key] = self.prompt_tokens.get(key, 0) + prompt
         self.generation_tokens[key] = self.generation_tokens.get(key, 0) + generated
+
+    def count_routed(self, where: str) -> None:
+        """One generated answer, by `served_by`: `fallback` began at the edge and ended on an origin."""
+        routed = self.routed
+        if where in ("edge", "fallback"):
+            routed["edge"] += 1
+        if where in ("origin", "fallback"):
+            routed["origin"] += 1
 
     def observe_times(self, model: str, where: str, ttft: float | None, latency: float) -> None:
         key = (model, where)

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 
 from ..deps import Deps
 from ..generation import Event, Finish, GenerationRequest, Token, ToolCallDelta
-from ..stream import Stream
+from ..stream import owns
 from .config import OriginConfig, PoolConfig
 from .counting import render_chat
 from .fleet import PoolView
@@ -138,6 +138,7 @@ class _Outcome:
             self.cached, self.prompt = event.usage.cached_tokens, event.usage.prompt_tokens
 
 
+@owns("events")
 async def _watched(events: AsyncIterator[Event], outcome: _Outcome) -> AsyncIterator[Event]:
     try:
         async for event in events:
@@ -164,7 +165,7 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
         view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt)
         report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt)
 
-    return Stream(_watched(events, outcome), events).tap(outcome.see).on_close(done)
+    return _watched(events, outcome).tap(outcome.see).on_close(done)
 
 
 def route_text(choice: Choice, reason: str, why_not_edge: str) -> str:

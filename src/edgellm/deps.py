@@ -48,6 +48,7 @@ class Deps:
     state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission, routing), never module-global
     flights: DurableObjectNamespace | None = None  # the coalescing Durable Object (cache.coalescing); None: no coalescing
     conversations: DurableObjectNamespace | None = None  # one object per conversation (Responses API state)
+    routers: DurableObjectNamespace | None = None  # one object per pool of origin replicas (routing.router); None: each isolate's own view
     rate_limiter: RateLimiter | None = None  # the Workers Rate Limiting binding; None: in-isolate windows only
     usage: UsageSink | None = None  # None: usage is not recorded
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only

@@ -43,6 +43,7 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
         state=state,
         conversations=conversation_namespace(env),
         flights=_flights(getattr(env, "FLIGHTS", None)),
+        routers=_flights(getattr(env, "ROUTER", None)) if state.config.routing.pools else None,  # a pool's view (routing.router)
         rate_limiter=_rate_limiter(env),
         usage=_usage(env),
         fetch=WorkersFetch() if config.routing.origins else None,

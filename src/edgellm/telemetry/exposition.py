@@ -167,6 +167,7 @@ def families(deps: Deps) -> list[Family]:
         _single("isolate_start_time_seconds", "gauge", "Unix time this isolate (on the local edge: this process) began counting; "
                 "another value means another isolate, or a new one, whose counters start from zero.", t.started_at),
     ]
+    out.extend(_replica_families(deps))
     breaker = routing.breaker  # None until routing first asks it: a breaker not yet made is closed
     now_state = breaker.state if breaker is not None else "closed"
     out.append(Family(PREFIX + "breaker_state", "gauge", "The edge's circuit breaker: 1 for its current state.",
@@ -181,6 +182,23 @@ def families(deps: Deps) -> list[Family]:
     for family in out:
         family.samples = [(suffix, {**labels, ISOLATE_LABEL: isolate}, value) for suffix, labels, value in family.samples]
     return out
+
+
+def _replica_families(deps: Deps) -> list[Family]:
+    """Per replica of each pool, labelled with the configured names only (never a request's)."""
+    routing, views = deps.config.routing, deps.state.routing.pools
+    if not routing.pools:
+        return []
+    routed = Family(PREFIX + "routed_replica", "counter", "Generations this isolate sent to each replica of a pool.")
+    flight = Family(PREFIX + "replica_in_flight", "gauge", "Generations this isolate has in flight on each replica of a pool.")
+    for pool in routing.pools.values():
+        view = views.get(pool.name)
+        for name in pool.replicas:
+            replica = view.replicas.get(name) if view is not None else None
+            labels = {"pool": pool.name, "replica": name}
+            routed.samples.append(("_total", labels, float(replica.sent if replica else 0)))
+            flight.samples.append(("", labels, float(replica.in_flight if replica else 0)))
+    return [routed, flight]
 
 
 def _escape(value: str) -> str:

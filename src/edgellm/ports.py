@@ -367,12 +367,3 @@ class Tracer(Protocol):
     def start_span(self, name: str, parent: Any, attributes: Mapping[str, Any] | None = None) -> TraceSpan:
         """A span under `parent` (a span's context; None: a new trace)."""
         ...
-
-
-class MetricsExposition(Protocol):
-    """How `/metrics` writes the isolate's metric families: the core's own Prometheus text writer
-    (`telemetry.exposition.TextExposition`, the Worker's), or `prometheus_client` locally."""
-
-    def render(self, families: list[Any]) -> tuple[bytes, str]:
-        """(body, content type) of these `telemetry.exposition.Family` values."""
-        ...

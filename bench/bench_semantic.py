@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 
 from bench.semantic_pairs import Pair, generate
+from edgellm.app import ROUTES
 from edgellm.cache import semantic
+from edgellm.context import RequestContext
 from edgellm.ports import VectorMatch
 
 BGE = "@cf/baai/bge-small-en-v1.5"
@@ -207,7 +209,7 @@ async def lookup_latency(runner: Any, pairs: list[Pair], vectors: dict[str, np.n
         gen, key = request_for(text)
         request = Request("POST", "http://edge.test/v1/chat/completions", {semantic.HEADER: "on"}, b"")
         started = time.perf_counter()
-        outcome = await semantic.lookup(deps, request, gen, key, policy, no_entry)
+        outcome = await semantic.lookup(deps, request, RequestContext(ROUTES), gen, key, policy, no_entry)
         timings.append((time.perf_counter() - started) * 1000)
         assert isinstance(outcome, semantic.Plan)
     return statistics.median(timings), percentile(timings, 0.99)

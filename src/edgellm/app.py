@@ -1,31 +1,36 @@
-"""The whole request flow in one place: match a route, run its handler, turn errors into JSON.
+"""The whole request flow in one place: the pipeline's layers (`LAYERS`, outermost first) around
+the route table (`ROUTES`) whose handler answers.
 
 Runtime adapters call `handle(request, deps)` and nothing else.
 """
 
 from __future__ import annotations
 
-import asyncio
 from functools import lru_cache
 
-from . import access, api, artifacts, embeddings, fault_admin, model_catalog, responses_api
+from . import api, artifacts, embeddings, fault_admin, model_catalog, responses_api
 from .access import report as usage_report
-from .access.cors import cors_headers
-from .access.guard import key_ratelimit_headers
 from .access.revocation import revoke_key
-from .access.logs import request_id
-from .access.usage import Observation
 from .artifacts import hf
 from .cache import admin as cache_admin
+from .context import RequestContext
 from .routing import admin as routing_admin
-from .errors import ErrorKind, GatewayError
 from .http import Request, Response
-from .telemetry import tracing
-from .telemetry.finished import request_ended, when_ended
 from .telemetry.routes import get_metrics
 from .deps import Deps
+from .pipeline import Layer, compose, dispatch
+from .pipeline.authentication import authentication
+from .pipeline.body_size import body_size
+from .pipeline.cors import cors
+from .pipeline.errors import errors
+from .pipeline.head import head
+from .pipeline.limits import key_limits
+from .pipeline.match import match
+from .pipeline.preflight import preflight
+from .pipeline.request_id import request_id
+from .pipeline.telemetry import telemetry
+from .pipeline.usage import usage
 from .router import Router, route
-from .validation import refuse_oversized
 from . import workers_ai
 
 ROUTES = Router((
@@ -71,10 +76,30 @@ ROUTES = Router((
 ))
 
 
+# The request's way through the edge, outermost first: each layer does its one thing on the way in
+# and, where it needs to, one on the way out (in reverse order), around the route's handler.
+# Guardrails would be a layer after `body_size` (the prompt checked before the handler; each window
+# of a streamed answer checked by a `Stream` step on the way out); the semantic cache's verifier a
+# step inside the cache (`cache.semantic`), where a candidate answer is found. docs/architecture.md.
+LAYERS: tuple[Layer, ...] = (
+    head,            # out: a HEAD's answer without its body
+    request_id,      # in: the request id and, when read, its span; out: `x-request-id`
+    cors,            # out: CORS headers
+    telemetry,       # in: when it started; out: metrics, span, log line (a stream: when it ends); a departure: a 499
+    key_limits,      # out: a keyed answer's `x-ratelimit-*`
+    usage,           # out: the usage record and tokens charged (a stream: when it ends); a departure: a 499 row
+    errors,          # out: a GatewayError or any exception becomes the error JSON
+    preflight,       # in: OPTIONS answered here
+    match,           # in: the route (404/405), its parameters and template
+    authentication,  # in: the caller, its key's request limits (401/429)
+    body_size,       # in: a body over the limit is a 413
+)
+
+
 def route_name(request: Request) -> str:
     """The route's template (`/v1/responses/{response_id}`), never the raw path: a path that
-    carries an id would make every request its own value, and usage could not be grouped. Here,
-    beside the table, so usage is told it (`access.account`) and never imports the app back."""
+    carries an id would make every request its own value, and usage could not be grouped (the
+    match layer tells the context the same)."""
     if len(request.path) > 256:  # not remembered: the memo stays small whatever paths arrive
         return _route_template.__wrapped__(request.method, request.path)
     return _route_template(request.method, request.path)
@@ -88,70 +113,8 @@ def _route_template(method: str, path: str) -> str:
     return template if template is not None else "unmatched"
 
 
-def _preflight(request: Request, router: Router, deps: Deps) -> Response:
-    router.match("GET" if request.header("access-control-request-method") in (None, "HEAD") else request.header("access-control-request-method", "GET"), request.path)
-    return Response(204, {
-        **cors_headers(request, deps.config),
-        "access-control-allow-methods": "GET, HEAD, POST, DELETE, OPTIONS",
-        "access-control-allow-headers": request.header("access-control-request-headers") or "*",
-        "access-control-max-age": "86400",
-    })
-
-
-def _error_response(request: Request, error: GatewayError, router: Router) -> Response:
-    # the route says how its errors render (Cloudflare's envelope on the REST route); else OpenAI's `error`
-    error.request_id = request.id  # the body names it: the id a client quotes to find the log line
-    render = router.error_renderer(request.path)
-    return render(error) if render else error.to_response()
+_PIPELINE = compose(LAYERS, dispatch)
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
-    started, handler_name = deps.clock.now(), "none"
-    request.id = request_id(request, deps.state.request_ids)
-    if deps.tracer.recording or deps.config.routing.active:
-        # the request's span (under the client's trace when it sent a W3C traceparent, else a new
-        # trace), current for what it calls: an origin is sent its trace. Nothing else reads it
-        # while the request runs; the log line makes one when it needs the trace id.
-        request.span = tracing.request_span(deps.tracer, deps.state.ids, request.method, request.headers.get("traceparent"))
-        tracing.enter(request.span)
-    try:
-        if request.method == "OPTIONS":
-            handler_name = "preflight"
-            response = _preflight(request, router, deps)
-        else:
-            handler, params = router.match(request.method, request.path)
-            handler_name = getattr(handler, "__name__", "handler")
-            request.path_params = params
-            request.principal = await access.authenticate(request, deps)
-            refuse_oversized(request, deps.config.max_body_bytes)
-            response = await handler(request, deps)
-    except GatewayError as error:
-        if error.detail:  # a binding's own text: for the operator, never the client
-            deps.log.warning("%s %s: %s", request.method, request.path, error.detail)
-        if error.code is not None and error.code.startswith("r2_"):  # every R2 failure is `binding_error(.., "r2")`'s
-            deps.state.telemetry.r2_errors += 1
-        if error.spent and request.reservation is not None and request.observed is None:
-            # the generation may have run to its end (a whole answer past its deadline): its usage
-            # is settled as for a client that left before its JSON answer, at its reservation
-            request.observed = Observation(request.reservation.model, "")
-        response = _error_response(request, error, router)
-    except asyncio.CancelledError:  # the client left before its answer: still a usage row, its metrics and a log line
-        route = route_name(request)
-        request_ended(request, access.departed(request, deps, started, route), deps, started, route, handler_name)
-        raise
-    except Exception as exc:  # the last line of defence: never a traceback, never a bare 500
-        deps.log.exception("unhandled error on %s %s", request.method, request.path)
-        response = _error_response(request, GatewayError(ErrorKind.SERVER, f"Internal error: {type(exc).__name__}.", code="internal_error"), router)
-    route = route_name(request)
-    response = access.account(request, response, deps, started, route)
-    if request.principal is not None and request.principal.record is not None:  # every keyed answer says its limits
-        for name, value in key_ratelimit_headers(deps, request.principal.record).items():
-            response.headers.setdefault(name, value)
-    response.headers["x-request-id"] = request.id
-    when_ended(request, response, deps, started, route, handler_name)
-    for name, value in cors_headers(request, deps.config).items():
-        response.headers.setdefault(name, value)
-    if request.method == "HEAD" and not response.is_streaming:
-        response.headers.setdefault("content-length", str(len(response.body)))
-        response.body = b""
-    return response
+    return await _PIPELINE(request, deps, RequestContext(router))

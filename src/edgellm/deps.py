@@ -16,9 +16,8 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config
 from .durable import DurableObjectNamespace
-from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, MetricsExposition, RateLimiter, Tracer, UsageSink, VectorIndex
+from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, RateLimiter, Tracer, UsageSink, VectorIndex
 from .state import IsolateState
-from .telemetry.exposition import TextExposition
 from .telemetry.tracing import NoopTracer
 
 
@@ -54,7 +53,6 @@ class Deps:
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
     faults: FaultControl | None = None  # the AI binding's fault injector (local edge); None: /admin/faults is a 404
     tracer: Tracer = NoopTracer()  # where spans go (telemetry.tracing); by default nowhere
-    exposition: MetricsExposition = TextExposition()  # how /metrics writes the metrics (telemetry.exposition)
     vectors: VectorIndex | None = None  # the semantic cache's index (Vectorize; SQLite locally); None: no semantic cache
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":

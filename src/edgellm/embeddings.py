@@ -27,6 +27,7 @@ from .capabilities import WORKERS_AI_MODELS
 from .deps import Deps
 from .errors import ErrorKind, GatewayError, binding_error, invalid
 from .generation import GenerationRequest
+from .context import RequestContext
 from .http import Request, Response, json_response
 from .validation import read_json
 from .workers_ai import result_envelope
@@ -169,13 +170,13 @@ def _decode_entry(value: bytes) -> Embedded | None:
         return None
 
 
-async def _cache_key(deps: Deps, request: Request, embedding: EmbeddingRequest) -> tuple[CacheKey | None, CachePolicy]:
+async def _cache_key(deps: Deps, request: Request, ctx: RequestContext, embedding: EmbeddingRequest) -> tuple[CacheKey | None, CachePolicy]:
     """(key or None when bypassed, policy): the chat cache's policy headers, scope and purge generation."""
     # an embedding is deterministic: the policy is asked as for a temperature-0 request
     policy = cache_policy(request, GenerationRequest(embedding.model, {"temperature": 0}), deps.config)
     if policy.bypass or deps.kv is None:
         return None, policy
-    scope = await current_scope(deps, request.tenant_scope.cache_tenant)
+    scope = await current_scope(deps, ctx.tenant_scope.cache_tenant)
     custom = policy.custom_key
     payload = {"custom": custom} if custom else {"embeddings": {"model": embedding.model, "texts": list(embedding.texts)}}
     key = CacheKey(scope, _digest({"scope": [scope.tenant, scope.namespace], **payload}))
@@ -190,19 +191,19 @@ def reserved_tokens(embedding: EmbeddingRequest) -> int:
     return sum(min(limit, max(math.ceil(len(text) / CHARS_PER_TOKEN) + 2, estimated_tokens((text,)))) for text in embedding.texts)
 
 
-async def embed(deps: Deps, request: Request, embedding: EmbeddingRequest, param: str = "input") -> Embedded:
+async def embed(deps: Deps, request: Request, ctx: RequestContext, embedding: EmbeddingRequest, param: str = "input") -> Embedded:
     """The vectors, from the cache or the binding. The key's model list, token window and budget
     hold as for a generation (its input tokens are the whole cost; a HIT is charged none), and
     usage, metrics and the log line record them."""
-    await admit_tokens(request, deps, embedding.model, reserved_tokens(embedding), 0)
-    embedded = await _embedded(deps, request, embedding, param)
-    request.observed = Observation(embedding.model, embedded.cache_status or "BYPASS", embedded.prompt_tokens, finished=True,
-                                   route="edge", generated=False)
+    await admit_tokens(ctx, deps, embedding.model, reserved_tokens(embedding), 0)
+    embedded = await _embedded(deps, request, ctx, embedding, param)
+    ctx.observed = Observation(embedding.model, embedded.cache_status or "BYPASS", embedded.prompt_tokens, finished=True,
+                               route="edge", generated=False)
     return embedded
 
 
-async def _embedded(deps: Deps, request: Request, embedding: EmbeddingRequest, param: str) -> Embedded:
-    key, policy = await _cache_key(deps, request, embedding)
+async def _embedded(deps: Deps, request: Request, ctx: RequestContext, embedding: EmbeddingRequest, param: str) -> Embedded:
+    key, policy = await _cache_key(deps, request, ctx, embedding)
     counters = counters_of(deps)  # chat's: /metrics and the cache stats count both kinds of answer
     if key is None:
         counters.bypasses += 1
@@ -277,10 +278,10 @@ def _vector(values: list[float], encoding: str) -> Any:
 # --- handlers ---------------------------------------------------------------------------------
 
 
-async def create_embedding(request: Request, deps: Deps) -> Response:
+async def create_embedding(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     """`POST /v1/embeddings` (the openai client's `embeddings.create`)."""
-    embedding = parse_openai(read_json(request, deps.config.max_body_bytes), deps)
-    embedded = await embed(deps, request, embedding)
+    embedding = parse_openai(read_json(request), deps)
+    embedded = await embed(deps, request, ctx, embedding)
     data = [{"object": "embedding", "index": i, "embedding": _vector(v, embedding.encoding_format)}
             for i, v in enumerate(embedded.vectors)]
     body = {"object": "list", "data": data, "model": embedding.model,
@@ -288,10 +289,10 @@ async def create_embedding(request: Request, deps: Deps) -> Response:
     return json_response(body, headers=_headers(embedding, embedded))
 
 
-async def run_embedding_model(request: Request, deps: Deps, model: str) -> Response:
+async def run_embedding_model(request: Request, deps: Deps, ctx: RequestContext, model: str) -> Response:
     """Workers AI's REST shape for a bge model: `{"result": {"shape": [n, d], "data": [[...]]}}`."""
-    embedding = parse_workers_ai(read_json(request, deps.config.max_body_bytes), model)
-    embedded = await embed(deps, request, embedding, "text")
+    embedding = parse_workers_ai(read_json(request), model)
+    embedded = await embed(deps, request, ctx, embedding, "text")
     width = len(embedded.vectors[0]) if embedded.vectors else 0
     result = {"shape": [len(embedded.vectors), width], "data": embedded.vectors, "pooling": "mean"}
     return json_response(result_envelope(result), headers=_headers(embedding, embedded))

@@ -87,7 +87,8 @@ class GatewayError(Exception):
     retry_after: int | None = None  # None: the kind's default (`ErrorKind.retry_after`)
     headers: dict[str, str] = field(default_factory=dict)
     detail: str | None = None  # for the log only (a binding's own error text), never sent
-    request_id: str | None = None  # the request's id (`x-request-id`), named in the body when set (app.handle)
+    request_id: str | None = None  # the request's id (`x-request-id`), named in the body when set (the error layer)
+    binding: str | None = None  # the binding whose call failed (`binding_error`'s code: "ai", "kv", "r2"); None: no binding's
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -176,7 +177,7 @@ def binding_error(exc: BindingError, binding: str, code: str, subject: str | Non
     detail = f"{where}: {type(exc).__name__}: {exc}"
 
     def answer(kind: ErrorKind, message: str, error_code: str, retry_after: int | None = None, param: str | None = None) -> GatewayError:
-        return GatewayError(kind, message, param=param, code=error_code, retry_after=retry_after, detail=detail)
+        return GatewayError(kind, message, param=param, code=error_code, retry_after=retry_after, detail=detail, binding=code)
 
     if isinstance(exc, KVRateLimited):
         return answer(ErrorKind.RATE_LIMITED, "Too soon: KV takes one write per second to a key; retry after a second.",

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
-from .caller import Observation, Principal, Reservation
-from .tenancy import UNSCOPED, TenantScope
 
 Body = bytes | AsyncIterator[bytes]
 
@@ -23,25 +21,16 @@ class Request:
     """An HTTP request with its body already read (bounded by the adapter).
 
     `headers` has lower-case names. `path` is the raw (still percent-encoded) path so that
-    an encoded slash stays distinguishable from a real one; `path_params` are filled by the router.
+    an encoded slash stays distinguishable from a real one. What the edge learns of the request
+    as it serves it (its id, route parameters, caller, ...) is not kept here: it is the pipeline's
+    `context.RequestContext`.
     """
 
     method: str
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
-    path_params: dict[str, str] = field(default_factory=dict)
-    principal: Principal | None = None  # set by app.handle once the caller is known
-    observed: Observation | None = None  # of the generation served, for the usage record
-    reservation: Reservation | None = None  # taken at admission, settled by the usage record
     cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
-    id: str = ""  # its request id (`x-request-id`), set by app.handle (access.logs.request_id)
-    span: Any = None  # its span (telemetry.tracing), set by app.handle
-
-    @property
-    def tenant_scope(self) -> TenantScope:
-        """Where the caller's tenant shows (made once, with the principal); no caller: none."""
-        return self.principal.scope if self.principal is not None else UNSCOPED
 
     @property
     def path(self) -> str:

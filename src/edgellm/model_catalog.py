@@ -15,6 +15,7 @@ from typing import Any
 
 from .embeddings import input_tokens
 from .errors import invalid
+from .context import RequestContext
 from .http import Request, Response, json_response
 from .deps import Deps
 from .workers_ai import result_envelope
@@ -65,7 +66,7 @@ def _positive(request: Request, name: str, default: int, maximum: int) -> int:
     return int(raw)
 
 
-async def search_models(request: Request, deps: Deps) -> Response:
+async def search_models(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     page = _positive(request, "page", 1, 1_000_000)
     per_page = _positive(request, "per_page", DEFAULT_PER_PAGE, MAX_PER_PAGE)
     search = (request.query.get("search") or "").lower()

@@ -17,6 +17,7 @@ from .cache.service import cached_generation
 from .conversations import ConversationStore, StoredResponse, conversation_of, new_conversation_id, new_response_id, not_found
 from .errors import GatewayError, invalid
 from .generation import Finish
+from .context import RequestContext
 from .http import Request, Response, json_response
 from .deps import Deps
 from .sessions import request_session, tenant_session
@@ -24,12 +25,12 @@ from .tenancy import TenantScope
 from .validation import read_json
 
 
-def conversation_store(request: Request, deps: Deps) -> ConversationStore | None:
+def conversation_store(ctx: RequestContext, deps: Deps) -> ConversationStore | None:
     """The caller's tenant's conversations: another tenant's response ids are not found, even
     when known (ids are unguessable, but they travel in logs and URLs)."""
     if deps.conversations is None:
         return None
-    scope = request.tenant_scope if request.principal is not None else TenantScope(deps.config.tenant)
+    scope = ctx.tenant_scope if ctx.principal is not None else TenantScope(deps.config.tenant)
     return ConversationStore(deps.conversations, scope)
 
 
@@ -52,11 +53,11 @@ def fit_chain(chain: list[StoredResponse], parsed: wire.ResponsesRequest, max_me
                   "previous_response_id", "conversation_too_large")
 
 
-async def create_response(request: Request, deps: Deps) -> Response:
-    body = read_json(request, deps.config.max_body_bytes)
+async def create_response(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    body = read_json(request)
     parsed = wire.parse_request(body, deps.config)
-    session = request_session(request, body)
-    store = conversation_store(request, deps)
+    session = request_session(request, ctx.tenant_scope, body)
+    store = conversation_store(ctx, deps)
     history: list[dict[str, str]] = []
     if parsed.previous_response_id is not None:
         if store is None:
@@ -68,8 +69,8 @@ async def create_response(request: Request, deps: Deps) -> Response:
         conversation = new_conversation_id()
     if store is None and parsed.store:  # no conversation binding: nothing can be stored, and the answer says so
         parsed = replace(parsed, store=False)
-    gen_request = parsed.generation_request(history, session or tenant_session(request, conversation))
-    gen_request = await access.admit_generation(request, deps, gen_request)  # the key's models, limits and budget, as for chat
+    gen_request = parsed.generation_request(history, session or tenant_session(ctx.tenant_scope, conversation))
+    gen_request = await access.admit_generation(ctx, deps, gen_request)  # the key's models, limits and budget, as for chat
     try:  # text.format: only where the model can honour it, as for chat
         enforce_capabilities(deps, gen_request)
     except GatewayError as exc:
@@ -78,8 +79,8 @@ async def create_response(request: Request, deps: Deps) -> Response:
     if parsed.store and store is not None:
         await store.begin(response_id)  # a DELETE while this is generated deletes it (it is then never stored)
     meta = wire.ResponseMeta(response_id, int(deps.clock.now()), parsed, message_id=wire.message_id_of(response_id))
-    generation = await cached_generation(deps, request, gen_request)
-    access.observe(request, generation, deps.clock.now)
+    generation = await cached_generation(deps, request, ctx, gen_request)
+    access.observe(ctx, generation, deps.clock.now)
 
     async def on_complete(text: str, finish: Finish) -> None:
         if parsed.store and store is not None:
@@ -92,19 +93,19 @@ async def create_response(request: Request, deps: Deps) -> Response:
     return json_response(await wire.render_json(generation, meta, on_complete), headers=headers)
 
 
-async def get_response(request: Request, deps: Deps) -> Response:
-    response_id = request.path_params["response_id"]
-    store = conversation_store(request, deps)
+async def get_response(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    response_id = ctx.params["response_id"]
+    store = conversation_store(ctx, deps)
     if store is None:
         raise not_found(response_id)
     return json_response(wire.render_stored(await store.get(response_id)))
 
 
-async def list_input_items(request: Request, deps: Deps) -> Response:
+async def list_input_items(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     """`GET /v1/responses/{id}/input_items` (the SDK's `wire.input_items.list`): the turn's
     own input messages as OpenAI's message items, newest first unless `order=asc`."""
-    response_id = request.path_params["response_id"]
-    store = conversation_store(request, deps)
+    response_id = ctx.params["response_id"]
+    store = conversation_store(ctx, deps)
     if store is None:
         raise not_found(response_id)
     record = await store.get(response_id)
@@ -131,9 +132,9 @@ async def list_input_items(request: Request, deps: Deps) -> Response:
                           "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
 
 
-async def delete_response(request: Request, deps: Deps) -> Response:
-    response_id = request.path_params["response_id"]
-    store = conversation_store(request, deps)
+async def delete_response(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    response_id = ctx.params["response_id"]
+    store = conversation_store(ctx, deps)
     if store is None:
         raise not_found(response_id)
     await store.delete(response_id)

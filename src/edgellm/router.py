@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterable, TYPE_CHECKING
+from typing import Any, Awaitable, Callable, Iterable, TYPE_CHECKING
 from urllib.parse import unquote
 
 from .errors import ErrorKind, GatewayError
@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from .http import Request, Response
     from .deps import Deps
 
-Handler = Callable[["Request", "Deps"], Awaitable["Response"]]
+# a handler is given the request, the bindings and what the pipeline learned of the request
+# (`context.RequestContext`, not named here: the context names the router's type)
+Handler = Callable[["Request", "Deps", Any], Awaitable["Response"]]
 ErrorRenderer = Callable[[GatewayError], "Response"]
 
 _PARAM = re.compile(r"\{(\w+)(?::(path))?\}")
@@ -69,13 +71,19 @@ class Router:
         return any(r.pattern.match(path) for r in self.routes)
 
     def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        matched, params = self.resolve(method, path)
+        return matched.handler, params
+
+    def resolve(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        """The route serving `method` on `path` and the path's decoded parameters; else the
+        404 or 405 (with `Allow`) the request gets."""
         allowed: set[str] = set()
         for r in self.routes:
             m = r.pattern.match(path)
             if not m:
                 continue
             if method in r.methods:
-                return r.handler, {k: unquote(v) for k, v in m.groupdict().items()}
+                return r, {k: unquote(v) for k, v in m.groupdict().items()}
             allowed |= r.methods
         if allowed:
             allow = ", ".join(sorted(allowed | {"OPTIONS"}))

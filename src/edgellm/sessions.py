@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import invalid
 from .http import Request
+from .tenancy import TenantScope
 
 SESSION_HEADER = "x-session-affinity"
 MAX_SESSION_LENGTH = 256
@@ -26,16 +27,16 @@ def _checked(value: Any, param: str) -> str:
     return value
 
 
-def tenant_session(request: Request, name: str) -> str:
+def tenant_session(scope: TenantScope, name: str) -> str:
     """`name` as the caller's tenant sees it (`TenantScope.session_name`)."""
-    return request.tenant_scope.session_name(name)
+    return scope.session_name(name)
 
 
-def request_session(request: Request, body: Any) -> str | None:
+def request_session(request: Request, scope: TenantScope, body: Any) -> str | None:
     """The session a request names (the header first, then the body's `prompt_cache_key`),
     scoped to its tenant."""
     header = request.header(SESSION_HEADER)
     if header is not None:
-        return tenant_session(request, _checked(header.strip(), SESSION_HEADER))
+        return tenant_session(scope, _checked(header.strip(), SESSION_HEADER))
     value = body.get("prompt_cache_key") if isinstance(body, dict) else None
-    return None if value is None else tenant_session(request, _checked(value, "prompt_cache_key"))
+    return None if value is None else tenant_session(scope, _checked(value, "prompt_cache_key"))

@@ -65,9 +65,12 @@ def refuse_oversized(request: Request, limit: int) -> None:
         raise GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large")
 
 
-def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, or a 413/400 that says what is wrong with it."""
-    refuse_oversized(request, limit)
+def read_json(request: Request, limit: int | None = None) -> Any:
+    """The body as JSON, or a 400 that says what is wrong with it. Its size was refused by the
+    pipeline's body size layer, before any handler; `limit`: checked again (a 413), for a caller
+    outside the pipeline."""
+    if limit is not None:
+        refuse_oversized(request, limit)
     if not request.body.strip():
         raise invalid("The request body is empty; send a JSON object.", None, "invalid_json")
     return loads_bounded(request.body)

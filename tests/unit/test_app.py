@@ -208,7 +208,7 @@ async def test_body_over_the_limit_is_413() -> None:
 
 
 async def test_an_unexpected_crash_is_a_json_500_without_a_traceback() -> None:
-    async def crash(request: Request, deps: Deps) -> Response:
+    async def crash(request: Request, deps: Deps, ctx: object) -> Response:
         raise KeyError("secret internals")
 
     response = await handle(get("/boom"), deps_with(), Router((route("GET", "/boom", crash),)))
@@ -237,7 +237,7 @@ async def test_a_route_that_declares_an_error_renderer_renders_its_errors_with_i
     from edgellm.errors import invalid
     from edgellm.workers_ai import error_response
 
-    async def fails(request: Request, deps: Deps) -> Response:
+    async def fails(request: Request, deps: Deps, ctx: object) -> Response:
         raise invalid("bad", "x")
 
     router = Router((route("POST", "/elsewhere", fails, render_error=error_response), route("POST", "/client/v4/plain", fails)))

@@ -195,13 +195,15 @@ def routed(ai: ScriptedAI) -> tuple[Deps, OriginFetch, list[Any]]:
 
 
 async def miss(deps: Deps, prompt: str = "hi") -> list[Any]:
+    from edgellm.app import ROUTES
     from edgellm.cache.service import cached_generation
+    from edgellm.context import RequestContext
     from edgellm.http import Request
 
     request = Request("POST", "https://edge.example/v1/chat/completions", {"content-type": "application/json"}, b"{}")
     gen_request = GenerationRequest("@cf/meta/llama-2-7b-chat-int8", {"messages": [{"role": "user", "content": prompt}], "temperature": 0},
                                     stream=True)
-    generation = await cached_generation(deps, request, gen_request)
+    generation = await cached_generation(deps, request, RequestContext(ROUTES), gen_request)
     return [event async for event in generation.events]
 
 

@@ -55,6 +55,30 @@ def test_core_never_imports_a_runtime() -> None:
                 assert name.split(".")[0] not in banned, f"{path.relative_to(ROOT)} imports {name}"
 
 
+def test_no_layer_imports_a_handler_module() -> None:
+    """The pipeline's layers (`edgellm.pipeline`) run around every handler and know none: no layer
+    reaches a module that holds a route's handler, directly or through what it imports."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_import_cycles import PACKAGES, import_graph
+
+    from edgellm.app import ROUTES
+
+    handlers = {r.handler.__module__ for r in ROUTES.routes} | {"edgellm.app"}
+    graph = import_graph(PACKAGES)
+    layers = [m for m in graph if m == "edgellm.pipeline" or m.startswith("edgellm.pipeline.")]
+    assert len(layers) > 5
+    for layer in layers:
+        seen, todo = set(), [layer]
+        while todo:
+            module = todo.pop()
+            for target in graph[module] - seen:
+                assert target not in handlers, f"{layer} imports the handler module {target} (through {module})"
+                seen.add(target)
+                todo.append(target)
+
+
 def test_wrangler_config_names_the_bindings() -> None:
     import tomllib
 

@@ -1,14 +1,17 @@
 """No import circle in the core (src/) or the local edge (local/), read from the source with `ast`.
 
 A circle held up by an import inside a function (or by import order) works until someone moves a
-line; issue 24 found three of them. Every import counts, at module level or inside a function;
-only those under `if TYPE_CHECKING:` do not (they never run).
+line; issue 24 found three of them. Every import counts, at module level, inside a function, and
+under `if TYPE_CHECKING:`: a circle of types is still two modules that cannot be read (or moved)
+one without the other, and becomes a real one the day a type is needed at run time.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"edgellm": ROOT / "src" / "edgellm", "edgellm_local": ROOT / "local" / "edgellm_local"}
@@ -23,31 +26,9 @@ def _modules(packages: dict[str, Path]) -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of a module, however deep, except in an `if TYPE_CHECKING:` body."""
-    found: list[ast.Import | ast.ImportFrom] = []
-
-    def visit(node: ast.AST) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for other in child.orelse:  # an `else:` of TYPE_CHECKING runs
-                    visit_one(other)
-                continue
-            visit_one(child)
-
-    def visit_one(child: ast.AST) -> None:
-        if isinstance(child, (ast.Import, ast.ImportFrom)):
-            found.append(child)
-        visit(child)
-
-    visit(tree)
-    return found
+    """Every import statement of a module, however deep, `if TYPE_CHECKING:` bodies included."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
@@ -118,7 +99,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_in_src_or_local() -> None:
     found = circles(import_graph(PACKAGES))
-    assert found == [], "import circles (every import counts, inside functions too; TYPE_CHECKING does not):\n" + "\n".join(
+    assert found == [], "import circles (every import counts: inside functions and under TYPE_CHECKING too):\n" + "\n".join(
         " <-> ".join(c) for c in found)
 
 
@@ -139,7 +120,7 @@ def test_a_circle_through_an_import_inside_a_function_is_found(tmp_path: Path) -
     assert circles(import_graph(packages)) == [["pkg.a", "pkg.b"]]
 
 
-def test_an_import_under_type_checking_is_no_circle(tmp_path: Path) -> None:
+def test_an_import_under_type_checking_is_a_circle_too(tmp_path: Path) -> None:
     packages = _package(tmp_path, {
         "a.py": "from .b import x\n",
         "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\nx = 1\n",
@@ -147,4 +128,37 @@ def test_an_import_under_type_checking_is_no_circle(tmp_path: Path) -> None:
         "sub/c.py": "from ..a import x\nimport typing\nif typing.TYPE_CHECKING:\n    from ..d import z\n",
         "d.py": "from .sub import c\n",
     })
-    assert circles(import_graph(packages)) == []
+    assert circles(import_graph(packages)) == [["pkg.a", "pkg.b"], ["pkg.d", "pkg.sub.c"]]
+
+
+def package_imports(graph: dict[str, set[str]], depth: int = 2) -> dict[str, set[str]]:
+    """The graph folded to packages (`edgellm.access`, `edgellm.telemetry`): which package imports
+    which other, through any of its modules."""
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:depth])
+
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folded.setdefault(package(module), set()).update(package(t) for t in targets if package(t) != package(module))
+    return folded
+
+
+@pytest.mark.parametrize("one,other", [
+    ("edgellm.access", "edgellm.telemetry"),  # the access log line names its trace; the telemetry layer writes the line
+    ("edgellm.deps", "edgellm.telemetry.exposition"),  # the bundle of ports, and the metrics writer that reads it
+])
+def test_these_two_never_import_each_other(one: str, other: str) -> None:
+    graph = import_graph(PACKAGES)
+    depth = max(one.count("."), other.count(".")) + 1
+    folded = package_imports(graph, depth)
+    both = (other in folded.get(one, set()), one in folded.get(other, set()))
+    assert both != (True, True), f"{one} and {other} import each other"
+
+
+def test_a_package_loop_is_found(tmp_path: Path) -> None:
+    packages = _package(tmp_path, {
+        "one/__init__.py": "", "one/a.py": "from ..two import b\n",
+        "two/__init__.py": "", "two/b.py": "x = 1\n", "two/c.py": "from ..one import a\n",
+    })
+    graph = import_graph(packages)
+    assert circles(graph) == [] and circles(package_imports(graph)) == [["pkg.one", "pkg.two"]]

@@ -54,13 +54,14 @@ def test_a_keyless_caller_cannot_name_a_keyed_tenants_session() -> None:
     from edgellm.access.keys import new_key
     from edgellm.sessions import tenant_session
 
-    keyed, keyless = post(CHAT), post(CHAT)
-    keyed.principal = Principal(tenant="acme", key_id="k1", record=new_key("acme", 0).record)  # any record: a key's caller
-    keyless.principal = Principal(tenant="default", key_id="open")
+    from edgellm.tenancy import UNSCOPED
+
+    keyed = Principal(tenant="acme", key_id="k1", record=new_key("acme", 0).record).scope  # any record: a key's caller
+    keyless = Principal(tenant="default", key_id="open").scope
     assert tenant_session(keyed, "x") == "acme:x"
     assert tenant_session(keyless, "acme:x") != tenant_session(keyed, "x")
     assert tenant_session(keyless, "conv-1") == "conv-1"  # a plain name stays as it was
-    assert tenant_session(post(CHAT), "acme:x") != "acme:x"  # no principal at all: the same rule
+    assert tenant_session(UNSCOPED, "acme:x") != "acme:x"  # no principal at all: the same rule
 
 
 @pytest.mark.parametrize("headers,body,param", [

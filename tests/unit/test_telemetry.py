@@ -16,7 +16,7 @@ from edgellm.deps import Deps
 from edgellm.telemetry.exposition import Family, TextExposition, families, go_float
 from edgellm.telemetry.metrics import MAX_SERIES, OTHER, TIME_BUCKETS, Histogram, Telemetry, served_by, status_class
 from edgellm.telemetry.tracing import LogTracer, SpanContext, parse_traceparent
-from edgellm_local.telemetry import PrometheusExposition
+from tests.prometheus_oracle import PrometheusExposition
 from tests.unit.test_workers_sdk import runtime  # noqa: F401  (the Worker over the real Workers SDK)
 
 
@@ -344,12 +344,15 @@ def test_a_generation_the_edge_answers_is_counted_as_routed_to_the_edge() -> Non
 def test_routed_counts_where_an_answer_was_generated(route: str, cache: str, expected: dict[str, int]) -> None:
     from edgellm.caller import Observation
     from edgellm.http import Request, Response
-    from edgellm.telemetry.finished import request_ended
+    from edgellm.app import ROUTES
+    from edgellm.context import RequestContext
+    from edgellm.pipeline.telemetry import request_ended
 
     deps = Deps(config=Config(), ai=DescribedAI(), log=logging.getLogger("edgellm.test.routed"))  # type: ignore[arg-type]
     request = Request("POST", "http://edge.test/v1/chat/completions", {}, b"")
-    request.observed = Observation("@cf/m", cache, route=route)
-    request_ended(request, Response(200), deps, deps.clock.now(), "/v1/chat/completions", "create_chat_completion")
+    ctx = RequestContext(ROUTES, started=deps.clock.now(), route="/v1/chat/completions", handler="create_chat_completion",
+                         observed=Observation("@cf/m", cache, route=route))
+    request_ended(request, ctx, Response(200), deps)
     assert deps.state.telemetry.routed == expected
 
 

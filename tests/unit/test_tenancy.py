@@ -6,7 +6,8 @@ import pytest
 
 from edgellm.access.guard import Principal
 from edgellm.access.keys import new_key
-from edgellm.http import Request
+from edgellm.app import ROUTES
+from edgellm.context import RequestContext
 from edgellm.tenancy import SHARED_TENANT, UNSCOPED, TenantScope
 
 
@@ -30,11 +31,11 @@ def test_a_principals_scope_names_each_place_its_tenant_shows(principal: Princip
 
 
 def test_a_request_without_a_caller_is_unscoped() -> None:
-    request = Request("GET", "http://edge.test/healthz")
-    assert request.tenant_scope is UNSCOPED
+    ctx = RequestContext(ROUTES)
+    assert ctx.tenant_scope is UNSCOPED
     assert (UNSCOPED.cache_tenant, UNSCOPED.custom_key_tenant, UNSCOPED.admission_tenant) == (None, None, None)
     assert UNSCOPED.session_name("acme:x") == ":acme:x"  # never a keyed tenant's session (b460165)
     with pytest.raises(ValueError):
         UNSCOPED.object_name("conv_1")
-    request.principal = keyed("acme")
-    assert request.tenant_scope == TenantScope("acme", "acme", True)
+    ctx.principal = keyed("acme")
+    assert ctx.tenant_scope == TenantScope("acme", "acme", True)

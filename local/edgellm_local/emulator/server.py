@@ -20,6 +20,7 @@ import uvicorn
 
 from edgellm.access.logs import log_request, request_id
 from edgellm.app import ROUTES, handle
+from edgellm.context import RequestContext
 from edgellm.http import Request, Response
 from edgellm.deps import Deps
 
@@ -216,9 +217,10 @@ class EdgeApp:
             response = self.assets.serve(request)
         if response is not None:
             response = self.page_headers.apply(request.path, response)
-            request.id = request_id(request, self.deps.state.request_ids)
-            response.headers["x-request-id"] = request.id
-            log_request(request, response, self.deps, self.deps.clock.now(), "asset")
+            asset = RequestContext(ROUTES, started=self.deps.clock.now(), id=request_id(request, self.deps.state.request_ids),
+                                   route="asset", handler="asset")
+            response.headers["x-request-id"] = asset.id
+            log_request(request, asset, response, self.deps, asset.started)
         if response is None:
             response = await handle(request, self._request_deps())
         response = encoded(response, request, compress=self.compress)

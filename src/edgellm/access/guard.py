@@ -9,11 +9,12 @@ as the configured tenant; it exists only when configured.
 from __future__ import annotations
 
 import hmac
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..config import Config
 from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error, invalid
 from ..generation import GenerationRequest
+from ..context import RequestContext
 from ..http import Request
 from ..ports import BindingError
 from ..deps import Deps
@@ -76,6 +77,23 @@ def open_principal(deps: Deps) -> Principal:
 
 async def authenticate(request: Request, deps: Deps) -> Principal | None:
     """The principal of an API or admin request (None on public routes); 401 when unknown."""
+    settled = settle(request, deps)
+    if isinstance(settled, KeyToCheck):
+        return await check_key(request, deps, settled)
+    return settled
+
+
+@dataclass(frozen=True, slots=True)
+class KeyToCheck:
+    """An `el-` key `settle` could not decide on: its record must be read (`check_key`)."""
+
+    parsed: tuple[str, str] | None  # (key id, secret); None: malformed
+
+
+def settle(request: Request, deps: Deps) -> Principal | None | KeyToCheck:
+    """What `authenticate` decides without reading a key's record: a public route, the admin
+    token, open mode (or a 401); else the key to check. Apart, so the callers without a key
+    (a HIT in open mode) pay for no await."""
     path = request.path
     if not (is_api_path(path) or is_admin_path(path)):
         return None
@@ -93,6 +111,12 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
         if is_admin_path(path):
             return None  # the admin handlers answer (404 without ADMIN_TOKEN, else 401)
         raise unauthenticated("An API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", "missing_api_key")
+    return KeyToCheck(parsed)
+
+
+async def check_key(request: Request, deps: Deps, key: KeyToCheck) -> Principal | None:
+    """The caller of a key `settle` left to check: its record, and its request limits taken."""
+    path, parsed = request.path, key.parsed
     record = await _record(deps, parsed[0]) if parsed else None
     if record is None or parsed is None or not record.matches(parsed[1]):
         if is_admin_path(path):
@@ -137,18 +161,21 @@ def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
         raise invalid(f"The prompt may hold at most {config.max_message_chars} characters.", "prompt", "prompt_too_long")
 
 
-async def admit_generation(request: Request, deps: Deps, gen_request: GenerationRequest) -> GenerationRequest:
+async def admit_generation(ctx: RequestContext, deps: Deps, gen_request: GenerationRequest) -> GenerationRequest:
     """Before a generation (or a HIT): its input within bounds, then `admit_tokens` for its
     prompt (estimated) and its `max_tokens`. The request to serve: `gen_request`, or with its
-    `max_tokens` cut to what is left of the key's budget (a shorter answer, cut at `length`)."""
+    `max_tokens` cut to what is left of the key's budget (a shorter answer, cut at `length`).
+    A caller without a key has no limits to admit to: its prompt is not estimated."""
     check_input_limits(gen_request, deps.config)
-    max_tokens = await admit_tokens(request, deps, gen_request.model, prompt_estimate(gen_request.inputs), gen_request.max_tokens)
+    if ctx.principal is None or ctx.principal.record is None:
+        return gen_request
+    max_tokens = await admit_tokens(ctx, deps, gen_request.model, prompt_estimate(gen_request.inputs), gen_request.max_tokens)
     if max_tokens == gen_request.max_tokens:
         return gen_request
     return replace(gen_request, inputs={**gen_request.inputs, "max_tokens": max_tokens})
 
 
-async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, max_tokens: int) -> int:
+async def admit_tokens(ctx: RequestContext, deps: Deps, model: str, prompt: int, max_tokens: int) -> int:
     """Before any call that spends tokens (a generation, embeddings) or its HIT: the key may use
     the model, has tokens left in its window and in its budget; what the request may cost (the
     `prompt` estimate plus `max_tokens`) is then reserved until its usage is recorded.
@@ -159,7 +186,7 @@ async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, ma
     (429 `insufficient_quota`) when not one token would be left. An embedding (`max_tokens` 0:
     its input is its whole cost) cannot be cut, so it fits or is refused. Returns the
     `max_tokens` reserved."""
-    principal: Principal | None = request.principal
+    principal: Principal | None = ctx.principal
     record = principal.record if principal else None
     if record is None:
         return max_tokens
@@ -186,5 +213,5 @@ async def admit_tokens(request: Request, deps: Deps, model: str, prompt: int, ma
             max_tokens = left - prompt
     # checked and reserved with no await between: a concurrent request sees this one's reservation
     check_tokens(deps.state.access, record.key_id, record.tokens_per_minute, deps.clock.now())
-    request.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, model, prompt, max_tokens, deps.clock.now())
+    ctx.reservation = reserve(deps.state.access, record.key_id, record.tokens_per_minute, model, prompt, max_tokens, deps.clock.now())
     return max_tokens

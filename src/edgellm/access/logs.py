@@ -12,10 +12,11 @@ import logging
 import re
 from typing import Any
 
+from ..context import RequestContext
 from ..http import Request, Response
 from ..deps import Deps
 from ..ids import RequestIds
-from ..telemetry.tracing import Span
+from ..telemetry.tracing import parse_traceparent
 
 # a client's own id is kept when it is one a log search can hold (W3C and most tracers' ids fit)
 _ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -75,22 +76,32 @@ def prompt_of(request: Request) -> Any:
     return text[:PROMPT_CHARS]
 
 
-def log_request(request: Request, response: Response, deps: Deps, started: float, handler: str,
-                route: str | None = None) -> dict[str, Any] | None:
+def trace_id(request: Request, ctx: RequestContext, deps: Deps) -> str:
+    """The request's W3C trace id: its span's when it has one, else the client's `traceparent`'s,
+    else a new one (the isolate's ids: no span is made for a line alone)."""
+    if ctx.span is not None:
+        return ctx.span.context.trace_id
+    sent = parse_traceparent(request.headers.get("traceparent"))
+    return sent.trace_id if sent is not None else deps.state.ids.hex(16)
+
+
+def log_request(request: Request, ctx: RequestContext, response: Response, deps: Deps, now: float | None = None) -> dict[str, Any] | None:
+    """The request's line: what `ctx` learned of it (its id, route, handler, caller, observation),
+    its answer's status and cache status, and its time from `ctx.started` to `now` (the clock's
+    time when the caller has read it)."""
     logger = deps.log.getChild("access")
-    level = logging.DEBUG if route == SCRAPE_ROUTE and response.status < 400 else logging.INFO
+    level = logging.DEBUG if ctx.route == SCRAPE_ROUTE and response.status < 400 else logging.INFO
     if not logger.isEnabledFor(level):
         return None
-    principal, seen, span = request.principal, request.observed, request.span
-    if span is None:  # nothing needed it while it ran (no tracer, no origin): its trace, for the line
-        span = request.span = Span(traceparent=request.headers.get("traceparent"), ids=deps.state.ids)
-    now = deps.clock.now()
+    principal, seen, started, handler = ctx.principal, ctx.observed, ctx.started, ctx.handler
+    if now is None:
+        now = deps.clock.now()
     record = {
-        "request_id": request.id or request_id(request, deps.state.request_ids),
+        "request_id": ctx.id or request_id(request, deps.state.request_ids),
         "client_request_id": client_request_id(request),
-        "trace_id": span.context.trace_id,
+        "trace_id": trace_id(request, ctx, deps),
         "method": request.method, "path": request.path[:256], "status": response.status,
-        "cache": response.headers.get("cf-aig-cache-status", "-"), "route": route or handler, "handler": handler,
+        "cache": response.headers.get("cf-aig-cache-status", "-"), "route": ctx.route, "handler": handler,
         "ms": round(max(0.0, now - started) * 1000, 1),
         "ttft_ms": round(max(0.0, seen.first_token_at - started) * 1000, 1) if seen is not None and seen.first_token_at else None,
         "tenant": principal.tenant if principal else None, "key_id": principal.key_id if principal else None,

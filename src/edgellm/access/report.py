@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ErrorKind, GatewayError, admin_routes_off, binding_error, invalid
+from ..context import RequestContext
 from ..http import Request, Response, json_response
 from ..ports import BindingError, UsageNotQueryable
 from ..deps import Deps
@@ -70,8 +71,8 @@ def merge(rows: list[dict[str, Any]], group_by: tuple[str, ...], deps: Deps) -> 
     return result
 
 
-async def get_usage(request: Request, deps: Deps) -> Response:
-    principal = request.principal
+async def get_usage(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    principal = ctx.principal
     if principal is None:
         if not deps.config.admin_token:
             raise admin_routes_off(request.method, request.path)

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from ..cache.admin import require_admin
 from ..errors import ErrorKind, GatewayError, RetryAfter
+from ..context import RequestContext
 from ..http import Request, Response, json_response
 from ..ports import BindingError
 from ..deps import Deps
@@ -21,9 +22,9 @@ from .keys import KeyCache, KeyRing
 _KEY_ID_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
-async def revoke_key(request: Request, deps: Deps) -> Response:
-    require_admin(request, deps)
-    key_id = request.path_params["key_id"]
+async def revoke_key(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    require_admin(request, deps, ctx)
+    key_id = ctx.params["key_id"]
     if len(key_id) != 12 or not set(key_id) <= _KEY_ID_CHARS:
         raise GatewayError(ErrorKind.INVALID_REQUEST, "A key id is 12 lower-case letters and digits.", param="key_id", code="invalid_key_id")
     if deps.kv is None:

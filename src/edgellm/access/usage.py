@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ..generation import Event, Finish, Generation, Token, ToolCallDelta
-from ..http import Request, Response
+from ..http import Response
 from ..caller import Observation, Principal, Reservation
+from ..context import RequestContext
 from ..ports import UsageEvent
 from ..deps import Deps
 from ..stream import Stream
@@ -41,12 +42,12 @@ def _seen_by(seen: Observation, now: Callable[[], float] | None) -> Callable[[Ev
     return see
 
 
-def observe(request: Request, generation: Generation, now: Callable[[], float] | None = None) -> None:
+def observe(ctx: RequestContext, generation: Generation, now: Callable[[], float] | None = None) -> None:
     """Called by the API handlers with the generation they serve: taps its events. A `Stream`,
     so closing it unread (a client gone before the first byte) still closes the events behind it,
     and with them the generation's admission ticket. `now`: the clock (`deps.clock.now`)."""
     seen = Observation(generation.model, generation.cache_status or "BYPASS", route=generation.route)
-    request.observed = seen
+    ctx.observed = seen
     reported = generation.prompt_seen
 
     def unfinished() -> None:  # closed before its Finish: the prompt the model counted, when it said (not the estimate)
@@ -68,12 +69,13 @@ def _unfinished(seen: Observation, reservation: Reservation | None, streamed: bo
         seen.completion_tokens = max(seen.completion_tokens, seen.delivered, reservation.max_tokens)
 
 
-def _record(request: Request, response: Response, deps: Deps, started: float, route: str) -> None:
-    principal: Principal | None = request.principal
+def _record(ctx: RequestContext, response: Response, deps: Deps) -> None:
+    principal: Principal | None = ctx.principal
     if principal is None:
         return
-    seen: Observation | None = request.observed
-    reservation: Reservation | None = request.reservation
+    seen: Observation | None = ctx.observed
+    reservation: Reservation | None = ctx.reservation
+    started, route = ctx.started, ctx.route
     now = deps.clock.now()
     tokens = 0
     if seen is None and reservation is not None and response.status == CLIENT_LEFT:
@@ -105,25 +107,24 @@ def _record(request: Request, response: Response, deps: Deps, started: float, ro
         deps.log.warning("usage record failed: %s", exc)
 
 
-def departed(request: Request, deps: Deps, started: float, route: str = "unmatched") -> Response:
+def departed(ctx: RequestContext, deps: Deps) -> Response:
     """A request whose client left before its answer (the handler was cancelled): recorded
     now, with what it generated, as a 499 (a streamed body is recorded when it is closed).
-    `route` is the route's template (`app.route_name`), the usage row's route."""
+    The usage row's route is the route's template (`ctx.route`), never the raw path."""
     response = Response(CLIENT_LEFT)
-    if request.principal is not None:
-        _record(request, response, deps, started, route)
+    if ctx.principal is not None:
+        _record(ctx, response, deps)
     return response
 
 
-def account(request: Request, response: Response, deps: Deps, started: float, route: str = "unmatched") -> Response:
+def account(ctx: RequestContext, response: Response, deps: Deps) -> Response:
     """Record the request's usage now, or when its streamed body ends (however it ends).
-    Public routes (artifacts, health) are not recorded: their bodies are handed over as they are.
-    `route` is the route's template (`app.route_name`, told by the app that holds the routes)."""
-    if request.principal is None:
+    Public routes (artifacts, health) are not recorded: their bodies are handed over as they are."""
+    if ctx.principal is None:
         return response
     if not response.is_streaming:
-        _record(request, response, deps, started, route)
+        _record(ctx, response, deps)
         return response
     # a Stream: a body closed before its first read is still recorded, and still closes what it streams
-    response.body = Stream(response.body).on_close(lambda: _record(request, response, deps, started, route))
+    response.body = Stream(response.body).on_close(lambda: _record(ctx, response, deps))
     return response

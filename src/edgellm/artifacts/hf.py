@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from ..errors import ErrorKind, GatewayError, RetryAfter
+from ..context import RequestContext
 from ..http import Request, Response, json_response
 from ..ports import R2Range
 from ..deps import Deps
@@ -139,18 +140,18 @@ async def load_snapshot(deps: Deps, name: str, namespace: str = "models/") -> Sn
     return replace(parse_snapshot(name, bytes(raw)), namespace=namespace)
 
 
-async def _requested_snapshot(request: Request, deps: Deps) -> Snapshot:
+async def _requested_snapshot(ctx: RequestContext, deps: Deps) -> Snapshot:
     """The routes of `models/{name}` name the model `name`; the bare routes (repo id `{name}`) `bare`."""
-    params = request.path_params
+    params = ctx.params
     if "name" in params:
         return await load_snapshot(deps, params["name"])
     return await load_snapshot(deps, params["bare"], namespace="")
 
 
-async def foreign_repo(request: Request, deps: Deps) -> Response:
+async def foreign_repo(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     """A repo id in a namespace this edge does not have: the Hub's `RepoNotFound` (which
     huggingface_hub raises with this message) rather than a bare 404 it calls a connection problem."""
-    owner, repo = request.path_params["owner"], request.path_params["repo"]
+    owner, repo = ctx.params["owner"], ctx.params["repo"]
     raise _hub_error(
         ErrorKind.NOT_FOUND, "RepoNotFound",
         f"Repository {owner}/{repo} not found: this edge serves its published models as repo ids "
@@ -224,9 +225,9 @@ async def _concatenated(deps: Deps, first_body: AsyncIterator[bytes], rest: list
         await close_source(body)
 
 
-async def resolve_file(request: Request, deps: Deps) -> Response:
-    params = request.path_params
-    snapshot = await _requested_snapshot(request, deps)
+async def resolve_file(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    params = ctx.params
+    snapshot = await _requested_snapshot(ctx, deps)
     revision = params["revision"]
     _check_revision(snapshot, revision)
     file = snapshot.files.get(params["file"])
@@ -258,10 +259,10 @@ def _tree_entry(file: RepoFile) -> dict[str, Any]:
     return entry
 
 
-async def get_repo_info(request: Request, deps: Deps) -> Response:
+async def get_repo_info(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     """`HfApi.model_info` / `repo_info`: what `snapshot_download` resolves a revision with."""
-    snapshot = await _requested_snapshot(request, deps)
-    revision = request.path_params.get("revision", MAIN)
+    snapshot = await _requested_snapshot(ctx, deps)
+    revision = ctx.params.get("revision", MAIN)
     _check_revision(snapshot, revision)
     files = sorted(snapshot.files.values(), key=lambda f: f.path)
     return json_response({
@@ -281,11 +282,11 @@ async def get_repo_info(request: Request, deps: Deps) -> Response:
     }, headers={"cache-control": REVALIDATE, "content-type": JSON})
 
 
-async def list_repo_tree(request: Request, deps: Deps) -> Response:
+async def list_repo_tree(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     """`HfApi.list_repo_tree`: the repo is flat, so a sub-folder never exists (the Hub's 404)."""
-    snapshot = await _requested_snapshot(request, deps)
-    _check_revision(snapshot, request.path_params["revision"])
-    folder = request.path_params.get("path", "").strip("/")
+    snapshot = await _requested_snapshot(ctx, deps)
+    _check_revision(snapshot, ctx.params["revision"])
+    folder = ctx.params.get("path", "").strip("/")
     if folder:
         raise _hub_error(ErrorKind.NOT_FOUND, "EntryNotFound", f"{snapshot.repo_id} has no folder {folder!r}.")
     entries = [_tree_entry(f) for f in sorted(snapshot.files.values(), key=lambda f: f.path)]

@@ -13,6 +13,7 @@ import asyncio
 from typing import Any, Awaitable, TypeVar
 
 from ..errors import ErrorKind, GatewayError, RetryAfter, binding_error
+from ..context import RequestContext
 from ..http import Request, Response, json_response
 from ..ports import BindingError, BlobStore, R2Conditional, R2Object, R2Range
 from ..deps import Deps
@@ -66,7 +67,7 @@ def _decide(request: Request, obj: R2Object) -> tuple[int, ByteRange | None]:
     return (206, byte_range) if byte_range else (200, None)
 
 
-async def get_artifact(request: Request, deps: Deps) -> Response:
+async def get_artifact(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     path = parse_artifact_path(request.path)  # before R2 is touched
     store = _store(deps)
     for _ in range(ATTEMPTS):
@@ -95,7 +96,7 @@ async def get_artifact(request: Request, deps: Deps) -> Response:
     )
 
 
-async def list_published_models(request: Request, deps: Deps) -> Response:
+async def list_published_models(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     """Models whose manifest is published (a name with blobs but no manifest is mid-publish)."""
     store = _store(deps)
     names: list[str] = []

@@ -15,6 +15,7 @@ from typing import Any, Awaitable
 from .. import openai
 from ..errors import ErrorKind, GatewayError, RetryAfter, admin_routes_off, binding_error, invalid
 from ..generation import GenerationRequest
+from ..context import RequestContext
 from ..http import Request, Response, json_response
 from ..inference import start_generation
 from ..ports import BindingError
@@ -30,10 +31,10 @@ _HEX = re.compile(r"^[0-9a-f]{64}$")
 _TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
-def require_admin(request: Request, deps: Deps, *, tenant_allowed: bool = False) -> str | None:
+def require_admin(request: Request, deps: Deps, ctx: RequestContext, *, tenant_allowed: bool = False) -> str | None:
     """None for the admin token (every tenant); a tenant's name when its own API key calls a
     route a tenant may use on its own entries (purge, stats); else 403/401/404."""
-    principal = request.principal
+    principal = ctx.principal
     if principal is not None and principal.admin:
         return None
     if principal is not None and principal.record is not None:
@@ -61,9 +62,9 @@ async def _kv_write(operation: Awaitable[Any]) -> None:
         raise binding_error(exc, "KV", "kv") from exc
 
 
-def _admin_body(request: Request, deps: Deps, *, tenant_allowed: bool = False) -> tuple[dict[str, Any], str | None]:
-    tenant = require_admin(request, deps, tenant_allowed=tenant_allowed)
-    body = read_json(request, deps.config.max_body_bytes)
+def _admin_body(request: Request, deps: Deps, ctx: RequestContext, *, tenant_allowed: bool = False) -> tuple[dict[str, Any], str | None]:
+    tenant = require_admin(request, deps, ctx, tenant_allowed=tenant_allowed)
+    body = read_json(request)
     if not isinstance(body, dict):
         raise invalid("The request body must be a JSON object.", None, "invalid_type")
     if tenant is None and body.get("tenant") is not None:  # the admin token may act for any tenant
@@ -96,8 +97,8 @@ def _ttl(body: dict[str, Any], deps: Deps) -> int:
     return deps.config.cache_default_ttl
 
 
-async def preload_cache(request: Request, deps: Deps) -> Response:
-    body, tenant = _admin_body(request, deps)
+async def preload_cache(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    body, tenant = _admin_body(request, deps, ctx)
     items = body.get("requests")
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_PRELOAD:
         raise invalid(f"'requests' must be an array of 1 to {MAX_PRELOAD} requests.", "requests", "invalid_type")
@@ -132,16 +133,16 @@ async def _preload_one(deps: Deps, gen_request: GenerationRequest, key: CacheKey
     return {"key": key.digest, "status": "stored", "model": answer.model, "usage": answer.usage.to_json()}
 
 
-async def purge_cache(request: Request, deps: Deps) -> Response:
-    body, tenant = _admin_body(request, deps, tenant_allowed=True)
+async def purge_cache(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    body, tenant = _admin_body(request, deps, ctx, tenant_allowed=True)
     if deps.kv is None:
         raise GatewayError(ErrorKind.UNAVAILABLE, "No KV namespace is bound; the cache is off.", code="cache_unavailable", retry_after=RetryAfter.UNCONFIGURED)
     if "namespace" in body:
-        if request.principal is not None and not request.principal.admin and request.principal.share_cache:
+        if ctx.principal is not None and not ctx.principal.admin and ctx.principal.share_cache:
             raise GatewayError(ErrorKind.PERMISSION, "The shared pool's namespace can only be purged with the admin token.", code="admin_only")
         return await _purge_namespace(deps, body["namespace"], tenant or deps.config.tenant)
-    if request.principal is not None and request.principal.record is not None:
-        tenant = request.principal.tenant  # a tenant key purges its own entries only, never the shared pool's
+    if ctx.principal is not None and ctx.principal.record is not None:
+        tenant = ctx.principal.tenant  # a tenant key purges its own entries only, never the shared pool's
     scope = await current_scope(deps, tenant)
     if "key" in body:
         digest = body["key"]
@@ -179,8 +180,8 @@ async def _purge_namespace(deps: Deps, namespace: Any, tenant: str) -> Response:
     return json_response({"object": "cache.purge", "purged": "namespace", "namespace": namespace, "generation": generation})
 
 
-async def cache_stats(request: Request, deps: Deps) -> Response:
-    tenant = require_admin(request, deps, tenant_allowed=True)
+async def cache_stats(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    tenant = require_admin(request, deps, ctx, tenant_allowed=True)
     if tenant is not None:
         return json_response(await tenant_stats(deps, tenant))
     scope = await current_scope(deps)

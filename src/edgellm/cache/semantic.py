@@ -32,6 +32,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from ..deps import Deps
 from ..generation import Event, Finish, Generation, GenerationRequest
+from ..context import RequestContext
 from ..http import Request
 from ..ports import VectorMatch, VectorRecord
 from ..stream import Stream
@@ -68,14 +69,14 @@ class Hit:
     generation: Generation
 
 
-def requested(request: Request) -> bool:
+def requested(request: Request, ctx: RequestContext) -> bool:
     """The request's header, else its key's setting; off by default."""
     said = (request.header(HEADER) or "").strip().lower()
     if said in ("on", "true", "1"):
         return True
     if said in ("off", "false", "0"):
         return False
-    principal = request.principal
+    principal = ctx.principal
     return bool(principal is not None and principal.record is not None and getattr(principal.record, "semantic_cache", False))
 
 
@@ -154,12 +155,12 @@ async def _embed(deps: Deps, text: str) -> tuple[float, ...] | None:
         return None
 
 
-async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, key: CacheKey,
+async def lookup(deps: Deps, request: Request, ctx: RequestContext, gen_request: GenerationRequest, key: CacheKey,
                  policy: CachePolicy, read: ExactRead) -> Hit | Plan | None:
     """After the exact cache missed: a `Hit`, or the `Plan` that remembers this request's answer,
     or None (not asked for, not applicable, or a dependency failed: the request is a plain miss).
     `read` is the exact cache's own read of an entry (`service.lookup`), passed in by it."""
-    if deps.vectors is None or not deps.config.embedding_models or policy.custom_key or not requested(request):
+    if deps.vectors is None or not deps.config.embedding_models or policy.custom_key or not requested(request, ctx):
         return None
     text = last_user_text(gen_request)
     if text is None:
@@ -167,7 +168,7 @@ async def lookup(deps: Deps, request: Request, gen_request: GenerationRequest, k
     vector = await _embed(deps, text)
     if vector is None:
         return None
-    tenant = request.tenant_scope.tenant or deps.config.tenant
+    tenant = ctx.tenant_scope.tenant or deps.config.tenant
     namespace, context = index_namespace(tenant, key), context_digest(gen_request)
     try:
         matches = await deps.vectors.query(list(vector), top_k=TOP_K, namespace=namespace, filter={"context": context})

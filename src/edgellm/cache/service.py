@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable
 
 from ..generation import Event, Finish, Generation, GenerationRequest
+from ..context import RequestContext
 from ..http import Request
 from ..routing.failover import start_routed
 from ..routing.regions import regional_cache
@@ -106,11 +107,11 @@ class CacheDecision:
     key: CacheKey | None
 
 
-async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -> CacheDecision:
+async def decide(deps: Deps, request: Request, ctx: RequestContext, gen_request: GenerationRequest) -> CacheDecision:
     policy = cache_policy(request, gen_request, deps.config)
     if policy.bypass or deps.kv is None:
         return CacheDecision(policy, None)
-    tenancy = request.tenant_scope  # custom keys: the caller's own tenant; derived keys: maybe the shared pool
+    tenancy = ctx.tenant_scope  # custom keys: the caller's own tenant; derived keys: maybe the shared pool
     scope = await current_scope(deps, tenancy.custom_key_tenant if policy.custom_key else tenancy.cache_tenant)
     policy, scope = regional_cache(deps, request, policy, scope)  # region TTL; a resident region's own namespace
     if scope is None:
@@ -119,20 +120,20 @@ async def decide(deps: Deps, request: Request, gen_request: GenerationRequest) -
     return CacheDecision(policy, key)
 
 
-def own_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Awaitable[Generation]:
+def own_generation(deps: Deps, request: Request, ctx: RequestContext, gen_request: GenerationRequest) -> Awaitable[Generation]:
     """This request's own generation (on the routing plan), if the isolate admits it."""
     return deps.state.admission.admitted(
         deps.config.max_waiting_generations,
-        lambda: traced_generation(deps, gen_request, lambda: start_routed(deps, request, gen_request)), request.tenant_scope.admission_tenant)
+        lambda: traced_generation(deps, gen_request, lambda: start_routed(deps, request, gen_request)), ctx.tenant_scope.admission_tenant)
 
 
-async def cached_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Generation:
+async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, gen_request: GenerationRequest) -> Generation:
     """Answer from KV, or generate (through the flights object when there is one) and cache it."""
-    decision = await decide(deps, request, gen_request)
+    decision = await decide(deps, request, ctx, gen_request)
     counters = counters_of(deps)
     if decision.key is None:
         counters.bypasses += 1
-        generation = await own_generation(deps, request, gen_request)
+        generation = await own_generation(deps, request, ctx, gen_request)
         generation.cache_status = "BYPASS"
         return generation
     key, policy = decision.key, decision.policy
@@ -148,7 +149,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             age = max(0, int(deps.clock.now() - answer.created))
             kept = answer.derived if size <= MEMO_MAX_ENTRY_BYTES else None  # an entry the isolate keeps decoded keeps its renderings
             return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest, rendered=kept)
-    plan = await semantic.lookup(deps, request, gen_request, key, policy, lookup)
+    plan = await semantic.lookup(deps, request, ctx, gen_request, key, policy, lookup)
     if isinstance(plan, semantic.Hit):
         counters.hits += 1
         counters.semantic_hits += 1
@@ -156,13 +157,13 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
     counters.misses += 1
     if deps.flights is not None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request),
-                            request.tenant_scope.admission_tenant)
+                            ctx.tenant_scope.admission_tenant)
         span = step(deps, "cache.flight")
         try:
             with tracing.using(span) if span is not None else nullcontext():
                 generation, joined = await deps.state.admission.admitted_flight(
                     flight_name(order.kv_key, order.write, order.ttl), deps.config.max_waiting_generations,
-                    lambda: shared_generation(deps, order), request.tenant_scope.admission_tenant)
+                    lambda: shared_generation(deps, order), ctx.tenant_scope.admission_tenant)
         except BaseException as exc:
             if span is not None:
                 span.end(type(exc).__name__)
@@ -172,7 +173,7 @@ async def cached_generation(deps: Deps, request: Request, gen_request: Generatio
             span.end()
         counters.coalesced += joined
     else:
-        generation = await own_generation(deps, request, gen_request)
+        generation = await own_generation(deps, request, ctx, gen_request)
         if policy.write:
             generation.events = stored_afterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
     if plan is not None and policy.write:  # once the exact entry is written, its vector points at it

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from ..cache.admin import require_admin
+from ..context import RequestContext
 from ..http import Request, Response, json_response
 from ..deps import Deps
 from .plan import routing_state
 
 
-async def routing_stats(request: Request, deps: Deps) -> Response:
-    require_admin(request, deps)
+async def routing_stats(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    require_admin(request, deps, ctx)
     state = routing_state(deps)
     routing = deps.config.routing
     assert state.breaker is not None

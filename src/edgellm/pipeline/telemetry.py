@@ -1,21 +1,42 @@
 """The end of a request, told once to everything that watches: its metrics, its span and its log
-line. `app.handle` calls `request_ended` when the answer is whole, or has it called when a
-streamed body ends (however it ends), so a stream's tokens and duration are its own."""
+line. When the answer is whole, or when a streamed body ends (however it ends), so a stream's
+tokens and duration are its own; a client that left is told as a 499."""
 
 from __future__ import annotations
 
+import asyncio
+
 from ..access.logs import log_request
+from ..access.usage import CLIENT_LEFT
+from ..context import RequestContext
 from ..deps import Deps
 from ..http import Request, Response
 from ..stream import Stream
-from . import tracing
-from .metrics import served_by
+from ..telemetry import tracing
+from ..telemetry.metrics import served_by
+from . import Next
 
 
-def request_ended(request: Request, response: Response, deps: Deps, started: float, route: str, handler: str) -> None:
+async def telemetry(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    ctx.started = deps.clock.now()
+    try:
+        response = await call_next(request, deps, ctx)
+    except asyncio.CancelledError:  # the client left before its answer: still its metrics and its log line
+        request_ended(request, ctx, Response(CLIENT_LEFT), deps)
+        raise
+    body = response.body
+    if isinstance(body, Stream) and not body.closed:
+        # told when the body ends: registered after the usage record's (an inner layer), so it runs after it
+        body.on_close(lambda: request_ended(request, ctx, response, deps))
+    else:  # a whole answer, or a body handed over unread (an R2 file): it ends, for these counts, when its headers go
+        request_ended(request, ctx, response, deps)
+    return response
+
+
+def request_ended(request: Request, ctx: RequestContext, response: Response, deps: Deps) -> None:
     now = deps.clock.now()
     telemetry = deps.state.telemetry
-    principal, seen, span = request.principal, request.observed, request.span
+    principal, seen, span, started, route = ctx.principal, ctx.observed, ctx.span, ctx.started, ctx.route
     tenant = telemetry.tenant_label(principal.tenant if principal is not None else None)
     model = seen.model if seen is not None else ""
     telemetry.count_request(route, model, tenant, response.status)
@@ -33,7 +54,7 @@ def request_ended(request: Request, response: Response, deps: Deps, started: flo
     if span is not None and deps.tracer.recording:
         span.set("http.route", route)
         span.set("http.response.status_code", response.status)
-        span.set("edgellm.request_id", request.id)
+        span.set("edgellm.request_id", ctx.id)
         if principal is not None:
             span.set("edgellm.tenant", principal.tenant)
         if seen is not None:
@@ -43,15 +64,4 @@ def request_ended(request: Request, response: Response, deps: Deps, started: flo
             span.set("edgellm.cache_status", seen.cache_status)
             span.set("edgellm.served_by", served_by(seen.route, seen.cache_status))
         span.end(f"HTTP {response.status}" if response.status >= 500 else None)
-    log_request(request, response, deps, started, handler, route)
-
-
-def when_ended(request: Request, response: Response, deps: Deps, started: float, route: str, handler: str) -> None:
-    """`request_ended` now, or when the streamed body ends: a body the core streams is a `Stream`,
-    whose close runs after the usage record's (registered first, by `access.account`). A body it
-    hands over unread (an R2 file) ends, for these counts, when its headers go."""
-    body = response.body
-    if isinstance(body, Stream) and not body.closed:
-        body.on_close(lambda: request_ended(request, response, deps, started, route, handler))
-    else:
-        request_ended(request, response, deps, started, route, handler)
+    log_request(request, ctx, response, deps, now)

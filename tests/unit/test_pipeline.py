@@ -1,0 +1,149 @@
+"""The pipeline (`app.LAYERS`): each layer entered once per request, in the list's order, learning
+what the layers before it told the context; and the list as docs/architecture.md shows it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgellm.app import LAYERS, ROUTES
+from edgellm.config import Config
+from edgellm.context import RequestContext
+from edgellm.deps import Deps
+from edgellm.http import Request, Response
+from edgellm.pipeline import Layer, Next, compose, dispatch
+
+from edgellm_local.doubles.scripted import ScriptedAI
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAT = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+
+
+def deps() -> Deps:
+    return Deps(config=Config(open_access=True), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+
+
+def chat() -> Request:
+    return Request("POST", "http://edge.test/v1/chat/completions", {"content-type": "application/json", "origin": "http://localhost:3000"}, CHAT)
+
+
+def recorded(layer: Layer, entered: list[str]) -> Layer:
+    def enter(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Any:
+        entered.append(layer.__name__)  # type: ignore[attr-defined]
+        return layer(call_next, request, deps, ctx)
+
+    return enter
+
+
+async def run(layers: tuple[Layer, ...], request: Request) -> Response:
+    return await compose(layers, dispatch)(request, deps(), RequestContext(ROUTES))
+
+
+async def test_each_layer_is_entered_once_per_request_in_the_lists_order() -> None:
+    entered: list[str] = []
+    pipeline = tuple(recorded(layer, entered) for layer in LAYERS)
+    for _ in range(2):
+        entered.clear()
+        response = await run(pipeline, chat())
+        assert response.status == 200
+        assert entered == [layer.__name__ for layer in LAYERS]  # type: ignore[attr-defined]
+
+
+async def test_a_preflight_is_answered_by_its_layer_and_enters_none_after_it() -> None:
+    entered: list[str] = []
+    request = Request("OPTIONS", "http://edge.test/v1/chat/completions", {"origin": "http://localhost:3000",
+                                                                          "access-control-request-method": "POST"})
+    response = await run(tuple(recorded(layer, entered) for layer in LAYERS), request)
+    names = [layer.__name__ for layer in LAYERS]  # type: ignore[attr-defined]
+    assert response.status == 204 and entered == names[: names.index("preflight") + 1]
+    assert response.headers["access-control-allow-origin"] == "http://localhost:3000" and response.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("position", range(len(LAYERS) + 1))
+async def test_a_layer_at_any_position_sees_what_the_layers_before_it_learned_and_after_it_did(position: int) -> None:
+    """A recording layer put at each position: entered once; on the way in the context holds what
+    the outer layers learned and nothing of the inner ones; on the way out the answer carries what
+    the inner layers added and nothing of the outer ones."""
+    outer = {layer.__name__ for layer in LAYERS[:position]}  # type: ignore[attr-defined]
+    seen: list[tuple[RequestContext, dict[str, str]]] = []
+
+    async def probe(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Response:
+        learned = RequestContext(ctx.router, ctx.started, ctx.id, ctx.span, ctx.route, ctx.handler, ctx.endpoint, ctx.params, ctx.principal)
+        response = await call_next(request, deps, ctx)
+        seen.append((learned, dict(response.headers)))  # as it left the layers inside the probe
+        return response
+
+    layers = LAYERS[:position] + (probe,) + LAYERS[position:]
+    response = await run(layers, chat())
+    assert response.status == 200 and len(seen) == 1
+    learned, headers = seen[0]
+    assert bool(learned.id) == ("request_id" in outer)
+    assert (learned.started > 0) == ("telemetry" in outer)
+    assert (learned.endpoint is not None, learned.route) == (
+        (True, "/v1/chat/completions") if "match" in outer else (False, "unmatched"))
+    assert (learned.principal is not None) == ("authentication" in outer)
+    assert ("x-request-id" in headers) == ("request_id" not in outer)
+    assert ("access-control-allow-origin" in headers) == ("cors" not in outer)
+
+
+async def test_an_error_inside_the_error_layer_is_an_answer_to_every_layer_outside_it() -> None:
+    """The error layer is the one place an exception becomes an answer: the layers outside it (usage,
+    telemetry) see a 404 response, the request id and CORS headers are on it."""
+    request = Request("GET", "http://edge.test/v1/nowhere", {"origin": "http://localhost:3000"})
+    entered: list[str] = []
+    response = await run(tuple(recorded(layer, entered) for layer in LAYERS), request)
+    assert response.status == 404 and json.loads(response.body)["error"]["request_id"] == response.headers["x-request-id"]
+    assert response.headers["access-control-allow-origin"] == "http://localhost:3000"
+    names = [layer.__name__ for layer in LAYERS]  # type: ignore[attr-defined]
+    assert entered == names[: names.index("match") + 1]  # no caller is looked for on a route that is not there
+
+
+def test_the_architecture_doc_shows_the_list_the_code_holds() -> None:
+    """docs/architecture.md's pipeline block names the layers in `app.LAYERS`'s order."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"<!-- pipeline -->\n```\n(.*?)```", text, re.S)
+    assert block is not None, "docs/architecture.md has no pipeline block"
+    shown = [line.split()[0] for line in block.group(1).splitlines() if line.strip() and not line.startswith(" ")]
+    assert shown == [layer.__name__ for layer in LAYERS] + ["handler"]  # type: ignore[attr-defined]
+
+
+async def test_every_layers_way_out_shows_on_a_keyed_answer(caplog: pytest.LogCaptureFixture) -> None:
+    """What each layer adds on the way out, on one keyed request through `app.handle`: the request
+    id, CORS, the key's limits, its metrics, its log line (and the spent tokens the limits say)."""
+    from edgellm.access.keys import KeyRing, new_key
+    from edgellm.app import handle
+    from edgellm_local.emulator.kv import SqliteKV
+
+    kv = SqliteKV()
+    made = new_key("acme", 0.0, tokens_per_minute=10_000)
+    await KeyRing(kv).put(made.record)
+    keyed = Deps(config=Config(), ai=ScriptedAI(), kv=kv, log=logging.getLogger("edgellm.test"))
+    request = Request("POST", "http://edge.test/v1/chat/completions",
+                      {"authorization": f"Bearer {made.api_key}", "origin": "http://localhost:3000"}, CHAT)
+    with caplog.at_level(logging.INFO, logger="edgellm.test.access"):
+        response = await handle(request, keyed)
+    assert response.status == 200 and response.headers["x-request-id"]
+    assert response.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert int(response.headers["x-ratelimit-remaining-tokens"]) < 10_000  # charged before the headers were made
+    assert sum(n for (route, _, tenant, _), n in keyed.state.telemetry.requests.items() if route == "/v1/chat/completions") == 1
+    lines = [r.edgellm for r in caplog.records if hasattr(r, "edgellm")]  # type: ignore[attr-defined]
+    assert [(line["request_id"], line["tenant"], line["route"]) for line in lines] == [
+        (response.headers["x-request-id"], "acme", "/v1/chat/completions")]
+
+
+async def test_the_route_is_matched_before_a_credential_is_asked_for() -> None:
+    """With keys required, a path no route serves is a 404 and a wrong method a 405 (with `Allow`),
+    to a caller without a key: the match layer runs before authentication."""
+    from edgellm.app import handle
+
+    keyed = Deps(config=Config(), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    missing = await handle(Request("POST", "http://edge.test/v1/nowhere", {}, b"{}"), keyed)
+    assert missing.status == 404 and json.loads(missing.body)["error"]["code"] == "route_not_found"
+    wrong = await handle(Request("DELETE", "http://edge.test/v1/chat/completions", {}, b""), keyed)
+    assert wrong.status == 405 and "POST" in wrong.headers["allow"]
+    assert (await handle(Request("POST", "http://edge.test/v1/chat/completions", {}, CHAT), keyed)).status == 401

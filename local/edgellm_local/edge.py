@@ -29,7 +29,7 @@ from edgellm_local.emulator.r2 import FileR2
 from edgellm_local.emulator.request_log import RequestLog
 from edgellm_local.emulator.server import EdgeApp
 from edgellm_local.emulator.usage_sqlite import SqliteUsage
-from edgellm_local.telemetry import PrometheusExposition, otlp_tracer
+from edgellm_local.telemetry import otlp_tracer
 from edgellm_local.emulator.vector_index import SqliteVectorIndex
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +126,6 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
         usage=SqliteUsage(settings.state_dir / "usage.sqlite3"),
         fetch=HttpxFetch(),
         tracer=otlp_tracer(),
-        exposition=PrometheusExposition(),
         vectors=vectors,
     )
 

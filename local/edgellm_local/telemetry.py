@@ -1,6 +1,5 @@
-"""The local edge's observability over the standard packages: `/metrics` written by
-`prometheus_client` (a Collector over the core's own families, so both runtimes expose the same
-numbers) and spans recorded by the OpenTelemetry SDK, exported over OTLP/HTTP when
+"""The local edge's tracing over the standard package: spans recorded by the OpenTelemetry SDK
+(`/metrics` is the core's own writer on both runtimes), exported over OTLP/HTTP when
 `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the SDK's own variables configure the exporter:
 `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`, ...)."""
 
@@ -9,41 +8,9 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
-from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector, CollectorRegistry
-
-from edgellm.telemetry.exposition import Family
 from edgellm.telemetry.tracing import NoopTracer, SpanContext
-
-
-class FamiliesCollector(Collector):
-    """`prometheus_client`'s view of the core's families, as read for one scrape."""
-
-    def __init__(self, families: list[Family]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self.families:
-            metric = Metric(family.name, family.help, family.type)
-            for suffix, labels, value in family.samples:
-                metric.add_sample(family.name + suffix, labels, value)
-            yield metric
-
-
-@dataclass(frozen=True)
-class PrometheusExposition:
-    """`/metrics` through the official client. Its content type is the one the client's own
-    handler sends for this text (`choose_encoder` without a 1.0.0 `Accept`): the names are all
-    legacy ones, so the text is the 0.0.4 format, as the Worker's writer says of the same text."""
-
-    def render(self, families: list[Family]) -> tuple[bytes, str]:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(FamiliesCollector(families))
-        return generate_latest(registry), CONTENT_TYPE_PLAIN_0_0_4
 
 
 class OtelSpan:

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config
 from .durable import DurableObjectNamespace
-from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, MetricsExposition, RateLimiter, Tracer, UsageSink, VectorIndex
+from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, RateLimiter, Tracer, UsageSink, VectorIndex
 from .state import IsolateState
 from .telemetry.tracing import NoopTracer
 
@@ -54,7 +54,6 @@ class Deps:
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
     faults: FaultControl | None = None  # the AI binding's fault injector (local edge); None: /admin/faults is a 404
     tracer: Tracer = NoopTracer()  # where spans go (telemetry.tracing); by default nowhere
-    exposition: MetricsExposition | None = None  # how /metrics writes the metrics; None: the core's own text (telemetry.exposition)
     vectors: VectorIndex | None = None  # the semantic cache's index (Vectorize; SQLite locally); None: no semantic cache
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":

@@ -369,15 +369,6 @@ class Tracer(Protocol):
         ...
 
 
-class MetricsExposition(Protocol):
-    """How `/metrics` writes the isolate's metric families: the core's own Prometheus text writer
-    (`telemetry.exposition.TextExposition`, the Worker's), or `prometheus_client` locally."""
-
-    def render(self, families: list[Any]) -> tuple[bytes, str]:
-        """(body, content type) of these `telemetry.exposition.Family` values."""
-        ...
-
-
 class GuardError(BindingError):
     """The moderation guard failed: it errored, timed out or answered something that is not a
     verdict. What that means for the request is `GUARD_FAIL`'s choice (closed or open)."""

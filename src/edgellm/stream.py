@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from typing import AsyncIterator, Awaitable, Callable, Generic, ParamSpec, TypeVar
 
 T = TypeVar("T")
@@ -49,10 +50,17 @@ def owns(*params: str) -> Callable[[Callable[P, AsyncIterator[T]]], Callable[P, 
         if not params or unknown:
             raise TypeError(f"owns() names the parameters {make.__qualname__} reads from; got {params or 'none'}")
 
+        # where each source sits, found once: binding the signature per call cost every stream
+        # (and every HIT's replay) more than the Stream it makes
+        positional = [name for name, p in signature.parameters.items()
+                      if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        places = tuple((positional.index(name) if name in positional else sys.maxsize, name) for name in params)
+
         @functools.wraps(make)
         def owning(*args: P.args, **kwargs: P.kwargs) -> Stream[T]:
-            given = signature.bind(*args, **kwargs).arguments
-            return Stream(make(*args, **kwargs), *(given[name] for name in params if name in given))
+            sources = [args[at] if at < len(args) else kwargs[name] for at, name in places
+                       if at < len(args) or name in kwargs]
+            return Stream(make(*args, **kwargs), *sources)
 
         return owning
 

@@ -270,6 +270,19 @@ async def test_an_owning_generator_closed_before_its_first_step_closes_its_sourc
     assert partly.closes == 1
     whole = Source()
     assert [item async for item in doubled(source=whole)] == [2, 4, 6] and whole.closes == 1
+
+    class Reader:  # a method's source sits after `self`; a keyword-only one is found by name
+        @owns("source", "extra")
+        async def read(self, source: AsyncIterator[int], *, extra: AsyncIterator[int] | None = None) -> AsyncIterator[int]:
+            async for item in source:
+                yield item
+
+    first, second = Source(), Source()
+    await Reader().read(first, extra=second).aclose()
+    assert (first.closes, second.closes) == (1, 1)
+    alone = Source()
+    await Reader().read(alone).aclose()  # a source left at its default is none to close
+    assert alone.closes == 1
     with pytest.raises(TypeError, match="names the parameters"):
         owns("missing")(doubled.__wrapped__)  # type: ignore[attr-defined]
     with pytest.raises(TypeError, match="names the parameters"):

@@ -16,7 +16,7 @@ from edgellm.deps import Deps
 from edgellm.telemetry.exposition import Family, TextExposition, families, go_float
 from edgellm.telemetry.metrics import MAX_SERIES, OTHER, TIME_BUCKETS, Histogram, Telemetry, served_by, status_class
 from edgellm.telemetry.tracing import LogTracer, SpanContext, parse_traceparent
-from edgellm_local.telemetry import PrometheusExposition
+from tests.prometheus_oracle import PrometheusExposition
 from tests.unit.test_workers_sdk import runtime  # noqa: F401  (the Worker over the real Workers SDK)
 
 

@@ -9,7 +9,7 @@ as the configured tenant; it exists only when configured.
 from __future__ import annotations
 
 import hmac
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..config import Config
 from ..errors import ErrorKind, GatewayError, RetryAfter, dependency_error, invalid
@@ -77,6 +77,23 @@ def open_principal(deps: Deps) -> Principal:
 
 async def authenticate(request: Request, deps: Deps) -> Principal | None:
     """The principal of an API or admin request (None on public routes); 401 when unknown."""
+    settled = settle(request, deps)
+    if isinstance(settled, KeyToCheck):
+        return await check_key(request, deps, settled)
+    return settled
+
+
+@dataclass(frozen=True, slots=True)
+class KeyToCheck:
+    """An `el-` key `settle` could not decide on: its record must be read (`check_key`)."""
+
+    parsed: tuple[str, str] | None  # (key id, secret); None: malformed
+
+
+def settle(request: Request, deps: Deps) -> Principal | None | KeyToCheck:
+    """What `authenticate` decides without reading a key's record: a public route, the admin
+    token, open mode (or a 401); else the key to check. Apart, so the callers without a key
+    (a HIT in open mode) pay for no await."""
     path = request.path
     if not (is_api_path(path) or is_admin_path(path)):
         return None
@@ -94,6 +111,12 @@ async def authenticate(request: Request, deps: Deps) -> Principal | None:
         if is_admin_path(path):
             return None  # the admin handlers answer (404 without ADMIN_TOKEN, else 401)
         raise unauthenticated("An API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.", "missing_api_key")
+    return KeyToCheck(parsed)
+
+
+async def check_key(request: Request, deps: Deps, key: KeyToCheck) -> Principal | None:
+    """The caller of a key `settle` left to check: its record, and its request limits taken."""
+    path, parsed = request.path, key.parsed
     record = await _record(deps, parsed[0]) if parsed else None
     if record is None or parsed is None or not record.matches(parsed[1]):
         if is_admin_path(path):

@@ -4,9 +4,9 @@
 the cache, admission, routing and the engine count themselves. Every sample carries the isolate's
 name (`isolate="..."`, drawn once per isolate): on Cloudflare successive scrapes reach different
 isolates, and without it Prometheus would read two isolates' counters as one counter that resets.
-`TextExposition` writes them in the text exposition format (0.0.4) with no package, as the Worker
-must; the local edge writes the same families through `prometheus_client` (`edgellm_local.telemetry`),
-and a test holds the two equal on a real edge's metrics.
+`render_text` writes them in the text exposition format (0.0.4) with no package, as the Worker
+must; `GET /metrics` serves that text on both runtimes, and tests hold it equal to
+`prometheus_client`'s rendering of the same families, on a real edge's metrics too.
 
 Names follow vLLM's where the meaning is the same (`time_to_first_token_seconds`,
 `e2e_request_latency_seconds`, `prompt_tokens`, `generation_tokens`, `num_requests_running`),

@@ -12,13 +12,11 @@ from ..cache.admin import require_admin
 from ..deps import Deps
 from ..context import RequestContext
 from ..http import Request, Response
-from .exposition import TextExposition, families
-
-_TEXT = TextExposition()
+from .exposition import CONTENT_TYPE, families, render_text
 
 
 async def get_metrics(request: Request, deps: Deps, ctx: RequestContext) -> Response:
     if not deps.config.metrics_open:
         require_admin(request, deps, ctx)
-    body, content_type = (deps.exposition or _TEXT).render(families(deps))
-    return Response(200, {"content-type": content_type, "cache-control": "no-store"}, body)
+    # the core's own writer on both runtimes: Workers have no prometheus_client, and one writer is one text
+    return Response(200, {"content-type": CONTENT_TYPE, "cache-control": "no-store"}, render_text(families(deps)).encode())

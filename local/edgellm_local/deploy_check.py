@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from edgellm.guardrails.policy import PolicyError, parse_policy
 from edgellm.vars import check_vars as vars_problems
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -62,6 +63,20 @@ def check_vars(config: dict[str, Any]) -> list[Check]:
         return [Check("[vars]", True, f"{len(values)} value(s), each known and readable")]
     return [Check("[vars]", False, problem, "fix it in wrangler.toml (docs/operations.md lists every name and its values)")
             for problem in problems]
+
+
+def check_guardrails(config: dict[str, Any]) -> list[Check]:
+    """GUARDRAILS, parsed as the Worker will parse it at start: an unknown category, detector or
+    action would make every request fail there, so it stops the deploy here, named."""
+    values = config.get("vars", {})
+    if not isinstance(values, dict) or "GUARDRAILS" not in values:
+        return []
+    try:
+        policy = parse_policy(values["GUARDRAILS"])
+    except PolicyError as exc:
+        return [Check("GUARDRAILS", False, str(exc), "fix it in wrangler.toml (docs/guardrails.md gives the format)")]
+    rules = len(policy.prompt) + len(policy.answer) + len(policy.dlp)
+    return [Check("GUARDRAILS", True, f"{rules} rule(s), each a known category or detector and action")]
 
 
 def check_ids(config: dict[str, Any]) -> list[Check]:
@@ -234,7 +249,7 @@ def check_dry_run(wrangler: Sequence[str], run: Runner, outdir: str = "dist") ->
 def run_checks(config_path: Path, wrangler: Sequence[str], run: Runner = subprocess.run) -> list[Check]:
     """Offline checks first; the account checks only once logged in (they would all fail alike)."""
     config = load_config(config_path)
-    checks = check_vars(config) + check_ids(config)
+    checks = check_vars(config) + check_guardrails(config) + check_ids(config)
     login = check_login(wrangler, run)
     checks.append(login)
     if login.ok:

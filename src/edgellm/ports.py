@@ -376,3 +376,30 @@ class MetricsExposition(Protocol):
     def render(self, families: list[Any]) -> tuple[bytes, str]:
         """(body, content type) of these `telemetry.exposition.Family` values."""
         ...
+
+
+class GuardError(BindingError):
+    """The moderation guard failed: it errored, timed out or answered something that is not a
+    verdict. What that means for the request is `GUARD_FAIL`'s choice (closed or open)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A moderation guard's answer: `categories` are Llama Guard 3's hazard codes (S1..S14),
+    empty when `safe`."""
+
+    safe: bool
+    categories: tuple[str, ...] = ()
+
+
+class ContentGuard(Protocol):
+    """A moderation model (Llama Guard 3): Workers AI's `@cf/meta/llama-guard-3-8b` on Cloudflare,
+    a guard GGUF through llama.cpp locally, a scripted guard in tests.
+
+    `messages` are `{role, content}` dicts, the conversation to classify: a prompt alone, or
+    ending with the assistant's answer (then the answer is what is judged)."""
+
+    async def classify(self, messages: list[Mapping[str, Any]]) -> Verdict:
+        """The verdict; a failure of any kind raises a `BindingError` (a `GuardError` when the
+        guard answered something unparsable)."""
+        ...

@@ -79,6 +79,7 @@ async def test_closing_an_ai_stream_early_cancels_and_releases_the_reader(adapte
     assert (await anext(events))["response"] == "a"
     await events.aclose()
     assert stream.reader.cancelled and stream.reader.released
+    assert not stream.cancelled  # once read, the reader that holds the stream cancels it, once; the stream is not cancelled again
 
 
 async def test_closing_an_ai_stream_before_its_first_read_cancels_the_js_stream(adapter) -> None:

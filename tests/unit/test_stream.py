@@ -148,6 +148,26 @@ async def test_a_source_whose_close_fails_still_closes_the_others_and_runs_on_cl
     assert (source.closes, calls) == (1, ["closed"])
 
 
+async def test_a_failing_close_callback_still_runs_the_others_and_the_first_failure_is_raised() -> None:
+    source = Source(fail_close=True)
+    stream = Stream(source)
+    calls: list[str] = []
+
+    def fails() -> None:
+        calls.append("fails")
+        raise RuntimeError("callback failed")
+
+    stream.on_close(fails).on_close(lambda: calls.append("after"))
+    with pytest.raises(OSError, match="close failed"):  # the source's failure came first
+        await stream.aclose()
+    assert calls == ["fails", "after"]
+
+    alone = Stream(Source())
+    alone.on_close(fails)
+    with pytest.raises(RuntimeError, match="callback failed"):  # a callback's own failure is not swallowed
+        await alone.aclose()
+
+
 async def test_tap_sees_each_item_before_the_reader_and_a_failing_tap_fails_the_stream() -> None:
     seen: list[int] = []
     stream = Stream(Source()).tap(seen.append)

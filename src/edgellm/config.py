@@ -11,10 +11,13 @@ from functools import cached_property
 from typing import Any, Mapping
 
 from .capabilities import WORKERS_AI_MODELS, Capabilities
+from .guardrails.policy import NO_POLICY, Policy, PolicyError, parse_policy
 from .routing.config import RoutingConfig
 
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
+DEFAULT_GUARD_MODEL = "@cf/meta/llama-guard-3-8b"  # Workers AI's Llama Guard 3 (docs/guardrails.md)
+GUARD_FAIL_MODES = ("closed", "open")
 MAX_BODY_BYTES = 1024 * 1024
 # The most characters one token covers, with room: the longest token of SmolLM2's 49,152 is 81
 # characters (a newline and 80 spaces); runs of spaces, '#' or '=' are the longest in any
@@ -177,6 +180,12 @@ class Config:
         resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
         return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
+    # the gateway's guardrails policy (GUARDRAILS; a key's own replaces it for its requests)
+    guardrails: Policy = NO_POLICY
+    # what a guard that errors, times out or answers no verdict means (GUARD_FAIL): `closed`
+    # refuses the request (503 guard_unavailable), `open` lets it through, counted
+    guard_fail: str = "closed"
+    guard_model: str = DEFAULT_GUARD_MODEL  # the Workers AI model the guard runs (GUARD_MODEL)
 
     def answer_timeout_seconds(self, max_tokens: int) -> float:
         """How long a whole answer (`ai.run`, which shows no first token) may take: the start
@@ -257,11 +266,28 @@ class Config:
                                       'a JSON object of alias -> model id ("" = MODEL), e.g. {"gpt-4o-mini": ""}')
                            if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
             routing=RoutingConfig.from_env(env),
+            guardrails=_guardrails(get("GUARDRAILS")),
+            guard_fail=_guard_fail(get("GUARD_FAIL")),
+            guard_model=str(get("GUARD_MODEL") or base.guard_model),
         )
         problem = config_mistake(config)
         if problem is not None:
             raise ValueError(problem)
         return config
+
+
+def _guardrails(value: Any) -> Policy:
+    try:
+        return parse_policy(value)
+    except PolicyError as exc:  # its text names GUARDRAILS and the bad value
+        raise ValueError(f"{exc} (docs/guardrails.md gives the format)") from None
+
+
+def _guard_fail(value: Any) -> str:
+    text = str(value or "closed").strip().lower()
+    if text not in GUARD_FAIL_MODES:
+        raise ValueError(f"GUARD_FAIL must be closed or open, got {value!r}")
+    return text
 
 
 def _is_embedding_model(model: str, config: Config) -> str | None:

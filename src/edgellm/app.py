@@ -23,6 +23,7 @@ from .pipeline.authentication import authentication
 from .pipeline.body_size import body_size
 from .pipeline.cors import cors
 from .pipeline.errors import errors
+from .pipeline.guardrails import guardrails
 from .pipeline.head import head
 from .pipeline.limits import key_limits
 from .pipeline.match import match
@@ -78,9 +79,9 @@ ROUTES = Router((
 
 # The request's way through the edge, outermost first: each layer does its one thing on the way in
 # and, where it needs to, one on the way out (in reverse order), around the route's handler.
-# Guardrails would be a layer after `body_size` (the prompt checked before the handler; each window
-# of a streamed answer checked by a `Stream` step on the way out); the semantic cache's verifier a
-# step inside the cache (`cache.semantic`), where a candidate answer is found. docs/architecture.md.
+# Guardrails are a layer after `body_size` (the prompt checked before the handler); the semantic
+# cache's verifier a step inside the cache (`cache.semantic`), where a candidate answer is found.
+# docs/architecture.md.
 LAYERS: tuple[Layer, ...] = (
     head,            # out: a HEAD's answer without its body
     request_id,      # in: the request id and, when read, its span; out: `x-request-id`
@@ -93,6 +94,7 @@ LAYERS: tuple[Layer, ...] = (
     match,           # in: the route (404/405), its parameters and template
     authentication,  # in: the caller, its key's request limits (401/429)
     body_size,       # in: a body over the limit is a 413
+    guardrails,      # in: a generation's prompt checked (DLP, then the guard): 400 content_filter, masked, or flagged
 )
 
 

@@ -186,6 +186,9 @@ class Config:
     # refuses the request (503 guard_unavailable), `open` lets it through, counted
     guard_fail: str = "closed"
     guard_model: str = DEFAULT_GUARD_MODEL  # the Workers AI model the guard runs (GUARD_MODEL)
+    # how long a guard's verdict may take before the guard counts as failed (GUARD_FAIL decides):
+    # short, since every checked prompt waits for it (Llama Guard answers a few tokens)
+    guard_timeout_seconds: float = 5.0
 
     def answer_timeout_seconds(self, max_tokens: int) -> float:
         """How long a whole answer (`ai.run`, which shows no first token) may take: the start

@@ -1,0 +1,43 @@
+"""The prompt's guardrails through the local edge's real HTTP server, with a real origin process
+(a second local edge in its own process, whose request log says what reached it): a masked
+finding never leaves the edge, a blocked prompt reaches no model and no origin."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from edgellm_local.doubles.faults import FaultPlan
+from tests.edge.test_routing import origin, routed  # noqa: F401  (the module's fixtures: the origin process, the routed edge)
+from tests.support.origin_process import OriginProcess
+
+EMAIL = "jane.doe@example.com"
+CARD = "4111 1111 1111 1111"
+SECRET = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+POLICY = json.dumps({"dlp": {"email": "mask", "payment_card": "mask", "secret": "block"}})
+
+
+def chat(content: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0}
+
+
+def test_a_masked_finding_never_reaches_the_origin(routed: Callable[..., Any], origin: OriginProcess) -> None:
+    client, faulty, _ = routed(FaultPlan(fail=1.0), GUARDRAILS=POLICY)  # the edge's binding fails: the origin answers
+    before = len(origin.generation_requests())
+    response = client.post("/v1/chat/completions", json=chat(f"mail {EMAIL} about card {CARD}"))
+    assert response.status_code == 200, response.text
+    assert response.headers["x-edgellm-route"].startswith("origin")
+    assert response.headers["x-edgellm-guardrails"] == "masked; detectors=email,payment_card"
+    [sent] = origin.generation_requests()[before:]
+    assert EMAIL not in sent["body"] and "4111" not in sent["body"]
+    assert json.loads(sent["body"])["messages"][0]["content"] == "mail [EMAIL_1] about card [PAYMENT_CARD_1]"
+
+
+def test_a_blocked_prompt_reaches_neither_the_edge_model_nor_the_origin(routed: Callable[..., Any], origin: OriginProcess) -> None:
+    client, faulty, _ = routed(FaultPlan(fail=1.0), GUARDRAILS=POLICY)
+    before = len(origin.generation_requests())
+    response = client.post("/v1/chat/completions", json=chat(f"use {SECRET}"))
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "content_filter" and "secret" in error["message"] and SECRET not in response.text
+    assert faulty.calls == 0 and len(origin.generation_requests()) == before

@@ -191,3 +191,25 @@ async def test_verdicts_are_on_the_metrics_page_by_label_and_action() -> None:
     page = render_text(families(deps))
     assert 'guardrails_verdicts_total{' in page
     assert 'label="S2"' in page and 'label="email"' in page and EMAIL not in page
+
+
+async def test_findings_are_redacted_in_the_log_line_and_absent_from_usage_rows(caplog: pytest.LogCaptureFixture) -> None:
+    rows: list[Any] = []
+
+    class Rows:
+        def record_now(self, event: Any) -> None:
+            rows.append(event)
+
+        async def record(self, event: Any) -> None:
+            rows.append(event)
+
+    deps = replace(deps_with({"dlp": {"email": "flag"}}, log_prompts=True), usage=Rows())
+    with caplog.at_level(logging.INFO):
+        response = await handle(chat(f"card {CARD}, key {SECRET}, mail {EMAIL}"), deps)
+    assert response.status == 200
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "[payment_card ****1111]" in logged and "[secret:" in logged and "[email]" in logged
+    assert rows
+    recorded = repr(rows)
+    for value in (CARD, SECRET, EMAIL):
+        assert value not in logged and value not in recorded

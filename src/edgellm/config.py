@@ -189,6 +189,9 @@ class Config:
     # how long a guard's verdict may take before the guard counts as failed (GUARD_FAIL decides):
     # short, since every checked prompt waits for it (Llama Guard answers a few tokens)
     guard_timeout_seconds: float = 5.0
+    # tokens of a streamed answer held back per guard verdict (the window), under a policy that
+    # moderates answers: chosen from bench_guardrails' figures (docs/guardrails.md)
+    guard_window_tokens: int = 16
 
     def answer_timeout_seconds(self, max_tokens: int) -> float:
         """How long a whole answer (`ai.run`, which shows no first token) may take: the start

@@ -25,6 +25,7 @@ from typing import Awaitable
 from ..context import RequestContext
 from ..deps import Deps
 from ..errors import ErrorKind, GatewayError
+from ..guardrails.answer import AnswerCheck, AnswerVerdicts
 from ..guardrails.dlp import redact
 from ..guardrails.moderation import guard_messages
 from ..guardrails.policy import Policy
@@ -46,11 +47,22 @@ class PromptCheck:
     flagged_detectors: tuple[str, ...] = ()
     masked: tuple[str, ...] = ()
     guard_failed_open: bool = False
+    # the answer's check (`guardrails.answer`, put on the generation's events by the cache
+    # service); None when the policy checks nothing of answers
+    answer: AnswerCheck | None = None
 
     @property
     def header(self) -> str | None:
-        return header_value(flagged_categories=self.flagged_categories, flagged_detectors=self.flagged_detectors,
-                            masked=self.masked)
+        """The prompt's verdicts and, once a whole answer has been checked, the answer's."""
+        found = self.answer.verdicts if self.answer is not None else AnswerVerdicts()
+        categories = tuple(dict.fromkeys(self.flagged_categories + tuple(sorted(found.flagged_categories, key=_code))))
+        detectors = tuple(dict.fromkeys(self.flagged_detectors + tuple(sorted(found.flagged_detectors))))
+        masked = tuple(dict.fromkeys(self.masked + tuple(sorted(found.masked))))
+        return header_value(flagged_categories=categories, flagged_detectors=detectors, masked=masked)
+
+
+def _code(category: str) -> int:
+    return int(category[1:])
 
 
 def caller_policy(deps: Deps, ctx: RequestContext) -> Policy:
@@ -114,13 +126,20 @@ async def _check(call_next: Next, request: Request, deps: Deps, ctx: RequestCont
     failed_open = False
     if policy.prompt:
         flagged, failed_open = await _moderate(body, deps, ctx, policy, param)
-    check = PromptCheck(policy, flagged, dlp.flagged, dlp.masked, failed_open)
+    answer = None
+    if policy.answer or policy.dlp:
+        try:
+            conversation = tuple(guard_messages(guard_conversation(body, ctx.route)))
+        except ValueError:
+            conversation = ()
+        answer = AnswerCheck(policy, conversation, deps.config.guard_window_tokens, AnswerVerdicts())
+    check = PromptCheck(policy, flagged, dlp.flagged, dlp.masked, failed_open, answer)
     ctx.guardrails = check
     if dlp.changed:  # the handler, and everything after it, sees only the placeholders
         raw = json.dumps(body, ensure_ascii=False).encode()
         request = replace(request, body=raw, headers={**request.headers, "content-length": str(len(raw))})
     response = await call_next(request, deps, ctx)
-    header = check.header
+    header = check.header  # a whole answer's verdicts are in by now; a stream's are still to come
     if header is not None:
         response.headers[HEADER] = header
     return response

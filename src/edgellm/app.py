@@ -13,6 +13,7 @@ from .access import report as usage_report
 from .access.revocation import revoke_key
 from .artifacts import hf
 from .cache import admin as cache_admin
+from .guardrails import admin as guardrails_admin
 from .context import RequestContext
 from .routing import admin as routing_admin
 from .http import Request, Response
@@ -72,6 +73,7 @@ ROUTES = Router((
     route("GET", "/admin/usage", usage_report.get_usage),
     route("POST", "/admin/keys/{key_id}/revoke", revoke_key),
     route("GET", "/admin/routing/stats", routing_admin.routing_stats),
+    route("GET", "/admin/guardrails", guardrails_admin.get_guardrails),
     route(("GET", "POST"), "/admin/faults", fault_admin.faults),
     route("GET", "/metrics", get_metrics),
 ))

@@ -213,3 +213,27 @@ async def test_findings_are_redacted_in_the_log_line_and_absent_from_usage_rows(
     recorded = repr(rows)
     for value in (CARD, SECRET, EMAIL):
         assert value not in logged and value not in recorded
+
+
+async def test_the_admin_route_shows_the_gateways_policy_and_a_keys() -> None:
+    kv = SqliteKV()
+    own = new_key("acme", 0.0, guardrails=json.dumps({"dlp": {"email": "block"}}))
+    plain = new_key("acme", 0.0)
+    for made in (own, plain):
+        await KeyRing(kv).put(made.record)
+    gateway = {"moderation": {"prompt": {"S1": "block"}}}
+    deps = replace(deps_with(gateway, ScriptedGuard()), kv=kv,
+                   config=Config(admin_token="t0ken", guardrails=parse_policy(gateway)))
+    admin = {"authorization": "Bearer t0ken"}
+
+    async def get(query: str = "", headers: dict[str, str] = admin) -> Any:
+        return await handle(Request("GET", f"http://edge.test/admin/guardrails{query}", headers, b""), deps)
+
+    shown = json.loads((await get()).body)
+    assert shown["scope"] == "gateway" and shown["policy"]["moderation"]["prompt"] == {"S1": "block"}
+    assert shown["guard"]["configured"] is True and shown["guard"]["fail"] == "closed"
+    keyed = json.loads((await get(f"?key={own.record.key_id}")).body)
+    assert keyed["scope"] == "key" and keyed["policy"]["dlp"] == {"email": "block"}
+    assert json.loads((await get(f"?key={plain.record.key_id}")).body)["scope"] == "gateway"
+    assert (await get("?key=nosuchkey000")).status == 404
+    assert (await get(headers={"authorization": f"Bearer {own.api_key}"})).status == 403  # a tenant's key is no admin

@@ -41,3 +41,32 @@ def test_a_blocked_prompt_reaches_neither_the_edge_model_nor_the_origin(routed: 
     error = response.json()["error"]
     assert error["code"] == "content_filter" and "secret" in error["message"] and SECRET not in response.text
     assert faulty.calls == 0 and len(origin.generation_requests()) == before
+
+
+def test_a_stream_from_llama_cpp_is_cut_by_the_answer_check_and_not_cached(start_edge: Callable[..., Any],
+                                                                           make_deps: Callable[..., Any]) -> None:
+    import httpx
+
+    from edgellm.config import Config
+    from edgellm.guardrails.policy import parse_policy
+    from edgellm_local.doubles.guard import ScriptedGuard
+
+    policy = parse_policy({"moderation": {"answer": {"S1": "block"}}})
+    guard = ScriptedGuard(default="unsafe\nS1")  # every answer it is shown is violent
+    deps = make_deps(config=Config(open_access=True, guardrails=policy, guard_window_tokens=4), guard=guard)
+    server = start_edge(deps)
+    body = {**chat("Tell me a story"), "max_tokens": 24, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for attempt in range(2):
+            with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                assert response.headers["cf-aig-cache-status"] != "HIT"  # the cut answer was never stored
+                lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+            assert lines[-1] != "[DONE]"
+            events = [json.loads(line) for line in lines]
+            assert events[-1]["error"]["code"] == "content_filter"
+            finishes = [e["choices"][0]["finish_reason"] for e in events if e.get("choices") and e["choices"][0]["finish_reason"]]
+            assert finishes == ["content_filter"]
+            released = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+            assert released == ""  # the first window was the one refused: nothing of it left the edge
+    assert len(guard.calls) == 2

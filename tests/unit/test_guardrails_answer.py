@@ -160,3 +160,11 @@ async def test_a_failing_guard_on_an_answer_follows_guard_fail() -> None:
     deps, ai, _ = deps_with(ANSWER_POLICY, SAFE_WORDS, ScriptedGuard(fail=BindingError("guard down")), guard_fail="open")
     response = await handle(chat(), deps)
     assert json.loads(response.body)["choices"][0]["message"]["content"] == "".join(SAFE_WORDS)
+
+
+async def test_a_flagged_stream_says_so_in_its_final_chunk() -> None:
+    deps, ai, drain = deps_with(ANSWER_POLICY, ("how ", "to ", "steal ", "a ", "bike"))
+    events = await events_of(await handle(chat(stream=True), deps))
+    [final] = [e for e in events if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]]
+    assert final["choices"][0]["finish_reason"] == "stop" and final["edgellm_guardrails"] == "flagged; categories=S2"
+    assert events[-1] == "[DONE]"

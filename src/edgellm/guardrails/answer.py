@@ -29,6 +29,7 @@ from ..ports import BindingError
 from ..stream import close_source, owns
 from .dlp import Finding, Scanner, redact
 from .policy import Policy
+from .prompt import header_value
 
 if TYPE_CHECKING:
     from ..deps import Deps
@@ -50,6 +51,19 @@ class AnswerCheck:
     conversation: tuple[Mapping[str, Any], ...]  # the (masked) prompt's turns, for the guard
     window: int  # tokens per window; 0: the whole answer is one window
     verdicts: AnswerVerdicts
+    # what the prompt's check flagged and masked (categories, detectors, masked detectors): the
+    # header's value is the prompt's and the answer's together
+    prompt_found: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] = ((), (), ())
+
+    @property
+    def header(self) -> str | None:
+        """`x-edgellm-guardrails`' value for the prompt and, as far as it is checked, the answer."""
+        categories, detectors, masked = self.prompt_found
+        found = self.verdicts
+        return header_value(
+            flagged_categories=tuple(dict.fromkeys(categories + tuple(sorted(found.flagged_categories, key=lambda c: int(c[1:]))))),
+            flagged_detectors=tuple(dict.fromkeys(detectors + tuple(sorted(found.flagged_detectors)))),
+            masked=tuple(dict.fromkeys(masked + tuple(sorted(found.masked)))))
 
     @property
     def active(self) -> bool:
@@ -133,7 +147,7 @@ async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: Answ
         """The answer ends here: the generation is stopped now (not when the client lets go)."""
         await close_source(events)
         verdicts.blocked = tuple(blocked.split(", "))
-        return Finish("content_filter", Usage(0, tokens), cacheable=False)
+        return Finish("content_filter", Usage(0, tokens), cacheable=False, guardrails=check.header)
 
     def refusal(blocked: str) -> GatewayError:
         return _cut("content_filter", f"The answer was stopped by this gateway's content policy ({blocked}).")
@@ -152,7 +166,7 @@ async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: Answ
                 yield released(held, start, until)
             pending.clear()
             flagged = found or bool(verdicts.flagged_categories)
-            yield replace(event, cacheable=event.cacheable and not flagged)
+            yield replace(event, cacheable=event.cacheable and not flagged, guardrails=check.header)
             continue
         start = size
         if isinstance(event, Token):

@@ -54,15 +54,10 @@ class PromptCheck:
     @property
     def header(self) -> str | None:
         """The prompt's verdicts and, once a whole answer has been checked, the answer's."""
-        found = self.answer.verdicts if self.answer is not None else AnswerVerdicts()
-        categories = tuple(dict.fromkeys(self.flagged_categories + tuple(sorted(found.flagged_categories, key=_code))))
-        detectors = tuple(dict.fromkeys(self.flagged_detectors + tuple(sorted(found.flagged_detectors))))
-        masked = tuple(dict.fromkeys(self.masked + tuple(sorted(found.masked))))
-        return header_value(flagged_categories=categories, flagged_detectors=detectors, masked=masked)
-
-
-def _code(category: str) -> int:
-    return int(category[1:])
+        if self.answer is not None:
+            return self.answer.header
+        return header_value(flagged_categories=self.flagged_categories, flagged_detectors=self.flagged_detectors,
+                            masked=self.masked)
 
 
 def caller_policy(deps: Deps, ctx: RequestContext) -> Policy:
@@ -132,7 +127,8 @@ async def _check(call_next: Next, request: Request, deps: Deps, ctx: RequestCont
             conversation = tuple(guard_messages(guard_conversation(body, ctx.route)))
         except ValueError:
             conversation = ()
-        answer = AnswerCheck(policy, conversation, deps.config.guard_window_tokens, AnswerVerdicts())
+        answer = AnswerCheck(policy, conversation, deps.config.guard_window_tokens, AnswerVerdicts(),
+                             (flagged, dlp.flagged, dlp.masked))
     check = PromptCheck(policy, flagged, dlp.flagged, dlp.masked, failed_open, answer)
     ctx.guardrails = check
     if dlp.changed:  # the handler, and everything after it, sees only the placeholders

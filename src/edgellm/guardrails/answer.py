@@ -143,10 +143,14 @@ async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: Answ
                 out.append(span.masked)
         return replace(event, text="".join(out))
 
-    async def stop(blocked: str) -> Finish:
-        """The answer ends here: the generation is stopped now (not when the client lets go)."""
+    async def stop(blocked: str, finished: Finish | None = None) -> Finish:
+        """The answer ends here: the generation is stopped now (not when the client lets go).
+        Its usage: the model's own when it had finished, else the tokens read (the usage record
+        puts the reservation's estimate in for the prompt)."""
         await close_source(events)
         verdicts.blocked = tuple(blocked.split(", "))
+        if finished is not None:  # its usage and route as the model said them
+            return replace(finished, finish_reason="content_filter", cacheable=False, guardrails=check.header)
         return Finish("content_filter", Usage(0, tokens), cacheable=False, guardrails=check.header)
 
     def refusal(blocked: str) -> GatewayError:
@@ -158,7 +162,7 @@ async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: Answ
             if blocked is None and judged >= 0 and unjudged_tokens:
                 blocked = await moderate()
             if blocked is not None:
-                yield await stop(blocked)
+                yield await stop(blocked, event)
                 if stream:  # then an error event (the renderer's), and no [DONE]
                     raise refusal(blocked)
                 return

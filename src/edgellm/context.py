@@ -20,7 +20,7 @@ from .caller import Observation, Principal, Reservation
 from .tenancy import UNSCOPED, TenantScope
 
 if TYPE_CHECKING:
-    from .pipeline.guardrails import PromptCheck
+    from .guardrails.check import PromptCheck
     from .router import Router
     from .telemetry.tracing import Span
 

@@ -19,45 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Awaitable
 
 from ..context import RequestContext
 from ..deps import Deps
 from ..errors import ErrorKind, GatewayError
 from ..guardrails.answer import AnswerCheck, AnswerVerdicts
+from ..guardrails.check import PromptCheck
 from ..guardrails.dlp import redact
 from ..guardrails.moderation import guard_messages
 from ..guardrails.policy import Policy
-from ..guardrails.prompt import PROMPT_FIELDS, SCAN_LIMIT, DLPOutcome, apply_dlp, guard_conversation, header_value, prompt_leaves
+from ..guardrails.prompt import PROMPT_FIELDS, SCAN_LIMIT, DLPOutcome, apply_dlp, guard_conversation, prompt_leaves
 from ..http import Request, Response
 from ..ports import BindingError
 from . import Next
 
 HEADER = "x-edgellm-guardrails"
-
-
-@dataclass(frozen=True)
-class PromptCheck:
-    """What the guardrails did to this request's prompt: the policy applied, and by name only
-    the categories and detectors flagged or masked."""
-
-    policy: Policy
-    flagged_categories: tuple[str, ...] = ()
-    flagged_detectors: tuple[str, ...] = ()
-    masked: tuple[str, ...] = ()
-    guard_failed_open: bool = False
-    # the answer's check (`guardrails.answer`, put on the generation's events by the cache
-    # service); None when the policy checks nothing of answers
-    answer: AnswerCheck | None = None
-
-    @property
-    def header(self) -> str | None:
-        """The prompt's verdicts and, once a whole answer has been checked, the answer's."""
-        if self.answer is not None:
-            return self.answer.header
-        return header_value(flagged_categories=self.flagged_categories, flagged_detectors=self.flagged_detectors,
-                            masked=self.masked)
 
 
 def caller_policy(deps: Deps, ctx: RequestContext) -> Policy:

@@ -70,3 +70,28 @@ def test_a_stream_from_llama_cpp_is_cut_by_the_answer_check_and_not_cached(start
             released = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
             assert released == ""  # the first window was the one refused: nothing of it left the edge
     assert len(guard.calls) == 2
+
+
+def test_edgellm_dev_runs_the_guard_gguf_and_stops_it(tiny_model: Any, tmp_path: Any) -> None:
+    """`--guard-model` through the real CLI: the tiny GGUF answers no verdict (random weights),
+    so a moderated prompt meets GUARD_FAIL (closed: 503 guard_unavailable; open: answered), and a
+    SIGTERM stops the edge with both runners (no hang; 143, as `edgellm dev` answers a SIGTERM)."""
+    import signal
+
+    import httpx
+
+    policy = json.dumps({"moderation": {"prompt": {"S1": "block"}}})
+    for mode, status in (("closed", 503), ("open", 200)):
+        (tmp_path / mode).mkdir()
+        edge = OriginProcess.start(tiny_model, tmp_path / mode,
+                                   "--guard-model", str(tiny_model), "--var", f"GUARDRAILS={policy}", "--var", f"GUARD_FAIL={mode}",
+                                   "--no-warm-up")
+        try:
+            response = httpx.post(f"{edge.url}/v1/chat/completions", json=chat("Hello"), timeout=120)
+            assert response.status_code == status, response.text
+            if status == 503:
+                assert response.json()["error"]["code"] == "guard_unavailable" and response.headers["retry-after"]
+            edge.process.send_signal(signal.SIGTERM)
+            assert edge.process.wait(timeout=60) == 128 + signal.SIGTERM
+        finally:
+            edge.stop()

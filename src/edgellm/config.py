@@ -12,10 +12,13 @@ from functools import cached_property
 from typing import Any, Mapping
 
 from .capabilities import WORKERS_AI_MODELS, Capabilities
+from .guardrails.policy import NO_POLICY, Policy, PolicyError, parse_policy
 from .routing.config import RoutingConfig
 
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
+DEFAULT_GUARD_MODEL = "@cf/meta/llama-guard-3-8b"  # Workers AI's Llama Guard 3 (docs/guardrails.md)
+GUARD_FAIL_MODES = ("closed", "open")
 MAX_BODY_BYTES = 1024 * 1024
 # The most characters one token covers, with room: the longest token of SmolLM2's 49,152 is 81
 # characters (a newline and 80 spaces); runs of spaces, '#' or '=' are the longest in any
@@ -214,6 +217,18 @@ class Config:
     # (Workers AI's @cf/baai/bge-reranker-base) or None, off (SEMANTIC_VERIFIER), and the score it must reach
     semantic_verifier: str | None = None
     semantic_verifier_threshold: float = 0.5
+    # the gateway's guardrails policy (GUARDRAILS; a key's own replaces it for its requests)
+    guardrails: Policy = NO_POLICY
+    # what a guard that errors, times out or answers no verdict means (GUARD_FAIL): `closed`
+    # refuses the request (503 guard_unavailable), `open` lets it through, counted
+    guard_fail: str = "closed"
+    guard_model: str = DEFAULT_GUARD_MODEL  # the Workers AI model the guard runs (GUARD_MODEL)
+    # how long a guard's verdict may take before the guard counts as failed (GUARD_FAIL decides):
+    # short, since every checked prompt waits for it (Llama Guard answers a few tokens)
+    guard_timeout_seconds: float = 5.0
+    # tokens of a streamed answer held back per guard verdict (the window), under a policy that
+    # moderates answers: chosen from bench_guardrails' figures (docs/guardrails.md)
+    guard_window_tokens: int = 16
 
     def answer_timeout_seconds(self, max_tokens: int) -> float:
         """How long a whole answer (`ai.run`, which shows no first token) may take: the start
@@ -303,11 +318,28 @@ class Config:
                                                 base.semantic_verifier_threshold),
             semantic_checks_per_minute=(_positive_int("SEMANTIC_CHECKS_PER_MINUTE", get("SEMANTIC_CHECKS_PER_MINUTE"))
                                         if get("SEMANTIC_CHECKS_PER_MINUTE") else base.semantic_checks_per_minute),
+            guardrails=_guardrails(get("GUARDRAILS")),
+            guard_fail=_guard_fail(get("GUARD_FAIL")),
+            guard_model=str(get("GUARD_MODEL") or base.guard_model),
         )
         problem = config_mistake(config)
         if problem is not None:
             raise ValueError(problem)
         return config
+
+
+def _guardrails(value: Any) -> Policy:
+    try:
+        return parse_policy(value)
+    except PolicyError as exc:  # its text names GUARDRAILS and the bad value
+        raise ValueError(f"{exc} (docs/guardrails.md gives the format)") from None
+
+
+def _guard_fail(value: Any) -> str:
+    text = str(value or "closed").strip().lower()
+    if text not in GUARD_FAIL_MODES:
+        raise ValueError(f"GUARD_FAIL must be closed or open, got {value!r}")
+    return text
 
 
 def _is_embedding_model(model: str, config: Config) -> str | None:

@@ -164,6 +164,9 @@ def families(deps: Deps) -> list[Family]:
         _counter("kv_errors", "KV calls that failed (the cache fails open).", ("operation",),
                  {"read": cache.read_errors, "write": cache.write_errors}),
         _single("r2_errors", "counter", "R2 calls that failed.", t.r2_errors),
+        _counter("guardrails_verdicts", "Guardrails verdicts, by stage (prompt, answer), what was found (a Llama Guard category "
+                 "S1..S14, a DLP detector, or guard_error) and the action taken (block, mask, flag; a guard error: closed, open).",
+                 ("stage", "label", "action"), t.guardrails),
         _single("isolate_start_time_seconds", "gauge", "Unix time this isolate (on the local edge: this process) began counting; "
                 "another value means another isolate, or a new one, whose counters start from zero.", t.started_at),
     ]

@@ -1,5 +1,12 @@
-"""Guardrails, the DLP part: each detector's precision and recall on labelled real formats, its
-false positives on ordinary prose, and the scanner's throughput.
+"""Guardrails: each DLP detector's precision and recall on labelled real formats, its false
+positives on ordinary prose, and the scanner's throughput; then (`--moderation`, or alone with
+`--moderation-only`) what the answer's windows add to the time to first token and to the gaps
+between tokens, with and without answer checks in the same run (ratios), for several window
+sizes, and what the prompt check adds to a request.
+
+The moderation figures use a guard double that answers after a stated latency (asyncio sleep,
+`--guard-ms`) and a token source paced at a stated gap (`--token-ms`): the check's own cost and
+its holding back are measured, the guard model's speed is the parameter.
 
 Corpora (read at bench time from registry packages, never copied into the repository):
 - IBANs: the IBAN Registry's sample numbers, and numbers with broken checksums or lengths, from
@@ -243,8 +250,14 @@ def throughput(name: str, text: str, repeat: int = 3) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "edgellm-bench-guardrails")
+    parser.add_argument("--moderation", action="store_true", help="also the moderation figures")
+    parser.add_argument("--moderation-only", action="store_true", help="only the moderation figures")
+    parser.add_argument("--guard-ms", type=float, default=20.0, help="the guard double's latency (default: %(default)s)")
+    parser.add_argument("--token-ms", type=float, default=20.0, help="the paced gap between tokens (default: %(default)s)")
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
+    if args.moderation_only:
+        return moderation(args.guard_ms / 1000, args.token_ms / 1000)
 
     print("DLP recall on real formats (a finding of exactly the value, inside a sentence)")
     valid_ibans, broken_ibans, lettered_ibans = stdnum_ibans(args.cache)
@@ -322,6 +335,104 @@ def main() -> int:
     spent = time.perf_counter() - start
     print(f"  stream: {len(pieces)} windows of 24 chars (a few tokens each): {spent / len(pieces) * 1e6:.0f} us a window, "
           f"{len(window.encode()) / 1e6 / spent:.2f} MB/s")
+    if args.moderation:
+        return moderation(args.guard_ms / 1000, args.token_ms / 1000)
+    return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def moderation(guard_s: float, token_s: float, tokens: int = 96, runs: int = 5) -> int:
+    import asyncio
+    import json as json_module
+    import logging
+    from dataclasses import replace as dc_replace
+
+    from edgellm.app import handle
+    from edgellm.config import Config
+    from edgellm.deps import Deps
+    from edgellm.generation import Finish, Token, Usage
+    from edgellm.guardrails.answer import AnswerCheck, AnswerVerdicts, checked_answer
+    from edgellm.guardrails.policy import parse_policy
+    from edgellm.http import Request
+    from edgellm.ports import Verdict
+    from edgellm_local.doubles.scripted import ScriptedAI
+
+    class LatencyGuard:
+        def __init__(self, latency: float) -> None:
+            self.latency, self.calls = latency, 0
+
+        async def classify(self, messages: list) -> Verdict:
+            self.calls += 1
+            await asyncio.sleep(self.latency)
+            return Verdict(True)
+
+    words = book_words = ("the quick brown fox jumps over the lazy dog and then some more words follow here " * 20).split()
+
+    async def paced():  # a generation's events at a steady pace (the model's)
+        for i in range(tokens):
+            await asyncio.sleep(token_s)
+            yield Token(words[i % len(words)] + " ")
+        yield Finish("stop", Usage(10, tokens))
+
+    async def timed(events) -> tuple[float, list[float]]:
+        start = time.perf_counter()
+        stamps = []
+        async for event in events:
+            if isinstance(event, Token):
+                stamps.append(time.perf_counter())
+        return stamps[0] - start, [b - a for a, b in zip(stamps, stamps[1:])]
+
+    def summary(results: list[tuple[float, list[float]]]) -> tuple[float, float, float]:
+        ttft = sorted(r[0] for r in results)[len(results) // 2]
+        gaps = [g for r in results for g in r[1]]
+        return ttft, percentile(gaps, 0.5), percentile(gaps, 0.99)
+
+    async def run() -> None:
+        print(f"\nModeration of answers: {tokens} tokens paced {token_s * 1000:.0f} ms apart, a guard answering in "
+              f"{guard_s * 1000:.0f} ms; median of {runs} runs; ratios to the same stream unchecked, same run")
+        base = summary([await timed(paced()) for _ in range(runs)])
+        print(f"  {'unchecked':<26} TTFT {base[0] * 1000:7.1f} ms  gap p50 {base[1] * 1000:6.1f} ms  p99 {base[2] * 1000:6.1f} ms")
+        config = Config(guard_timeout_seconds=30)
+        conversation = ({"role": "user", "content": "tell me a story"},)
+        for label, policy, window in [("DLP only (scanner hold-back)", {"dlp": {"email": "mask", "secret": "block"}}, 0),
+                                      *((f"guard, window {w} tokens", {"moderation": {"answer": {"S1": "block"}}}, w) for w in (4, 8, 16, 32)),
+                                      ("guard w16 + DLP", {"moderation": {"answer": {"S1": "block"}}, "dlp": {"email": "mask"}}, 16)]:
+            guard = LatencyGuard(guard_s)
+            deps = Deps(config=config, ai=ScriptedAI(), guard=guard, log=logging.getLogger("bench"))
+            check = AnswerCheck(parse_policy(policy), conversation, window, AnswerVerdicts())
+            figures = summary([await timed(checked_answer(paced(), deps, check, True)) for _ in range(runs)])
+            print(f"  {label:<26} TTFT {figures[0] * 1000:7.1f} ms ({figures[0] / base[0]:5.2f}x)  gap p50 {figures[1] * 1000:6.1f} ms "
+                  f"({figures[1] / base[1]:4.2f}x)  p99 {figures[2] * 1000:6.1f} ms ({figures[2] / base[2]:5.2f}x)  "
+                  f"guard calls {guard.calls // runs}")
+
+        print("\nThe prompt check: a chat request through app.handle (scripted model, no cache), median of 200")
+        body = json_module.dumps({"messages": [{"role": "system", "content": "You are helpful."},
+                                               {"role": "user", "content": " ".join(words[:300]) + " mail me at jane@example.com"}]}).encode()
+
+        async def request_ms(deps: Deps, n: int = 200) -> float:
+            spent = []
+            for _ in range(n):
+                start = time.perf_counter()
+                response = await handle(Request("POST", "http://edge.test/v1/chat/completions", {}, body), deps)
+                assert response.status == 200, response.body
+                spent.append(time.perf_counter() - start)
+            return percentile(spent, 0.5) * 1000
+
+        plain = Deps(config=Config(open_access=True), ai=ScriptedAI(), log=logging.getLogger("bench"))
+        base_ms = await request_ms(plain)
+        print(f"  {'no guardrails':<36} {base_ms:6.2f} ms")
+        for label, policy, latency in [("DLP (mask email, block secret)", {"dlp": {"email": "mask", "secret": "block"}}, 0.0),
+                                       ("guard at 0 ms", {"moderation": {"prompt": {"S1": "block"}}}, 0.0),
+                                       (f"guard at {guard_s * 1000:.0f} ms", {"moderation": {"prompt": {"S1": "block"}}}, guard_s)]:
+            deps = dc_replace(plain, config=Config(open_access=True, guardrails=parse_policy(policy)), guard=LatencyGuard(latency))
+            ms = await request_ms(deps, 200 if latency == 0 else 20)
+            print(f"  {label:<36} {ms:6.2f} ms (+{ms - base_ms:.2f} ms, {ms / base_ms:.2f}x)")
+
+    asyncio.run(run())
     return 0
 
 

@@ -90,7 +90,8 @@ def _serve_dev(args: argparse.Namespace) -> int:
                                 resident_budget_mib=args.resident_mib,
                                 threads=args.threads,
                                 slot_disk_budget=args.slot_disk_mib * 1024 * 1024, chat_template=chat_template,
-                                embedding_model_path=embedding_model)
+                                embedding_model_path=embedding_model,
+                                guard_model_path=Path(args.guard_model) if args.guard_model else None)
         sock = bind_socket(args.host, args.port)
         app = build_app(settings)
         app.api_first = args.server == "fast"
@@ -100,7 +101,9 @@ def _serve_dev(args: argparse.Namespace) -> int:
     except (OSError, sqlite3.Error) as exc:  # a state directory that cannot be made or written
         print(f"edgellm: error: cannot use the state directory {args.state!r}: {exc}", file=sys.stderr)
         return 2
-    ai = app.deps.ai  # the runners' owner, closed on the way out (dev_stack wraps it)
+    # the runners' owners, closed on the way out (dev_stack wraps the AI binding): the chat and
+    # embedding models' binding, and the guard model's runner
+    ai = Owners(app.deps.ai, getattr(app.deps.guard, "runner", None))
     if args.warm_up:
         from edgellm_local.llama.warmup import warm_up
 
@@ -258,6 +261,21 @@ class StopWatchdog:
         os._exit(self.code)
 
 
+class Owners:
+    """Several owners of native runners stopped as one (`cancel_generations`, then `close`)."""
+
+    def __init__(self, *owners: Any) -> None:
+        self.owners = [owner for owner in owners if owner is not None]
+
+    def cancel_generations(self) -> None:
+        for owner in self.owners:
+            owner.cancel_generations()
+
+    def close(self) -> None:
+        for owner in self.owners:
+            owner.close()
+
+
 def serve_until_stopped(server: Any, sock: Any, ai: Any) -> int:
     """Serve until SIGINT or SIGTERM, then stop within STOP_DEADLINE_S: generations are cut at
     their next token (their clients get an error, never a finished answer), uvicorn drains the
@@ -299,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--embedding-model", default=None,
                      help="the embedding model standing in for Workers AI's bge ids on /v1/embeddings: a stand-in's name "
                           "(minilm-l6, the default when its package is installed), a GGUF path, or 'none'")
+    dev.add_argument("--guard-model", metavar="PATH", default=None,
+                     help="a Llama Guard 3 GGUF for GUARDRAILS' moderation (docs/guardrails.md); without it a policy that "
+                          "moderates is refused at start")
     dev.add_argument("--model", help="the model standing in for the configured one: a stand-in's name "
                                      f"({', '.join(STAND_INS)}; docs/getting-started.md) or a GGUF path (default: {DEFAULT_STAND_IN})")
     dev.add_argument("--chat-template", help="llama.cpp's chat template by name or Jinja text (default: the GGUF's own, "

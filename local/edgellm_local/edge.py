@@ -16,6 +16,7 @@ from edgellm.state import IsolateState
 
 from edgellm_local.llama.binding import LlamaCppAI
 from edgellm_local.llama.embedding_runner import EmbeddingRunner
+from edgellm_local.llama.guard import LlamaCppGuard
 from edgellm_local.llama.runner import LlamaCppRunner
 from edgellm_local.llama.model_file import RESIDENT_BUDGET_MIB, check_gguf, resident_slots_within
 from edgellm_local.llama.slot_pool import DEFAULT_DISK_BUDGET, SlotPool
@@ -53,6 +54,27 @@ class EdgeSettings:
     chat_template: str | None = None  # llama.cpp's --chat-template (None: the GGUF's own); stand_ins.py names them
     # the embedding GGUF standing in for every `config.embedding_models` id (None: no embeddings served)
     embedding_model_path: Path | None = None
+    # the guard GGUF (a Llama Guard 3) for moderation (`--guard-model`); None: no guard, so a
+    # GUARDRAILS policy that moderates is refused at start
+    guard_model_path: Path | None = None
+
+
+def guard_missing(config: Config, guard_model_path: Path | None) -> str | None:
+    """The one line that refuses a policy that moderates with no guard behind it."""
+    if config.guardrails.needs_guard and guard_model_path is None:
+        return ("GUARDRAILS moderates prompts or answers but no guard model is given: every such request would fail "
+                "(GUARD_FAIL); start with --guard-model PATH (a Llama Guard 3 GGUF), or drop the policy's moderation")
+    return None
+
+
+def build_guard(settings: EdgeSettings, threads: int) -> LlamaCppGuard | None:
+    """The guard GGUF behind the same llama.cpp engine: a runner of its own (one slot; a
+    verdict is a short prompt and a few tokens), stopped where the chat model's runners are."""
+    if settings.guard_model_path is None:
+        return None
+    runner = LlamaCppRunner(check_gguf(settings.guard_model_path), n_ctx=2048, n_parallel=1, cache_ram_mib=0)
+    runner.threads = threads
+    return LlamaCppGuard.for_model(runner)
 
 
 def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> Config:
@@ -83,6 +105,8 @@ def served_tokenizer(config: Config, model_path: Path, state: IsolateState) -> C
 
 
 def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
+    if (problem := guard_missing(settings.config, settings.guard_model_path)) is not None:
+        raise ValueError(problem)
     model = check_gguf(settings.model_path)
     resident = settings.resident_slots
     if resident is None:
@@ -113,9 +137,11 @@ def build_deps(settings: EdgeSettings, clock: Clock = SystemClock()) -> Deps:
             if problem is not None:
                 vectors.close()
                 raise ValueError(f"{problem} (or delete {vectors.path})")
+    guard = build_guard(settings, runner.threads)  # its runner is stopped with the chat model's (cli.serve_until_stopped)
     return Deps(
         config=settings.config,
         ai=ai,
+        guard=guard,
         kv=SqliteKV(settings.state_dir / "kv.sqlite3", clock=clock),
         r2=FileR2(settings.state_dir / "r2", clock=clock),
         clock=clock,

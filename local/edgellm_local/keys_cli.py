@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from edgellm.access.keys import KeyRecord, KeyRing, new_key, rotated
+from edgellm.guardrails.policy import parse_policy
 
 from edgellm_local.cli_args import COUNT
 from edgellm_local.emulator.kv import SqliteKV
@@ -43,7 +44,7 @@ async def _create(args: argparse.Namespace) -> int:
     try:
         made = new_key(args.tenant, time.time(), requests_per_minute=args.rpm, tokens_per_minute=args.tpm,
                        token_budget=args.budget, models=tuple(args.model or ()), share_cache=args.share_cache,
-                       semantic_cache=args.semantic_cache, name=args.name or "")
+                       semantic_cache=args.semantic_cache, semantic_max_error=args.semantic_max_error, guardrails=_policy_text(args.guardrails), name=args.name or "")
     except ValueError as exc:
         print(f"edgellm: error: {exc}", file=sys.stderr)
         return 2
@@ -52,6 +53,18 @@ async def _create(args: argparse.Namespace) -> int:
     print(made.api_key)
     print(f"on Cloudflare: {wrangler_put(made.record)}")
     return 0
+
+
+def _policy_text(value: str | None) -> str:
+    """The policy as compact JSON, checked (a bad one is the parser's ValueError, naming it)."""
+    if not value:
+        return ""
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"--guardrails is not JSON: {exc}") from None
+    parse_policy(parsed)
+    return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
 
 
 def _iso(t: float | None) -> str:
@@ -162,6 +175,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     create.add_argument("--share-cache", action="store_true", help="share cache entries with other tenants that share")
     create.add_argument("--semantic-cache", action="store_true",
                         help="answer this key's paraphrases from the cache (docs/embeddings.md); off by default")
+    create.add_argument("--semantic-max-error", type=float, default=None, metavar="SHARE",
+                        help="this key's bound on wrong semantic hits, above 0 and below 1 (default: SEMANTIC_MAX_ERROR, 0.02)")
+    create.add_argument("--guardrails", metavar="JSON",
+                        help="this key's guardrails policy, GUARDRAILS' format (docs/guardrails.md); default: the gateway's")
     create.set_defaults(run=lambda a: asyncio.run(_create(a)))
     listing = actions.add_parser("list", help="list keys as a table (never the secrets)", parents=[state])
     listing.add_argument("--json", action="store_true", help="one JSON record per line, times as epoch seconds")

@@ -13,6 +13,7 @@ from .access import report as usage_report
 from .access.revocation import revoke_key
 from .artifacts import hf
 from .cache import admin as cache_admin
+from .guardrails import admin as guardrails_admin
 from .context import RequestContext
 from .routing import admin as routing_admin
 from .http import Request, Response
@@ -23,6 +24,7 @@ from .pipeline.authentication import authentication
 from .pipeline.body_size import body_size
 from .pipeline.cors import cors
 from .pipeline.errors import errors
+from .pipeline.guardrails import guardrails
 from .pipeline.head import head
 from .pipeline.limits import key_limits
 from .pipeline.match import match
@@ -71,6 +73,7 @@ ROUTES = Router((
     route("GET", "/admin/usage", usage_report.get_usage),
     route("POST", "/admin/keys/{key_id}/revoke", revoke_key),
     route("GET", "/admin/routing/stats", routing_admin.routing_stats),
+    route("GET", "/admin/guardrails", guardrails_admin.get_guardrails),
     route(("GET", "POST"), "/admin/faults", fault_admin.faults),
     route("GET", "/metrics", get_metrics),
 ))
@@ -78,9 +81,9 @@ ROUTES = Router((
 
 # The request's way through the edge, outermost first: each layer does its one thing on the way in
 # and, where it needs to, one on the way out (in reverse order), around the route's handler.
-# Guardrails would be a layer after `body_size` (the prompt checked before the handler; each window
-# of a streamed answer checked by a `Stream` step on the way out); the semantic cache's verifier a
-# step inside the cache (`cache.semantic`), where a candidate answer is found. docs/architecture.md.
+# Guardrails are a layer after `body_size` (the prompt checked before the handler); the semantic
+# cache's verifier a step inside the cache (`cache.semantic`), where a candidate answer is found.
+# docs/architecture.md.
 LAYERS: tuple[Layer, ...] = (
     head,            # out: a HEAD's answer without its body
     request_id,      # in: the request id and, when read, its span; out: `x-request-id`
@@ -93,6 +96,7 @@ LAYERS: tuple[Layer, ...] = (
     match,           # in: the route (404/405), its parameters and template
     authentication,  # in: the caller, its key's request limits (401/429)
     body_size,       # in: a body over the limit is a 413
+    guardrails,      # in: a generation's prompt checked (DLP, then the guard): 400 content_filter, masked, or flagged
 )
 
 

@@ -6,15 +6,19 @@ Values arrive as strings (that is what `[vars]` and secrets are), so parsing liv
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
 
 from .capabilities import WORKERS_AI_MODELS, Capabilities
+from .guardrails.policy import NO_POLICY, Policy, PolicyError, parse_policy
 from .routing.config import RoutingConfig
 
 DEFAULT_MODEL = "@cf/meta/llama-2-7b-chat-int8"
 DEFAULT_FALLBACK_MODELS = ("@cf/meta/llama-2-7b-chat-hf-lora",)
+DEFAULT_GUARD_MODEL = "@cf/meta/llama-guard-3-8b"  # Workers AI's Llama Guard 3 (docs/guardrails.md)
+GUARD_FAIL_MODES = ("closed", "open")
 MAX_BODY_BYTES = 1024 * 1024
 # The most characters one token covers, with room: the longest token of SmolLM2's 49,152 is 81
 # characters (a newline and 80 spaces); runs of spaces, '#' or '=' are the longest in any
@@ -53,6 +57,32 @@ def _positive_number(name: str, value: Any) -> float:
         raise ValueError(f"{name} must be a number above 0, got {value!r}") from None
     if not 0 < number < float("inf"):
         raise ValueError(f"{name} must be a number above 0, got {value!r}")
+    return number
+
+
+def _fraction(name: str, value: Any, default: float, *, rate: bool = False) -> float:
+    """A share between 0 and 1, ends excluded; a sampling `rate` may be 0 (off) or 1 (every one),
+    an error bound of 0 could never be met and one of 1 bounds nothing."""
+    if value is None:
+        return default
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = float("nan")
+    if not (0 <= number <= 1 if rate else 0 < number < 1):
+        raise ValueError(f"{name} must be a number {'from 0 to 1' if rate else 'above 0 and below 1'}, got {value!r}")
+    return number
+
+
+def _finite(name: str, value: Any, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = float("nan")
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a number, got {value!r}")
     return number
 
 
@@ -177,6 +207,28 @@ class Config:
         resolved = {alias: (target or self.model) for alias, target in self.model_aliases.items()}
         return {alias: target for alias, target in resolved.items() if target in self.models and alias not in self.models}
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # origins, budgets, breaker, regions
+    # the semantic cache's error bound (cache/calibration.py): the largest share of its hits allowed
+    # to serve an answer the model would not have given (SEMANTIC_MAX_ERROR; a key may set its own)
+    # ("off": None, hits served on the guard and thresholds alone, unchecked: the operator's risk)
+    semantic_max_error: float | None = 0.02
+    semantic_check_rate: float = 0.05  # share of served semantic hits checked after the response (SEMANTIC_CHECK_RATE)
+    semantic_checks_per_minute: int = 20  # their generations' cap, per isolate (SEMANTIC_CHECKS_PER_MINUTE)
+    # the cross-encoder asked before a semantic candidate is served (cache/verifier.py): a model id
+    # (Workers AI's @cf/baai/bge-reranker-base) or None, off (SEMANTIC_VERIFIER), and the score it must reach
+    semantic_verifier: str | None = None
+    semantic_verifier_threshold: float = 0.5
+    # the gateway's guardrails policy (GUARDRAILS; a key's own replaces it for its requests)
+    guardrails: Policy = NO_POLICY
+    # what a guard that errors, times out or answers no verdict means (GUARD_FAIL): `closed`
+    # refuses the request (503 guard_unavailable), `open` lets it through, counted
+    guard_fail: str = "closed"
+    guard_model: str = DEFAULT_GUARD_MODEL  # the Workers AI model the guard runs (GUARD_MODEL)
+    # how long a guard's verdict may take before the guard counts as failed (GUARD_FAIL decides):
+    # short, since every checked prompt waits for it (Llama Guard answers a few tokens)
+    guard_timeout_seconds: float = 5.0
+    # tokens of a streamed answer held back per guard verdict (the window), under a policy that
+    # moderates answers: chosen from bench_guardrails' figures (docs/guardrails.md)
+    guard_window_tokens: int = 16
 
     def answer_timeout_seconds(self, max_tokens: int) -> float:
         """How long a whole answer (`ai.run`, which shows no first token) may take: the start
@@ -257,11 +309,37 @@ class Config:
                                       'a JSON object of alias -> model id ("" = MODEL), e.g. {"gpt-4o-mini": ""}')
                            if env.get("MODEL_ALIASES") is not None else dict(base.model_aliases)),
             routing=RoutingConfig.from_env(env),
+            semantic_max_error=(None if str(get("SEMANTIC_MAX_ERROR") or "").strip().lower() == "off"
+                                else _fraction("SEMANTIC_MAX_ERROR", get("SEMANTIC_MAX_ERROR"), 0.02)),
+            semantic_check_rate=_fraction("SEMANTIC_CHECK_RATE", get("SEMANTIC_CHECK_RATE"), base.semantic_check_rate, rate=True),
+            semantic_verifier=(None if str(get("SEMANTIC_VERIFIER") or "off").strip().lower() in ("off", "none")
+                               else str(get("SEMANTIC_VERIFIER")).strip()),
+            semantic_verifier_threshold=_finite("SEMANTIC_VERIFIER_THRESHOLD", get("SEMANTIC_VERIFIER_THRESHOLD"),
+                                                base.semantic_verifier_threshold),
+            semantic_checks_per_minute=(_positive_int("SEMANTIC_CHECKS_PER_MINUTE", get("SEMANTIC_CHECKS_PER_MINUTE"))
+                                        if get("SEMANTIC_CHECKS_PER_MINUTE") else base.semantic_checks_per_minute),
+            guardrails=_guardrails(get("GUARDRAILS")),
+            guard_fail=_guard_fail(get("GUARD_FAIL")),
+            guard_model=str(get("GUARD_MODEL") or base.guard_model),
         )
         problem = config_mistake(config)
         if problem is not None:
             raise ValueError(problem)
         return config
+
+
+def _guardrails(value: Any) -> Policy:
+    try:
+        return parse_policy(value)
+    except PolicyError as exc:  # its text names GUARDRAILS and the bad value
+        raise ValueError(f"{exc} (docs/guardrails.md gives the format)") from None
+
+
+def _guard_fail(value: Any) -> str:
+    text = str(value or "closed").strip().lower()
+    if text not in GUARD_FAIL_MODES:
+        raise ValueError(f"GUARD_FAIL must be closed or open, got {value!r}")
+    return text
 
 
 def _is_embedding_model(model: str, config: Config) -> str | None:

@@ -20,6 +20,7 @@ from .caller import Observation, Principal, Reservation
 from .tenancy import UNSCOPED, TenantScope
 
 if TYPE_CHECKING:
+    from .guardrails.check import PromptCheck
     from .router import Router
     from .telemetry.tracing import Span
 
@@ -39,6 +40,7 @@ class RequestContext:
     principal: Principal | None = None  # who calls (None on public routes): the authentication layer
     reservation: Reservation | None = None  # what it holds of its key's limits: admission (`access.admit_tokens`)
     observed: Observation | None = None  # what its generation did: the handler (`access.observe`)
+    guardrails: PromptCheck | None = None  # what the guardrails did to its prompt: the guardrails layer
 
     @property
     def tenant_scope(self) -> TenantScope:

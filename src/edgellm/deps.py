@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from .config import Config
 from .durable import DurableObjectNamespace
-from .ports import AIBinding, BlobStore, Clock, FaultControl, HTTPFetch, KVStore, RateLimiter, Tracer, UsageSink, VectorIndex
+from .ports import AIBinding, BlobStore, Clock, ContentGuard, FaultControl, HTTPFetch, KVStore, RateLimiter, Tracer, UsageSink, VectorIndex
 from .state import IsolateState
 from .telemetry.tracing import NoopTracer
 
@@ -48,12 +48,14 @@ class Deps:
     state: IsolateState = field(default_factory=IsolateState)  # per isolate (counters, admission, routing), never module-global
     flights: DurableObjectNamespace | None = None  # the coalescing Durable Object (cache.coalescing); None: no coalescing
     conversations: DurableObjectNamespace | None = None  # one object per conversation (Responses API state)
+    routers: DurableObjectNamespace | None = None  # one object per pool of origin replicas (routing.router); None: each isolate's own view
     rate_limiter: RateLimiter | None = None  # the Workers Rate Limiting binding; None: in-isolate windows only
     usage: UsageSink | None = None  # None: usage is not recorded
     fetch: HTTPFetch | None = None  # outbound HTTP to origins (routing); None: the edge only
     faults: FaultControl | None = None  # the AI binding's fault injector (local edge); None: /admin/faults is a 404
     tracer: Tracer = NoopTracer()  # where spans go (telemetry.tracing); by default nowhere
     vectors: VectorIndex | None = None  # the semantic cache's index (Vectorize; SQLite locally); None: no semantic cache
+    guard: ContentGuard | None = None  # the moderation model (Llama Guard 3); None: a policy that moderates fails per GUARD_FAIL
 
     def for_request(self, wait_until: Callable[[Awaitable[Any]], None]) -> "Deps":
         return replace(self, wait_until=wait_until)

@@ -71,6 +71,7 @@ class Finish:
     usage: Usage
     route: str | None = None  # where it ran, when routing says so ("edge", "origin", "edge,origin")
     cacheable: bool = True  # False for an answer stitched from two routes (a mid-stream failover)
+    guardrails: str | None = None  # what the guardrails did (`x-edgellm-guardrails`'s value), for a stream's final chunk
 
 
 Event = Token | ToolCallDelta | Finish

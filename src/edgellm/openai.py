@@ -225,13 +225,15 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
     cid = answer_id or new_id("chatcmpl" if chat else "cmpl")
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(choice: dict[str, Any] | None, usage: Any = None, route: str | None = None) -> bytes:
+    def chunk(choice: dict[str, Any] | None, usage: Any = None, route: str | None = None, guardrails: str | None = None) -> bytes:
         data: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": generation.model,
                                 "system_fingerprint": generation.system_fingerprint, "choices": [choice] if choice else []}
         if include_usage:
             data["usage"] = usage
         if route:  # the final chunk says where the answer ran (both routes after a mid-stream failover)
             data["edgellm_route"] = route
+        if guardrails:  # and what the guardrails did, once the whole answer is checked (its headers went first)
+            data["edgellm_guardrails"] = guardrails
         return sse.encode_event(data)
 
     def choice(delta_text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
@@ -253,7 +255,7 @@ async def render_stream(generation: Generation, created: int, *, chat: bool, inc
             elif isinstance(event, ToolCallDelta) and chat:
                 yield chunk({"index": 0, "delta": {"tool_calls": [tool_call_delta_json(event)]}, "logprobs": None, "finish_reason": None})
             elif isinstance(event, Finish):
-                yield chunk(choice(None, event.finish_reason), route=event.route)
+                yield chunk(choice(None, event.finish_reason), route=event.route, guardrails=event.guardrails)
                 if include_usage:
                     yield chunk(None, event.usage.to_json())
     except GatewayError as exc:

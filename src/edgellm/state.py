@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable
 
 from .admission import Admission
+from .cache.semantic_state import SemanticState
 from .config import Config
 from .ids import RandomIds, RequestIds
 from .routing.state import RoutingState
@@ -95,6 +96,7 @@ class IsolateState:
     misconfigured: str | None = None
     generations: dict[tuple[str, str], tuple[CacheScope, float]] = field(default_factory=dict)  # (tenant, namespace) -> (scope at its purge generation, read at)
     cache: CacheCounters = field(default_factory=CacheCounters)
+    semantic: SemanticState = field(default_factory=SemanticState)  # the semantic cache's reachability and costs
     parsed: ParsedBodies = field(default_factory=ParsedBodies)  # recent request bodies, parsed, per tenant
     answers: RecentMemo = field(default_factory=RecentMemo)  # recent cache entries, decoded, by (tenant's KV key, bytes)
     admission: Admission = field(default_factory=Admission)  # generations in progress in this isolate

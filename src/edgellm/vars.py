@@ -27,6 +27,11 @@ VARS: dict[str, VarSpec] = {
     "MODEL": VarSpec("text", "a Workers AI model id, e.g. @cf/meta/llama-2-7b-chat-int8"),
     "FALLBACK_MODELS": VarSpec("list", "model ids, comma-separated or a JSON list (empty: no fallback)"),
     "EMBEDDING_MODELS": VarSpec("list", "embedding model ids served at /v1/embeddings, comma-separated or a JSON list"),
+    "SEMANTIC_MAX_ERROR": VarSpec("number", "the largest share of semantic hits allowed to be wrong: above 0 and below 1, or `off`"),
+    "SEMANTIC_CHECK_RATE": VarSpec("number", "share of served semantic hits checked after the response, from 0 to 1"),
+    "SEMANTIC_CHECKS_PER_MINUTE": VarSpec("whole", "those checks' generations per isolate and minute, a whole number of at least 1"),
+    "SEMANTIC_VERIFIER": VarSpec("text", "a cross-encoder model id asked before a semantic hit, e.g. @cf/baai/bge-reranker-base"),
+    "SEMANTIC_VERIFIER_THRESHOLD": VarSpec("number", "the verifier's score a candidate must reach, a number"),
     "MODEL_ALIASES": VarSpec("json_object", 'a JSON object of alias -> model id ("" = MODEL), e.g. {"gpt-4o-mini": ""}'),
     "MODEL_CAPABILITIES": VarSpec("json_object", 'a JSON object of model id -> capabilities, e.g. {"@cf/...": ["json_mode"]}'),
     "MODEL_PRICES": VarSpec("json_object", "a JSON object of model id -> [USD per million input, output tokens]"),
@@ -56,6 +61,9 @@ VARS: dict[str, VarSpec] = {
     "EDGE_MAX_OUTPUT_TOKENS": VarSpec("whole", "tokens, a whole number of at least 1"),
     "EDGE_TOKENIZER": VarSpec("text", "a published model name whose tokenizer counts prompts"),
     "BREAKER": VarSpec("json_object", 'a JSON object, e.g. {"failures": 5, "window_s": 30, "cooldown_s": 30}'),
+    "GUARDRAILS": VarSpec("json_object", 'a JSON guardrails policy, e.g. {"moderation": {"prompt": {"S1": "block"}}, "dlp": {"email": "mask"}}'),
+    "GUARD_FAIL": VarSpec("text", "closed (default: a failing guard refuses the request) or open (it lets it through)"),
+    "GUARD_MODEL": VarSpec("text", "the Workers AI guard model (default @cf/meta/llama-guard-3-8b)"),
     "REGIONS": VarSpec("json_object", 'a JSON object of region code -> settings, e.g. {"EU": {"origin": "central"}}'),
 }
 

@@ -53,9 +53,12 @@ def assert_one_line_refusal(done: subprocess.CompletedProcess[str], *fragments: 
     (("--var", "OPEN_ACCESS=ture"), ("OPEN_ACCESS must be true or false", "'ture'")),
     (("--var", "CONTEXT_WINDOW=4k"), ("CONTEXT_WINDOW must be a whole number of at least 1",)),
     (("--var", "BREAKER=[5]"), ("BREAKER must be a JSON object",)),
+    (("--var", 'GUARDRAILS={"moderation": {"prompt": {"S1": "block"}}}'), ("GUARDRAILS moderates", "--guard-model PATH")),
+    (("--var", 'GUARDRAILS={"dlp": {"credit_card": "mask"}}'), ("GUARDRAILS dlp: unknown detector 'credit_card'",)),
+    (("--var", "GUARD_FAIL=maybe"), ("GUARD_FAIL must be closed or open", "'maybe'")),
 ], ids=["unknown-var", "unknown-var-far", "var-without-value", "origin-ftp", "origin-no-scheme", "origins-var-no-scheme",
         "ctx-size", "ctx-size-per-slot", "model-neither", "port-range", "port-text", "slots", "var-type", "var-flag",
-        "var-number", "var-json"])
+        "var-number", "var-json", "guardrails-no-guard", "guardrails-bad", "guard-fail"])
 def test_a_dev_mistake_is_one_line_at_once(tmp_path: Path, args: tuple[str, ...], fragments: tuple[str, ...]) -> None:
     done = refused("dev", "--no-warm-up", "--port", "0", "--state", str(tmp_path / "state"), *args)
     assert_one_line_refusal(done, *fragments)

@@ -73,3 +73,22 @@ def test_the_tenant_names_the_edge_uses_itself_are_refused(tmp_path: Path) -> No
     for tenant in ("default", "Default", "admin", "open"):
         refused = keys(tmp_path / "state", "create", "--tenant", tenant)
         assert refused.returncode == 2 and "reserved" in refused.stderr and "Traceback" not in refused.stderr, tenant
+
+
+def test_a_key_sets_its_own_semantic_error_bound(tmp_path: Path) -> None:
+    made = keys(tmp_path, "create", "--tenant", "acme", "--semantic-cache", "--semantic-max-error", "0.05")
+    assert made.returncode == 0, made.stderr
+    key_id = made.stdout.split()[2]
+    assert record(tmp_path, key_id).semantic_max_error == 0.05
+    refused = keys(tmp_path, "create", "--tenant", "acme", "--semantic-max-error", "1.5")
+    assert refused.returncode == 2 and "semantic_max_error" in refused.stderr
+
+
+def test_a_key_made_with_a_guardrails_policy_keeps_it_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    made = keys(state, "create", "--tenant", "acme", "--guardrails", '{"dlp": {"email": "mask"}}')
+    assert made.returncode == 0, made.stderr
+    listed = [json.loads(line) for line in keys(state, "list", "--json").stdout.splitlines()]
+    assert json.loads(listed[0]["guardrails"]) == {"dlp": {"email": "mask"}}
+    bad = keys(state, "create", "--tenant", "acme", "--guardrails", '{"dlp": {"e-mail": "mask"}}')
+    assert bad.returncode == 2 and "'e-mail'" in bad.stderr and "Traceback" not in bad.stderr

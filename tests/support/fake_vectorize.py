@@ -4,8 +4,12 @@ its documented contract (developers.cloudflare.com/vectorize/reference/client-ap
 
 - `query(vector, options)`: `vector` a JS array of numbers (a list here), `options` a JS object
   (`Object.fromEntries`) with `topK` (at most 20 with `returnMetadata: "all"`, 100 without),
-  `namespace`, `filter` (metadata equality) and `returnMetadata`; resolves to a JS object
-  `{count, matches: [{id, score, metadata?}]}`, best cosine first.
+  `namespace`, `filter` (metadata equality), `returnValues` and `returnMetadata`; resolves to a JS
+  object `{count, matches: [{id, score, values?, metadata?}]}`, best cosine first. topK is at
+  most 20 when values or all metadata are returned (/reference/client-api/#topk). Without
+  `returnValues` the scores are approximate ("returned scores will be an approximation of the
+  real distance/similarity": /best-practices/query-vectors/): here the cosine is quantised to
+  steps of `APPROXIMATION` (0.05), enough to move a candidate across a threshold.
 - `upsert(vectors)` / `deleteByIds(ids)`: resolve to `{mutationId}` at once, but are applied
   asynchronously ("typically a few seconds"): here only when the test calls `process()`, so
   code that read its own writes at once would fail. An upsert replaces a vector in full.
@@ -20,6 +24,9 @@ import math
 from typing import Any
 
 from tests.support import fake_pyodide as fp
+
+
+APPROXIMATION = 0.05
 
 
 class FakeVectorize:
@@ -41,14 +48,17 @@ class FakeVectorize:
         if not isinstance(vector, list) or len(vector) != self.dimensions:
             raise fp.JsException(f"VECTOR_DIMENSION_MISMATCH: expected {self.dimensions}")
         top_k = int(opts.get("topK", 5))
-        if top_k > (20 if opts.get("returnMetadata") == "all" else 100):
+        if top_k > (20 if opts.get("returnMetadata") == "all" or opts.get("returnValues") else 100):
             raise fp.JsException("VECTOR_QUERY_ERROR: topK too large")
         self.queries.append(opts)
         wanted = opts.get("filter") or {}
         rows = [v for v in self.vectors.values() if v.get("namespace") == opts.get("namespace")
                 and all((v.get("metadata") or {}).get(k) == want for k, want in wanted.items())]
         scored = sorted(((_cosine(vector, r["values"]), r) for r in rows), key=lambda pair: -pair[0])[:top_k]
-        matches = [{"id": r["id"], "score": s, **({"metadata": r.get("metadata") or {}} if opts.get("returnMetadata") == "all" else {})}
+        exact = bool(opts.get("returnValues"))
+        matches = [{"id": r["id"], "score": s if exact else round(s / APPROXIMATION) * APPROXIMATION,
+                    **({"values": list(r["values"])} if exact else {}),
+                    **({"metadata": r.get("metadata") or {}} if opts.get("returnMetadata") == "all" else {})}
                    for s, r in scored]
         return fp.JsDict({"count": len(matches), "matches": matches})
 

@@ -21,14 +21,14 @@ def ids(found: list[VectorMatch]) -> list[str]:
 
 
 def test_a_nearer_entry_that_refuses_ends_the_search() -> None:
-    stricter = match("a", 0.90, "What is the capital of France?", threshold=0.95)
-    laxer = match("b", 0.86, "what's the capital of France")
+    stricter = match("a", BASE_THRESHOLD + 0.02, "What is the capital of France?", threshold=BASE_THRESHOLD + 0.03)
+    laxer = match("b", BASE_THRESHOLD + 0.01, "what's the capital of France")
     assert ids(candidates("capital of France?", [stricter, laxer], NOW)) == []
 
 
 def test_the_guard_skips_to_a_farther_entry_that_agrees() -> None:
-    other_city = match("a", 0.93, "What is the capital of Germany?")
-    same_city = match("b", 0.88, "Tell me France's capital")
+    other_city = match("a", BASE_THRESHOLD + 0.03, "What is the capital of Germany?")
+    same_city = match("b", BASE_THRESHOLD + 0.01, "Tell me France's capital")
     assert ids(candidates("What is the capital of France?", [other_city, same_city], NOW)) == ["b"]
     assert ids(candidates("What is the capital of France?", [other_city, same_city], NOW, guard=False)) == ["a", "b"]
 
@@ -44,7 +44,7 @@ def test_below_the_base_expired_or_malformed_never_answer() -> None:
 
 def test_a_learned_threshold_sits_above_the_nearest_other_entry() -> None:
     assert learned_threshold(0.0) == BASE_THRESHOLD
-    assert learned_threshold(0.9) == 0.9 + MARGIN
+    assert learned_threshold(BASE_THRESHOLD + 0.01) == BASE_THRESHOLD + 0.01 + MARGIN
     assert learned_threshold(1.0) < 1.0  # an entry can always be hit by its own text
 
 
@@ -56,3 +56,13 @@ def test_the_context_is_everything_but_the_last_user_text() -> None:
     assert context_digest(request("Be brief.", "capital of France?")) == context_digest(request("Be brief.", "France's capital"))
     assert context_digest(request("Be brief.", "x")) != context_digest(request("Be long.", "x"))
     assert context_digest(request("Be brief.", "x")) != context_digest(request("Be brief.", "x", top_k=5))
+
+
+def test_a_text_the_guard_cannot_read_needs_a_stricter_cosine() -> None:
+    from edgellm.cache.semantic_guard import STRICT_COSINE
+
+    unreadable = "🙂🙂🙂?"
+    assert ids(candidates(unreadable, [match("a", STRICT_COSINE - 0.01, "🙂🙂?")], NOW)) == []
+    assert ids(candidates(unreadable, [match("a", STRICT_COSINE - 0.01, "eggs?")], NOW)) == []  # the guard alone lets one word by
+    assert ids(candidates(unreadable, [match("a", STRICT_COSINE, "🙂🙂?")], NOW)) == ["a"]
+    assert ids(candidates("What is it?", [match("a", STRICT_COSINE - 0.01, "🙂")], NOW)) == []  # the cached one unreadable

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable
 
 from edgellm.cache.coalescing import FlightObject
+from edgellm.routing.router import RouterObject
 from edgellm.durable import DurableObject
 from edgellm.http import Request, Response
 from edgellm.deps import Deps
@@ -196,3 +197,16 @@ def local_flights(deps: Deps | Callable[[], Deps], wait_until: Callable[[Any], N
         return FlightObject(replace(current, wait_until=wait_until, flights=None, state=IsolateState(config=current.config)))
 
     return LocalDurableObjectNamespace(build, class_name="Flight")
+
+
+def local_routers(deps: Deps | Callable[[], Deps], wait_until: Callable[[Any], None]) -> LocalDurableObjectNamespace:
+    """The `ROUTER` binding of the local edge: one `RouterObject` per pool of origin replicas,
+    with a fresh `IsolateState` as on Cloudflare (the object sees only what requests tell it and
+    what it probes itself, never the isolate's own view of the pool)."""
+
+    def build(name: str) -> DurableObject:
+        current = deps() if callable(deps) else deps
+        return RouterObject(replace(current, wait_until=wait_until, flights=None, routers=None,
+                                    state=IsolateState(config=current.config)))
+
+    return LocalDurableObjectNamespace(build, class_name="Router")

@@ -31,8 +31,15 @@ _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate":
 @dataclass(frozen=True)
 class HttpxFetch:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> FetchResponse:
+        return await self._send("POST", url, body, headers, timeout)
+
+    async def get(self, url: str, headers: Mapping[str, str], timeout: float) -> FetchResponse:
+        """A GET (a replica's load probe: `/metrics`), under the same budgets as `post`."""
+        return await self._send("GET", url, None, headers, timeout)
+
+    async def _send(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float) -> FetchResponse:
         client = httpx.AsyncClient(timeout=httpx.Timeout(timeout))
-        request = client.build_request("POST", url, content=body, headers={"accept-encoding": "gzip, deflate", **headers})
+        request = client.build_request(method, url, content=body, headers={"accept-encoding": "gzip, deflate", **headers})
         try:
             async with asyncio.timeout(timeout):  # connect + headers: httpx's read timeout is per read, not for the whole head
                 response = await client.send(request, stream=True)

@@ -25,7 +25,7 @@ from edgellm.http import Request, Response
 from edgellm.deps import Deps
 
 from edgellm_local.emulator.assets import StaticAssets
-from edgellm_local.emulator.durable import local_flights
+from edgellm_local.emulator.durable import local_flights, local_routers
 from edgellm_local.emulator.isolation import InTask, as_runtime, request_context
 from edgellm_local.emulator.edge_encoding import encoded
 from edgellm_local.emulator.page_headers import HeaderRules
@@ -52,6 +52,7 @@ class EdgeApp:
     deps: Deps
     assets: StaticAssets | None = None
     coalesce: bool = True  # the local FLIGHTS Durable Object binding; False: the Worker without it
+    route_objects: bool = True  # the local ROUTER Durable Object binding (a pool's view); False: each isolate's own
     compress: bool = False  # gzip text for clients that accept it, as Cloudflare does (`edgellm dev` turns it on)
     # API paths skip the static-file lookup (its filesystem probing cost ~80 us on every request);
     # False is the old order, kept for the benchmark's baseline
@@ -74,6 +75,9 @@ class EdgeApp:
             # objects get the edge's bindings as they are when first used: `edgellm dev` wraps the
             # AI binding in FaultyAI after building the app, and a flight must run that one too
             self.deps = replace(self.deps, flights=local_flights(lambda: self.deps, self.wait_until))
+        if self.route_objects and self.deps.routers is None and self.deps.config.routing.pools:
+            # the ROUTER binding: one object per pool holds the pool's view (routing.router)
+            self.deps = replace(self.deps, routers=local_routers(lambda: self.deps, self.wait_until))
 
     def connection_book(self) -> ConnectionBook:
         """A new ledger for a server about to run, with the app's limits as they are now (a

@@ -14,9 +14,11 @@ import hmac
 import json
 import re
 import secrets
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from ..guardrails.policy import Policy, parse_policy
 from ..ports import KVStore
 
 KEY_PREFIX = "access/keys/"
@@ -53,6 +55,9 @@ class KeyRecord:
     # the semantic cache (cache/semantic.py) for every request of this key, unless a request
     # says `x-edgellm-semantic-cache: off`; off by default
     semantic_cache: bool = False
+    semantic_max_error: float | None = None  # this key's own bound on wrong semantic hits (None: SEMANTIC_MAX_ERROR)
+    # this key's guardrails policy as GUARDRAILS' JSON text (docs/guardrails.md); "" = the gateway's
+    guardrails: str = ""
     created: float = 0.0
     revoked: float | None = None
     name: str = ""
@@ -60,6 +65,13 @@ class KeyRecord:
     def __post_init__(self) -> None:
         if not _TENANT.fullmatch(self.tenant):
             raise ValueError(f"a tenant name must match {_TENANT.pattern}: {self.tenant!r}")
+        if self.guardrails:
+            parse_policy(self.guardrails)  # a PolicyError (a ValueError) names the bad value
+
+    @property
+    def policy(self) -> Policy | None:
+        """The key's own guardrails policy; None: the gateway's applies."""
+        return key_policy(self.guardrails) if self.guardrails else None
 
     @property
     def kv_key(self) -> str:
@@ -95,6 +107,11 @@ class KeyRecord:
         return data
 
 
+@lru_cache(maxsize=256)  # a key's policy is read on each of its requests; its text never changes
+def key_policy(text: str) -> Policy:
+    return parse_policy(text)
+
+
 @dataclass(frozen=True)
 class NewKey:
     record: KeyRecord
@@ -113,6 +130,9 @@ def new_key(tenant: str, now: float, **limits: Any) -> NewKey:
     for name in ("requests_per_minute", "tokens_per_minute", "token_budget"):
         if int(limits.get(name) or 0) < 0:
             raise ValueError(f"{name} must be 0 (unlimited) or more, got {limits[name]}")
+    bound = limits.get("semantic_max_error")
+    if bound is not None and not 0 < float(bound) < 1:
+        raise ValueError(f"semantic_max_error must be above 0 and below 1, got {bound}")
     key_id = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
     secret = secrets.token_urlsafe(32)
     record = KeyRecord(key_id=key_id, secret_sha256=hash_secret(secret), tenant=tenant, created=now, **limits)
@@ -123,7 +143,8 @@ def rotated(record: KeyRecord, now: float) -> tuple[KeyRecord, NewKey]:
     """(the old record, revoked now; a new key with the same tenant and limits)."""
     fresh = new_key(record.tenant, now, requests_per_minute=record.requests_per_minute,
                     tokens_per_minute=record.tokens_per_minute, token_budget=record.token_budget,
-                    models=record.models, share_cache=record.share_cache, semantic_cache=record.semantic_cache, name=record.name)
+                    models=record.models, share_cache=record.share_cache, semantic_cache=record.semantic_cache,
+                    semantic_max_error=record.semantic_max_error, guardrails=record.guardrails, name=record.name)
     return replace(record, revoked=now), fresh
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..context import RequestContext
 from ..http import Request, Response
 from ..deps import Deps
+from ..guardrails.dlp import MAX_SPAN, redact
 from ..ids import RequestIds
 from ..telemetry.tracing import parse_traceparent
 
@@ -61,8 +62,9 @@ class _AsJson:
 
 
 def prompt_of(request: Request) -> Any:
-    """What the request asked (its `messages`, `prompt` or `input`), cut to `PROMPT_CHARS`: only
-    for an operator who turned `log_prompts` on."""
+    """What the request asked (its `messages`, `prompt` or `input`), cut to `PROMPT_CHARS`, its
+    secrets and personal data redacted (`guardrails.dlp.redact`): only for an operator who turned
+    `log_prompts` on."""
     try:
         body = json.loads(request.body or b"{}")
     except ValueError:
@@ -73,7 +75,9 @@ def prompt_of(request: Request) -> Any:
     if asked is None:
         return None
     text = asked if isinstance(asked, str) else json.dumps(asked, ensure_ascii=False)
-    return text[:PROMPT_CHARS]
+    # findings redacted whatever the policy (a secret or a card never reaches a log): read with
+    # the longest finding's room past the cut, so none is cut in two and missed
+    return redact(text[:PROMPT_CHARS + MAX_SPAN])[:PROMPT_CHARS]
 
 
 def trace_id(request: Request, ctx: RequestContext, deps: Deps) -> str:

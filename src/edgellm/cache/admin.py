@@ -22,6 +22,7 @@ from ..ports import BindingError
 from ..deps import Deps
 from ..validation import read_json
 from .entry import record
+from . import semantic
 from .key import CacheKey, CacheScope, build_cache_key, build_custom_key
 from .policy import MAX_TTL, MIN_TTL, is_deterministic
 from .service import GENERATION_KEY, counters_of, current_scope, lookup, store
@@ -158,6 +159,7 @@ async def purge_cache(request: Request, deps: Deps, ctx: RequestContext) -> Resp
     else:
         raise invalid("Send one of 'key', 'cache_key', 'request' or 'namespace'.", None, "missing_required_parameter")
     await _kv_write(deps.kv.delete(key.kv_key))
+    semantic.forget_entry(deps, tenant or deps.config.tenant, key)
     return json_response({"object": "cache.purge", "purged": "key", "key": key.digest})
 
 
@@ -192,6 +194,8 @@ async def cache_stats(request: Request, deps: Deps, ctx: RequestContext) -> Resp
         "inflight": deps.state.admission.active,
         "namespace": scope.namespace, "generation": scope.generation,
         "default_ttl": deps.config.cache_default_ttl, "classes": deps.config.cache_classes,
+        "semantic": {**deps.state.semantic.to_json(), "max_error": deps.config.semantic_max_error,
+                     "check_rate": deps.config.semantic_check_rate, "checks_per_minute": deps.config.semantic_checks_per_minute},
     })
 
 

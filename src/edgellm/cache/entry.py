@@ -27,6 +27,10 @@ class CachedAnswer:
     # logprobs, one tuple per token. Both are absent from plain entries, which read as before.
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[tuple[dict[str, Any], ...] | None, ...] | None = None
+    # The guardrails policy (its answer and DLP parts, GUARDRAILS' JSON text) the answer was
+    # checked under before it was stored; "" when none applied. A HIT for a caller whose policy
+    # is stricter than this one is checked again before it is replayed.
+    guardrails: str = ""
     # What is made from this entry and kept with it while the isolate keeps the entry decoded
     # (`cache.service.decoded`): the JSON answers rendered from it (`Generation.rendered`).
     derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -44,6 +48,8 @@ class CachedAnswer:
             data["tool_calls"] = [call.to_json() for call in self.tool_calls]
         if self.logprobs is not None:
             data["logprobs"] = [list(lp) if lp is not None else None for lp in self.logprobs]
+        if self.guardrails:
+            data["guardrails"] = self.guardrails
         return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
@@ -63,8 +69,11 @@ class CachedAnswer:
                 if not isinstance(logprobs, list) or len(logprobs) != len(tokens):
                     raise CorruptEntry("malformed logprobs")
                 logprobs = tuple(tuple(lp) if isinstance(lp, list) else None for lp in logprobs)
+            guardrails = obj.get("guardrails") or ""
+            if not isinstance(guardrails, str):
+                raise CorruptEntry("malformed guardrails")
             return cls(obj["model"], tuple(tokens), obj["finish_reason"], Usage.from_json(obj["usage"]), float(obj["created"]),
-                       calls, logprobs)
+                       calls, logprobs, guardrails)
         except CorruptEntry:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -7,8 +7,9 @@ the flights Durable Object (`cache.coalescing`); without it every miss generates
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Awaitable
 
 from ..generation import Event, Finish, Generation, GenerationRequest
@@ -17,6 +18,8 @@ from ..http import Request
 from ..routing.failover import start_routed
 from ..routing.regions import regional_cache
 from ..deps import Deps
+from ..guardrails.answer import AnswerCheck, checked_answer
+from ..guardrails.policy import Policy, parse_policy, stricter_than
 from ..stream import Stream
 from ..telemetry import tracing
 from ..telemetry.spans import step, traced_generation
@@ -127,13 +130,55 @@ def own_generation(deps: Deps, request: Request, ctx: RequestContext, gen_reques
         lambda: traced_generation(deps, gen_request, lambda: start_routed(deps, request, gen_request)), ctx.tenant_scope.admission_tenant)
 
 
+def check_generation(deps: Deps, request: Request, gen_request: GenerationRequest) -> Awaitable[Generation]:
+    """A semantic hit's check (cache.calibration): the real answer, after the response, in the
+    operator's share of the isolate's places (no tenant's), never written to the cache."""
+    return deps.state.admission.admitted(
+        deps.config.max_waiting_generations,
+        lambda: traced_generation(deps, gen_request, lambda: start_routed(deps, request, gen_request)), None)
+
+
+def answer_check(ctx: RequestContext) -> AnswerCheck | None:
+    """The caller's answer guardrails (set by the guardrails layer), when they check anything."""
+    check = ctx.guardrails.answer if ctx.guardrails is not None else None
+    return check if check is not None and check.active else None
+
+
+def checked(deps: Deps, generation: Generation, check: AnswerCheck | None, gen_request: GenerationRequest) -> Generation:
+    """`generation` with its answer checked (`guardrails.answer`) before anything reads it: the
+    renderer, and the cache writer put after this step. A whole answer is one window."""
+    if check is None:
+        return generation
+    window = check if gen_request.stream else replace(check, window=0)
+    generation.events = checked_answer(generation.events, deps, window, gen_request.stream)
+    generation.rendered = None  # a kept rendering would skip the events, and so the check
+    return generation
+
+
+def _answer_part(policy: Policy) -> Policy:
+    return Policy(answer=policy.answer, dlp=policy.dlp)
+
+
+def rechecked(stored: str, check: AnswerCheck | None) -> bool:
+    """Whether a HIT stored under the policy `stored` must be checked again for this caller:
+    its policy asks more of answers than the stored one did."""
+    if check is None:
+        return False
+    try:
+        under = parse_policy(stored) if stored else Policy()
+    except ValueError:  # an entry's policy the parser refuses now: checked again
+        return True
+    return stricter_than(_answer_part(check.policy), under)
+
+
 async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, gen_request: GenerationRequest) -> Generation:
     """Answer from KV, or generate (through the flights object when there is one) and cache it."""
     decision = await decide(deps, request, ctx, gen_request)
     counters = counters_of(deps)
+    check = answer_check(ctx)
     if decision.key is None:
         counters.bypasses += 1
-        generation = await own_generation(deps, request, ctx, gen_request)
+        generation = checked(deps, await own_generation(deps, request, ctx, gen_request), check, gen_request)
         generation.cache_status = "BYPASS"
         return generation
     key, policy = decision.key, decision.policy
@@ -148,14 +193,17 @@ async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, g
             counters.bytes_served += size
             age = max(0, int(deps.clock.now() - answer.created))
             kept = answer.derived if size <= MEMO_MAX_ENTRY_BYTES else None  # an entry the isolate keeps decoded keeps its renderings
-            return Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest, rendered=kept)
-    plan = await semantic.lookup(deps, request, ctx, gen_request, key, policy, lookup)
+            hit = Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest, rendered=kept)
+            return checked(deps, hit, check, gen_request) if rechecked(answer.guardrails, check) else hit
+    plan = await semantic.lookup(deps, request, ctx, gen_request, key, policy, lookup, lambda: check_generation(deps, request, gen_request))
     if isinstance(plan, semantic.Hit):
         counters.hits += 1
         counters.semantic_hits += 1
-        return plan.generation
+        return checked(deps, plan.generation, check, gen_request)  # another question's answer: always checked
     counters.misses += 1
-    if deps.flights is not None:
+    # an answer under check is never coalesced: a flight writes its entry in the Durable Object,
+    # before this isolate's check could stop it
+    if deps.flights is not None and check is None:
         order = FlightOrder(gen_request, key.kv_key, policy.write, policy.ttl, await FlightPlan.decide(deps, request, gen_request),
                             ctx.tenant_scope.admission_tenant)
         span = step(deps, "cache.flight")
@@ -173,19 +221,20 @@ async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, g
             span.end()
         counters.coalesced += joined
     else:
-        generation = await own_generation(deps, request, ctx, gen_request)
+        generation = checked(deps, await own_generation(deps, request, ctx, gen_request), check, gen_request)
         if policy.write:
-            generation.events = stored_afterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events)
+            under = json.dumps(_answer_part(check.policy).to_json(), sort_keys=True, separators=(",", ":")) if check is not None else ""
+            generation.events = stored_afterwards(deps, key.kv_key, policy.ttl, generation.model, generation.events, under)
     if plan is not None and policy.write:  # once the exact entry is written, its vector points at it
         generation.events = semantic.remembered_afterwards(deps, plan, key, policy.ttl, generation.events)
     generation.cache_status, generation.cache_key = "MISS", key.digest
     return generation
 
 
-def stored_afterwards(deps: Deps, kv_key: str, ttl: int, model: str, events: AsyncIterator[Event]) -> Stream[Event]:
+def stored_afterwards(deps: Deps, kv_key: str, ttl: int, model: str, events: AsyncIterator[Event], guardrails: str = "") -> Stream[Event]:
     """A miss without the flights object: this request's own generation, written to KV once it
     has run to its Finish (never a partial one). A `Stream`, so closing it unread closes the
-    generation too."""
+    generation too. `guardrails`: the policy the answer was checked under, kept in the entry."""
     seen: list[Event] = []
 
     def keep(event: Event) -> None:
@@ -193,6 +242,8 @@ def stored_afterwards(deps: Deps, kv_key: str, ttl: int, model: str, events: Asy
         if isinstance(event, Finish):
             answer = record(model, seen, deps.clock.now())
             if answer is not None:
+                if guardrails:
+                    answer = replace(answer, guardrails=guardrails)
                 deps.wait_until(store(deps, kv_key, answer, ttl))
 
     return Stream(events).tap(keep)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
 from ..cache.admin import require_admin
 from ..context import RequestContext
 from ..http import Request, Response, json_response
 from ..deps import Deps
 from .plan import routing_state
+from .pools import pool_view
+from .router import ROUTER_HOST
 
 
 async def routing_stats(request: Request, deps: Deps, ctx: RequestContext) -> Response:
@@ -25,4 +31,21 @@ async def routing_stats(request: Request, deps: Deps, ctx: RequestContext) -> Re
         "edge_tokenizer": routing.edge_tokenizer,
         "tokenizer_loaded": {name: t is not None for name, t in state.tokenizers.items()},
         "regions": sorted(routing.regions),
+        # each pool as this isolate sees it (its own dispatches and probes); with the ROUTER
+        # object bound, the pool's whole view is the object's (`pool_objects`)
+        "pools": [pool_view(deps, pool).to_json(deps.clock.now()) for pool in routing.pools.values()],
+        **({"pool_objects": await _object_views(deps)} if getattr(deps, "routers", None) is not None and routing.pools else {}),
     })
+
+
+async def _object_views(deps: Deps) -> list[dict[str, Any]]:
+    out = []
+    for pool in deps.config.routing.pools.values():
+        try:
+            async with asyncio.timeout(1.0):
+                response = await deps.routers.get(pool.name).fetch(  # type: ignore[attr-defined]
+                    Request("POST", ROUTER_HOST + "/stats", {"content-type": "application/json"}, json.dumps({"pool": pool.name}).encode()))
+            out.append(json.loads(response.body))
+        except Exception as exc:  # the stats page still answers without the object
+            out.append({"pool": pool.name, "error": f"the pool's object did not answer: {type(exc).__name__}"})
+    return out

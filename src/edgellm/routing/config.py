@@ -10,6 +10,16 @@ origin names the secret that holds its bearer token, so the token never sits in 
     EDGE_MAX_PROMPT_TOKENS = "3000"   EDGE_MAX_OUTPUT_TOKENS = "1024"   EDGE_TOKENIZER = "smollm2-135m"
     BREAKER = '{"failures": 5, "window_s": 30, "cooldown_s": 30}'
     REGIONS = '{"EU": {"origin": "central", "cache_ttl": 3600, "resident": true}, "US": {"origin": "us"}}'
+
+Replicas that serve the same models form a pool: a `pool` name on each origin, or one entry with a
+`replicas` list (URLs, or objects that override the entry's own fields) and the pool's settings:
+
+    ORIGINS = '[{"pool": "gpu", "kind": "llama.cpp", "primary": true, "load_bound": 0.25,
+                 "replicas": ["http://10.0.0.1:8080", {"name": "gpu-b", "url": "http://10.0.0.2:8080"}]}]'
+
+A pool's replicas are ordered per request by the scheduler (`routing.scheduler`); a replica listed
+twice, a pool with no replica, or one URL in two pools that serve different models is refused here,
+so the Worker fails at start and `edgellm deploy-check` names the mistake.
 """
 
 from __future__ import annotations
@@ -43,6 +53,10 @@ class OriginConfig:
     slots: int | None = None
     # the whole answer's budget; `timeout_ms` bounds connecting + headers, and each wait for a token
     total_ms: int = DEFAULT_ORIGIN_TOTAL_MS
+    pool: str | None = None  # the pool of replicas it belongs to (None: an origin of its own, tried in order)
+    # what its load probe reads: "llama.cpp" (/metrics: requests processing and deferred, KV use),
+    # "vllm" (/metrics: requests running and waiting, KV use) or None (nothing: the gateway's own counts)
+    kind: str | None = None
 
     def serves(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -86,6 +100,35 @@ class BreakerConfig:
     cooldown_s: float = 30.0
 
 
+POLICIES = ("scheduler", "round-robin", "least-in-flight", "session")
+KINDS = ("llama.cpp", "vllm", "edgellm")
+DEFAULT_LOAD_BOUND = 1.0
+DEFAULT_PROBE_MS = 150
+DEFAULT_PROBE_AGE_MS = 1000
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """A pool of replicas and how a request picks one. `policy`: "scheduler" (prefix locality,
+    load and health in one cost, `routing.scheduler`), or the baselines "round-robin",
+    "least-in-flight" and "session" (rendezvous on the session id, the single origins' rule).
+    `load_bound`: a replica above (1 + load_bound) x the pool's mean load takes no more until the
+    others catch up. `primary`: the pool takes its model's requests instead of the edge (a pool
+    behind the edge otherwise takes what the edge cannot). `probe_ms`: the load probe's timeout, the most it adds
+    to a request; `probe_age_ms`: how old a replica's reported load may be and still count.
+    `router_ms`: with the ROUTER Durable Object bound, how long a request waits for the pool's
+    object to answer before it picks from its own isolate's view."""
+
+    name: str
+    replicas: tuple[str, ...]
+    policy: str = "scheduler"
+    load_bound: float = DEFAULT_LOAD_BOUND
+    primary: bool = False
+    probe_ms: int = DEFAULT_PROBE_MS
+    probe_age_ms: int = DEFAULT_PROBE_AGE_MS
+    router_ms: int = 10
+
+
 @dataclass(frozen=True)
 class RoutingConfig:
     origins: tuple[OriginConfig, ...] = ()
@@ -96,6 +139,10 @@ class RoutingConfig:
     edge_tokenizer: str | None = None
     breaker: BreakerConfig = BreakerConfig()
     regions: dict[str, RegionConfig] = field(default_factory=dict)
+    pools: dict[str, PoolConfig] = field(default_factory=dict)
+
+    def pool_of(self, origin: OriginConfig) -> PoolConfig | None:
+        return self.pools.get(origin.pool) if origin.pool else None
 
     @property
     def active(self) -> bool:
@@ -115,8 +162,10 @@ class RoutingConfig:
             value = get(name)
             return None if value is None else _whole(name, value)
 
+        origins, pools = _origins(_json("ORIGINS", get("ORIGINS"), [], list), env)
         return cls(
-            origins=tuple(_origin(item, env, i) for i, item in enumerate(_json("ORIGINS", get("ORIGINS"), [], list))),
+            origins=origins,
+            pools=pools,
             first_token_ms=number("EDGE_FIRST_TOKEN_MS") or DEFAULT_FIRST_TOKEN_MS,
             stall_ms=number("EDGE_STALL_MS") or DEFAULT_STALL_MS,
             edge_max_prompt_tokens=number("EDGE_MAX_PROMPT_TOKENS"),
@@ -163,11 +212,85 @@ def _origin_url(url: str, index: int) -> str:
     return url
 
 
-def _origin(item: Any, env: Mapping[str, Any], index: int) -> OriginConfig:
+_POOL_SETTINGS = ("policy", "load_bound", "primary", "probe_ms", "probe_age_ms", "router_ms")
+
+
+def _origins(items: list[Any], env: Mapping[str, Any]) -> tuple[tuple[OriginConfig, ...], dict[str, PoolConfig]]:
+    """The origins, a pool's `replicas` spread into origins of their own, and the pools, checked:
+    an operator who lists a replica twice, leaves a pool empty or puts one server in two pools
+    with different models has made a mistake the gateway would otherwise route around silently."""
+    origins: list[OriginConfig] = []
+    settings: dict[str, dict[str, Any]] = {}
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and "replicas" in item:
+            pool = item.get("pool") or item.get("name")
+            if not isinstance(pool, str) or not pool:
+                raise ValueError(f"ORIGINS[{index}] has 'replicas' but no 'pool' name")
+            replicas = item["replicas"]
+            if not isinstance(replicas, list) or not replicas:
+                raise ValueError(f"ORIGINS[{index}]: pool {pool!r} has no replica (its 'replicas' list is empty)")
+            shared = {k: v for k, v in item.items() if k not in ("replicas", "name", "url", *_POOL_SETTINGS)}
+            settings.setdefault(pool, {}).update({k: item[k] for k in _POOL_SETTINGS if k in item})
+            for number, replica in enumerate(replicas):
+                replica = {"url": replica} if isinstance(replica, str) else replica
+                if not isinstance(replica, dict):
+                    raise ValueError(f"ORIGINS[{index}].replicas[{number}] must be a URL or an object with a 'url'")
+                merged = {**shared, "name": f"{pool}-{number + 1}", **replica, "pool": pool}
+                origins.append(_origin(merged, env, index, where=f"ORIGINS[{index}].replicas[{number}]"))
+        else:
+            origins.append(_origin(item, env, index))
+    names = [o.name for o in origins]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"ORIGINS lists {twice[0]!r} twice: every origin and replica needs a name of its own")
+    pools: dict[str, PoolConfig] = {}
+    members: dict[str, list[OriginConfig]] = {}
+    for origin in origins:
+        if origin.pool:
+            members.setdefault(origin.pool, []).append(origin)
+    for pool, replicas in members.items():
+        urls = [r.base_url for r in replicas]
+        again = next((u for u in urls if urls.count(u) > 1), None)
+        if again is not None:
+            raise ValueError(f"ORIGINS: pool {pool!r} lists the replica {again} twice")
+        pools[pool] = _pool(pool, tuple(r.name for r in replicas), settings.get(pool, {}))
+    for pool in settings:
+        if pool not in members:
+            raise ValueError(f"ORIGINS: pool {pool!r} has no replica")
+    seen: dict[str, OriginConfig] = {}
+    for origin in origins:
+        other = seen.setdefault(origin.base_url, origin)
+        if other is not origin and other.pool != origin.pool and other.models != origin.models:
+            raise ValueError(f"ORIGINS: {origin.base_url} is a replica of pool {other.pool or other.name!r} and of "
+                             f"{origin.pool or origin.name!r} with different models: one server serves one set of models")
+    return tuple(origins), pools
+
+
+def _pool(name: str, replicas: tuple[str, ...], item: dict[str, Any]) -> PoolConfig:
+    where = f"ORIGINS: pool {name!r}"
+    policy = str(item.get("policy", "scheduler"))
+    if policy not in POLICIES:
+        raise ValueError(f"{where}: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    try:
+        bound = float(item.get("load_bound", DEFAULT_LOAD_BOUND))
+    except (TypeError, ValueError):
+        bound = -1.0
+    if not 0 <= bound <= 100 or bound != bound:
+        raise ValueError(f"{where}: load_bound must be a number from 0 to 100 (1: spill above twice the mean load), "
+                         f"got {item.get('load_bound')!r}")
+    whole = {key: _whole(f"{where} {key}", item[key]) for key in ("probe_ms", "probe_age_ms", "router_ms") if key in item}
+    return PoolConfig(name, replicas, policy, bound, bool(item.get("primary", False)), **whole)
+
+
+def _origin(item: Any, env: Mapping[str, Any], index: int, where: str | None = None) -> OriginConfig:
+    where = where or f"ORIGINS[{index}]"
     if isinstance(item, str):
         item = {"url": item}
     if not isinstance(item, dict) or not isinstance(item.get("url"), str):
-        raise ValueError(f"ORIGINS[{index}] must be a URL or an object with a 'url'")
+        raise ValueError(f"{where} must be a URL or an object with a 'url'")
+    kind = item.get("kind")
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"{where} kind must be one of {', '.join(KINDS)} (what its load probe reads), got {kind!r}")
     secret = item.get("token_secret")
     token = env.get(secret) if secret else item.get("token")
     return OriginConfig(
@@ -180,6 +303,8 @@ def _origin(item: Any, env: Mapping[str, Any], index: int) -> OriginConfig:
         region=str(item["region"]).upper() if item.get("region") else None,
         slots=int(item["slots"]) if item.get("slots") else None,
         total_ms=int(item.get("total_ms") or DEFAULT_ORIGIN_TOTAL_MS),
+        pool=str(item["pool"]) if item.get("pool") else None,
+        kind=kind if kind is not None else ("llama.cpp" if item.get("slots") else None),
     )
 
 

@@ -20,6 +20,7 @@ only; the breaker and counters are plain per-isolate data (`IsolateState.routing
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import AsyncIterator
@@ -31,6 +32,7 @@ from ..inference import apply_stop, start_generation
 from ..deps import Deps
 from ..ports import Clock
 from ..stream import close_source, owns
+from . import pools
 from .breaker import CircuitBreaker
 from .config import OriginConfig
 from .origin import OriginClient
@@ -80,7 +82,7 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
     plan = plan or await plan_route(deps, request, gen_request)
     counters = routing_state(deps).counters
     if not plan.edge:
-        return await _from_origins(deps, gen_request, plan.origins, plan.reason)
+        return await _from_origins(deps, gen_request, plan.origins, plan.reason, plan.prompt_tokens)
     if not plan.origins:  # nowhere to fail over to: no budgets, exactly as before
         generation = await start_generation(deps, gen_request)
         counters.edge += 1
@@ -102,7 +104,7 @@ async def start_routed(deps: Deps, request: Request, gen_request: GenerationRequ
             verdict.record(ok=False)
             counters.failovers_before_first_token += 1
         deps.log.warning("edge failed before its first token (%s); asking the origin", started.reason)
-        return await _from_origins(deps, gen_request, plan.origins, started.reason)
+        return await _from_origins(deps, gen_request, plan.origins, started.reason, plan.prompt_tokens)
     generation, first = started
     counters.edge += 1
     followed = _follow_edge(deps, gen_request, plan, verdict, first, generation.events).on_close(verdict.close)  # read or not
@@ -138,27 +140,55 @@ async def _start_edge(deps: Deps, gen_request: GenerationRequest, budget: float)
     return cut
 
 
-async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...], reason: str) -> Generation:
+async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...], reason: str,
+                        prompt_tokens: int | None = None) -> Generation:
+    """The first origin that answers, in the order routing gives (a pool's replicas by its
+    scheduler; a replica that fails gives way to the next, `reason=failover`)."""
     state = routing_state(deps)
     last: GatewayError | None = None
-    for origin in origins:
+    choices = await pools.order(deps, gen_request, origins, prompt_tokens)
+    if origins and not choices:  # every replica of the pool is down (its breakers open)
+        raise _all_down()
+    for tried, choice in enumerate(choices):
+        origin = choice.origin
         assert deps.fetch is not None
+        why = choice.reason if tried == 0 else "failover"
+        if choice.view is not None and not choice.view.admit(origin.name, deps.clock.now()):
+            continue
+        pools.dispatched(choice, why)
+        started = time.monotonic()
         try:
             events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request)
         except GatewayError as exc:
-            if exc.kind not in FAILOVER_KINDS:
+            if exc.kind not in FAILOVER_KINDS:  # the request's own fault (a 400): no verdict on the replica
+                if choice.view is not None:
+                    choice.view.finished(origin.name, deps.clock.now(), None)
                 raise
+            pools.failed(deps, choice)
             state.counters.origin_errors += 1
             deps.log.warning("origin %s failed: %s", origin.name, exc.detail or exc.message)  # its own text: the log's only
             last = exc
             continue
+        except BaseException:
+            if choice.view is not None:
+                choice.view.finished(origin.name, deps.clock.now(), None)
+            raise
         state.counters.origin += 1
-        route = f"origin; reason={reason}; origin={origin.name}"
-        return Generation(origin.model_for(gen_request.model), _tagged(apply_stop(events, gen_request.stop), route), route=route)
+        route = pools.route_text(choice, why, reason)
+        followed = pools.followed(deps, choice, events, started)
+        return Generation(origin.model_for(gen_request.model), _tagged(apply_stop(followed, gen_request.stop), route), route=route)
+    if choices and all(c.view is not None for c in choices):  # a pool, every replica down or failing
+        raise _all_down(last)
     if last is not None:
         raise last
     raise GatewayError(ErrorKind.UNAVAILABLE, f"The edge is unavailable ({reason}) and no origin is configured for this request.",
                        code="no_route", retry_after=RetryAfter.NO_ROUTE)
+
+
+def _all_down(last: GatewayError | None = None) -> GatewayError:
+    return GatewayError(ErrorKind.UNAVAILABLE, "Every replica that serves this request is down or failing; retry shortly.",
+                        code="origin_unavailable", retry_after=RetryAfter.NO_ROUTE,
+                        detail=(last.detail or last.message) if last is not None else "every replica's breaker is open")
 
 
 @owns("events")
@@ -265,13 +295,21 @@ def _not_continuable(gen_request: GenerationRequest, called: bool) -> str | None
 async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...], text: str, sent: int) -> AsyncIterator[Event]:
     last: GatewayError | None = None
     remaining = max(1, gen_request.max_tokens - sent)
-    for origin in origins:
+    for choice in await pools.order(deps, gen_request, origins, None):
+        origin = choice.origin
         assert deps.fetch is not None
+        pools.dispatched(choice, choice.reason)
+        started = time.monotonic()
         try:
-            return await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request, prefill=text, max_tokens=remaining)
+            events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request, prefill=text, max_tokens=remaining)
         except GatewayError as exc:
+            pools.failed(deps, choice)
             routing_state(deps).counters.origin_errors += 1
             deps.log.warning("origin %s could not continue: %s", origin.name, exc.detail or exc.message)
             last = exc
-    assert last is not None
+            continue
+        return pools.followed(deps, choice, events, started)
+    if last is None:
+        raise GatewayError(ErrorKind.UPSTREAM, "The edge failed mid-answer and every replica that could continue it is down.",
+                           code="upstream_error", retry_after=RetryAfter.DEPENDENCY)
     raise last

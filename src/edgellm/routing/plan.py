@@ -185,6 +185,8 @@ async def plan_route(deps: Deps, request: Request, gen_request: GenerationReques
             raise error
     if not found.edge_allowed:
         return Plan(False, origins, "region", prompt_tokens=tokens)
+    if origins and any(p.primary for o in origins if (p := deps.config.routing.pool_of(o)) is not None):
+        return Plan(False, origins, "pool", prompt_tokens=tokens)  # a primary pool takes its requests before the edge
     if not found.edge_fits:
         state.counters.too_long_for_edge += 1
         return Plan(False, origins, "too-long-for-edge", prompt_tokens=tokens)

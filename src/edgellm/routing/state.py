@@ -23,6 +23,9 @@ class RoutingCounters:
     context_length_exceeded: int = 0
     residency_refusals: int = 0
     origin_errors: int = 0
+    router_answers: int = 0  # a pool's Durable Object said where a request goes
+    router_fallbacks: int = 0  # it did not answer in time (or failed): the isolate's own view decided
+    router_skips: int = 0  # it was not asked (it had been missing its deadline): the isolate's own view decided
 
     def to_json(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -34,3 +37,4 @@ class RoutingState:
     counters: RoutingCounters = field(default_factory=RoutingCounters)
     tokenizers: dict[str, Any] = field(default_factory=dict)  # published name -> tokenizer.Tokenizer | None
     last_stall_to_origin_ms: float | None = None
+    pools: dict[str, Any] = field(default_factory=dict)  # pool name -> fleet.PoolView (this isolate's view of it)

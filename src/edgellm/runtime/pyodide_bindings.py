@@ -20,6 +20,7 @@ from .pyodide_conversations import conversation_namespace
 from .pyodide_durable import WorkersDurableObjectNamespace
 from .pyodide_env import EnvMapping, optional_binding
 from .pyodide_fetch import WorkersFetch
+from .pyodide_guard import WorkersAIGuard
 from .pyodide_kv import WorkersKV
 from .pyodide_r2 import WorkersEdgeCache, WorkersR2
 from .pyodide_ratelimit import WorkersRateLimit
@@ -43,12 +44,16 @@ def build_deps(env: Any, ctx: Any, state: IsolateState, wait_until: Any = None) 
         state=state,
         conversations=conversation_namespace(env),
         flights=_flights(getattr(env, "FLIGHTS", None)),
+        routers=_flights(getattr(env, "ROUTER", None)) if state.config.routing.pools else None,  # a pool's view (routing.router)
         rate_limiter=_rate_limiter(env),
         usage=_usage(env),
         fetch=WorkersFetch() if config.routing.origins else None,
         # spans as log lines beside Workers' own traces ([observability]), when TRACE_LOGS asks
         tracer=LogTracer(ids=state.ids) if config.trace_logs else NoopTracer(),
         vectors=_vectors(env),
+        # Llama Guard on the same AI binding (GUARD_MODEL): always there, so a policy that
+        # moderates always has its guard; a failing one is GUARD_FAIL's to decide
+        guard=WorkersAIGuard(env.AI, config.guard_model),
     )
 
 

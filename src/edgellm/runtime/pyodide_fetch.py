@@ -22,8 +22,15 @@ from .pyodide_toolbox import is_missing, js_message, js_options, read_stream
 @dataclass(frozen=True)
 class WorkersFetch:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str], timeout: float) -> FetchResponse:
+        return await self._send(url, {"method": "POST", "headers": dict(headers), "body": body.decode()}, timeout)
+
+    async def get(self, url: str, headers: Mapping[str, str], timeout: float) -> FetchResponse:
+        """A GET (a replica's load probe: `/metrics`), under the same budget as `post`."""
+        return await self._send(url, {"method": "GET", "headers": dict(headers)}, timeout)
+
+    async def _send(self, url: str, options: dict[str, Any], timeout: float) -> FetchResponse:
         controller = js.AbortController.new()
-        init = js_options({"method": "POST", "headers": dict(headers), "body": body.decode(), "signal": controller.signal})
+        init = js_options({**options, "signal": controller.signal})
         try:
             async with asyncio.timeout(timeout):
                 response = await js.fetch(url, init)

@@ -93,6 +93,45 @@ def engine_load(deps: Deps) -> dict[str, Any] | None:
     return slots if isinstance(slots, dict) else None
 
 
+def _semantic(deps: Deps) -> list[Family]:
+    """The semantic cache: its error bound's evidence (every namespace of the isolate pooled, so
+    the labels stay bounded; per namespace: /admin/cache/stats) and its lookups' costs."""
+    semantic = deps.state.semantic
+    calibration = semantic.calibration
+    pooled = calibration.pooled()
+    low, high = pooled.interval
+    stopped = sum(1 for e in calibration.estimates.values() if deps.config.semantic_max_error is not None
+                  and not e.serves(deps.config.semantic_max_error))
+    return [
+        Family(PREFIX + "cache_semantic_wrong_rate", "gauge", "Share of checked semantic hits that were wrong, and its Wilson 95% "
+               "interval (this isolate's evidence, every namespace pooled).",
+               [("", {"bound": "estimate"}, pooled.rate), ("", {"bound": "lower"}, low), ("", {"bound": "upper"}, high)]),
+        _single("cache_semantic_max_error", "gauge", "The configured bound on wrong semantic hits (SEMANTIC_MAX_ERROR; 1 when off).",
+                deps.config.semantic_max_error if deps.config.semantic_max_error is not None else 1.0),
+        _counter("cache_semantic_verdicts", "Semantic hits checked against the real answer, by verdict.", ("verdict",),
+                 {"right": calibration.right, "wrong": calibration.wrong}),
+        _counter("cache_semantic_checks", "Checks of semantic hits: free (a would-be hit served as a miss), sampled (an extra "
+                 "generation, the operator's), capped (not made: the minute's cap).", ("kind",),
+                 {"free": calibration.free_checks, "sampled": calibration.sampled_checks, "capped": calibration.capped}),
+        _single("cache_semantic_check_tokens", "counter", "Tokens of the sampled checks' generations (charged to the operator).",
+                calibration.check_tokens),
+        _single("cache_semantic_check_rate", "gauge", "Share of served semantic hits sampled for a check (SEMANTIC_CHECK_RATE).",
+                deps.config.semantic_check_rate),
+        _single("cache_semantic_stopped_namespaces", "gauge", "Namespaces whose semantic hits are stopped: their wrong-hit "
+                "interval's upper bound is above the bound.", stopped),
+        _single("cache_semantic_stopped_hits", "counter", "Would-be semantic hits served as misses, their namespace's bound not met.",
+                calibration.stopped_hits),
+        _counter("cache_semantic_embeddings", "The semantic lookups' embeddings, by outcome.", ("outcome",),
+                 {"made": semantic.embeddings, "failed": semantic.embedding_failures, "skipped": semantic.skipped}),
+        _single("cache_semantic_embedding_tokens", "counter", "Tokens of the semantic lookups' embeddings.", semantic.embedding_tokens),
+        _counter("cache_semantic_verifications", "Candidates the verifier (SEMANTIC_VERIFIER) was asked about, by outcome.", ("outcome",),
+                 {"accepted": semantic.verifications - semantic.verifier_refusals - semantic.verifier_failures,
+                  "refused": semantic.verifier_refusals, "failed": semantic.verifier_failures}),
+        _single("cache_semantic_verifier_seconds", "counter", "Time spent asking the verifier (its added latency, together).",
+                semantic.verifier_seconds),
+    ]
+
+
 def families(deps: Deps) -> list[Family]:
     state = deps.state
     t, cache, admission, routing = state.telemetry, state.cache, state.admission, state.routing
@@ -106,6 +145,7 @@ def families(deps: Deps) -> list[Family]:
                 cache.coalesced),
         _single("cache_semantic_hits", "counter", "Of the cache hits, those answered by meaning (the semantic cache).", cache.semantic_hits),
         _single("cache_served_bytes", "counter", "Bytes of cache entries served.", cache.bytes_served),
+        *_semantic(deps),
         _counter("prompt_tokens", "Prompt tokens processed, by model and tenant (cache HITs count none).", ("model", "tenant"), t.prompt_tokens),
         _counter("generation_tokens", "Tokens generated, by model and tenant (cache HITs count none).", ("model", "tenant"),
                  t.generation_tokens),
@@ -124,9 +164,13 @@ def families(deps: Deps) -> list[Family]:
         _counter("kv_errors", "KV calls that failed (the cache fails open).", ("operation",),
                  {"read": cache.read_errors, "write": cache.write_errors}),
         _single("r2_errors", "counter", "R2 calls that failed.", t.r2_errors),
+        _counter("guardrails_verdicts", "Guardrails verdicts, by stage (prompt, answer), what was found (a Llama Guard category "
+                 "S1..S14, a DLP detector, or guard_error) and the action taken (block, mask, flag; a guard error: closed, open).",
+                 ("stage", "label", "action"), t.guardrails),
         _single("isolate_start_time_seconds", "gauge", "Unix time this isolate (on the local edge: this process) began counting; "
                 "another value means another isolate, or a new one, whose counters start from zero.", t.started_at),
     ]
+    out.extend(_replica_families(deps))
     breaker = routing.breaker  # None until routing first asks it: a breaker not yet made is closed
     now_state = breaker.state if breaker is not None else "closed"
     out.append(Family(PREFIX + "breaker_state", "gauge", "The edge's circuit breaker: 1 for its current state.",
@@ -141,6 +185,23 @@ def families(deps: Deps) -> list[Family]:
     for family in out:
         family.samples = [(suffix, {**labels, ISOLATE_LABEL: isolate}, value) for suffix, labels, value in family.samples]
     return out
+
+
+def _replica_families(deps: Deps) -> list[Family]:
+    """Per replica of each pool, labelled with the configured names only (never a request's)."""
+    routing, views = deps.config.routing, deps.state.routing.pools
+    if not routing.pools:
+        return []
+    routed = Family(PREFIX + "routed_replica", "counter", "Generations this isolate sent to each replica of a pool.")
+    flight = Family(PREFIX + "replica_in_flight", "gauge", "Generations this isolate has in flight on each replica of a pool.")
+    for pool in routing.pools.values():
+        view = views.get(pool.name)
+        for name in pool.replicas:
+            replica = view.replicas.get(name) if view is not None else None
+            labels = {"pool": pool.name, "replica": name}
+            routed.samples.append(("_total", labels, float(replica.sent if replica else 0)))
+            flight.samples.append(("", labels, float(replica.in_flight if replica else 0)))
+    return [routed, flight]
 
 
 def _escape(value: str) -> str:

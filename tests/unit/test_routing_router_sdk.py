@@ -1,0 +1,102 @@
+"""The pool's routing object as Cloudflare hosts it: `entry.Router` over the REAL Workers Python
+SDK (`workers-runtime-sdk`), reached through the Worker's adapter (`WorkersDurableObjectNamespace`)
+exactly as a request asks it, with only what lies under the SDK stood in (`fake_pyodide`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from edgellm.config import Config
+from edgellm.deps import Deps
+from edgellm.routing.fleet import PoolView
+from edgellm.routing.router import ask_router, report
+from edgellm.routing.pools import Choice
+from edgellm.routing.scheduler import Ask, prefix_blocks
+from edgellm.state import IsolateState
+from tests.support import fake_pyodide as fp
+
+ORIGINS = json.dumps([{"pool": "gpu", "replicas": ["http://10.0.0.1:8080", "http://10.0.0.2:8080", "http://10.0.0.3:8080"]}])
+
+
+@pytest.fixture
+def runtime() -> Any:
+    with fp.installed() as rt:
+        import entry
+
+        yield rt, entry
+
+
+class Background:
+    def __init__(self) -> None:
+        self.work: list[Any] = []
+
+    def __call__(self, awaitable: Any) -> None:
+        self.work.append(awaitable)
+
+    async def settle(self) -> None:
+        while self.work:
+            await self.work.pop(0)
+
+
+def isolate(namespace: Any, background: Background) -> tuple[Deps, PoolView]:
+    """A Worker isolate of its own: its own state, the ROUTER binding as the SDK hands it over."""
+    from workers.rpc import _DurableObjectNamespaceWrapper
+
+    from edgellm.runtime.pyodide_durable import WorkersDurableObjectNamespace
+
+    config = Config.from_env({"ORIGINS": ORIGINS, "OPEN_ACCESS": "true"})
+    deps = Deps(config=config, ai=None, routers=WorkersDurableObjectNamespace(_DurableObjectNamespaceWrapper(namespace)), wait_until=background,  # type: ignore[arg-type]
+                state=IsolateState(config=config))
+    return deps, PoolView(config.routing.pools["gpu"])
+
+
+async def test_two_isolates_share_the_pools_view_through_the_router_object(runtime: Any) -> None:
+    rt, entry = runtime
+    env = fp.JsEnv(AI=object(), ORIGINS=ORIGINS, OPEN_ACCESS="true")
+    namespace = fp.DurableObjectNamespace(entry.Router, env)
+    background = Background()
+    (first, first_view), (second, second_view) = isolate(namespace, background), isolate(namespace, background)
+    ask = Ask(prefix_blocks("a shared system prompt " * 40), 200, 920)
+    picks, lease = await ask_router(first, first_view, ask)
+    holder = picks[0].name
+    assert {p.name for p in picks} == {"gpu-1", "gpu-2", "gpu-3"}
+    again, second_lease = await ask_router(second, second_view, ask)
+    assert again[0].name == holder and again[0].reason == "prefix" and second_lease != lease  # learned from the first isolate
+    # both in flight on the holder: a third ask spills, whichever isolate makes it
+    third, _ = await ask_router(first, first_view, ask)
+    assert third[0].name != holder
+    origin = first.config.routing.origin(holder)
+    for done_lease in (lease, second_lease):  # the answers end: the object's in-flight comes down
+        report(first, Choice(origin, "prefix", first_view, ask, done_lease), ok=True, ttft_s=0.1, itl_s=0.01)
+    await background.settle()
+    view = namespace.instance("gpu").router.views["gpu"]
+    assert view.replicas[holder].sent == 2 and view.replicas[holder].in_flight == 0
+    assert first.state.routing.counters.router_answers == 2 and second.state.routing.counters.router_answers == 1
+
+
+class FailingRouters:
+    """The ROUTER binding with a fault: every call to an object fails (an overloaded object)."""
+
+    calls = 0
+
+    def get(self, name: str) -> "FailingRouters":
+        return self
+
+    async def fetch(self, request: Any) -> Any:
+        FailingRouters.calls += 1
+        raise RuntimeError("overloaded")
+
+
+async def test_an_object_that_keeps_failing_is_left_out_of_the_request_path() -> None:
+    config = Config.from_env({"ORIGINS": ORIGINS, "OPEN_ACCESS": "true"})
+    background = Background()
+    deps = Deps(config=config, ai=None, routers=FailingRouters(), wait_until=background, state=IsolateState(config=config))  # type: ignore[arg-type]
+    view = PoolView(config.routing.pools["gpu"])
+    ask = Ask(prefix_blocks("x" * 600), 150, 600)
+    assert [await ask_router(deps, view, ask) for _ in range(5)] == [None] * 5
+    counters = deps.state.routing.counters
+    assert (counters.router_fallbacks, counters.router_skips) == (3, 2) and view.router_breaker.state == "open"
+    await background.settle()  # the give-up reports fail too, and are only logged

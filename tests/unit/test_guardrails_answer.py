@@ -168,3 +168,17 @@ async def test_a_flagged_stream_says_so_in_its_final_chunk() -> None:
     [final] = [e for e in events if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]]
     assert final["choices"][0]["finish_reason"] == "stop" and final["edgellm_guardrails"] == "flagged; categories=S2"
     assert events[-1] == "[DONE]"
+
+
+async def test_a_masked_and_a_blocked_stream_answer_each_leave_their_verdict_in_the_usage_row() -> None:
+    from dataclasses import replace
+
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
+
+    tokens = ("write ", "to ", "jane.doe", "@example", ".com ", "today")
+    for action in ("mask", "block"):
+        deps, _, _ = deps_with({"dlp": {"email": action}}, tokens)
+        deps = replace(deps, usage=SqliteUsage())
+        await events_of(await handle(chat(stream=True), deps))  # the row is made when the stream's body ends
+        rows = await deps.usage.query(0, 4e9, ())
+        assert rows[0]["guardrails"] == {f"answer:email:{action}": 1}

@@ -200,3 +200,12 @@ async def test_a_responses_answer_cut_by_the_content_policy_is_incomplete_and_it
     deps, _, _ = deps_with(ANSWER_POLICY, ("how ", "to ", "steal ", "a ", "bike"))
     events = await events_of(await handle(responses(True), deps))
     assert events[-1]["type"] == "response.completed" and events[-1]["edgellm_guardrails"] == "flagged; categories=S2"
+
+
+async def test_a_flagged_workers_ai_stream_says_so_in_its_final_event() -> None:
+    deps, _, _ = deps_with(ANSWER_POLICY, ("how ", "to ", "steal ", "a ", "bike"))
+    body = {"messages": [{"role": "user", "content": "tell me a story"}], "stream": True}
+    request = Request("POST", "http://edge.test/client/v4/accounts/acc/ai/run/@cf/meta/llama-2-7b-chat-int8",
+                      {"content-type": "application/json"}, json.dumps(body).encode())
+    events = await events_of(await handle(request, deps))
+    assert events[-1] == "[DONE]" and events[-2]["edgellm_guardrails"] == "flagged; categories=S2"

@@ -223,6 +223,10 @@ class UsageEvent(NamedTuple):
     completion_tokens: int
     latency_ms: float
     status: int
+    # what the guardrails did, by name only: "stage:label:action" items from the fixed taxonomy
+    # (S1..S14, the detectors' names, guard_error) and the actions, comma-joined and sorted
+    # (`prompt:S1:block,answer:email:mask`); never a found value, so the column stays bounded
+    guardrails: str = ""
 
 
 class UsageSink(Protocol):

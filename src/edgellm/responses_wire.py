@@ -246,7 +246,9 @@ def _message(meta: ResponseMeta, text: str, status: str) -> dict[str, Any]:
 
 
 def response_object(meta: ResponseMeta, model: str, *, status: str, text: str | None = None,
-                    usage: Usage | None = None) -> dict[str, Any]:
+                    usage: Usage | None = None, reason: str | None = None) -> dict[str, Any]:
+    """`reason`: why an incomplete response stopped (`incomplete_details.reason`): the token
+    budget (`max_output_tokens`, the default) or the content policy (`content_filter`)."""
     request = meta.request
     return {
         "id": meta.id,
@@ -255,7 +257,7 @@ def response_object(meta: ResponseMeta, model: str, *, status: str, text: str | 
         "status": status,
         "background": False,
         "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "incomplete_details": {"reason": reason or "max_output_tokens"} if status == "incomplete" else None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
         "model": model,
@@ -277,8 +279,17 @@ def response_object(meta: ResponseMeta, model: str, *, status: str, text: str | 
     }
 
 
+# the finish reasons that leave a response incomplete, as OpenAI's `incomplete_details.reason` says them
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
 def status_of(finish: Finish) -> str:
-    return "incomplete" if finish.finish_reason == "length" else "completed"
+    return "incomplete" if finish.finish_reason in _INCOMPLETE else "completed"
+
+
+def reason_of(finish: Finish) -> str | None:
+    """`incomplete_details.reason` of a response that ended with `finish`, or None."""
+    return _INCOMPLETE.get(finish.finish_reason)
 
 
 def stored_record(meta: ResponseMeta, model: str, text: str, finish: Finish) -> StoredResponse:
@@ -289,7 +300,8 @@ def stored_record(meta: ResponseMeta, model: str, text: str, finish: Finish) -> 
         usage=finish.usage.to_json(),
         params={"temperature": request.sampling.get("temperature"), "top_p": request.sampling.get("top_p"),
                 "max_output_tokens": request.max_output_tokens, "metadata": request.metadata, "store": True,
-                **({"text_format": request.text_format} if request.text_format else {})},
+                **({"text_format": request.text_format} if request.text_format else {}),
+                **({"incomplete_reason": reason_of(finish)} if reason_of(finish) else {})},
     )
 
 
@@ -313,7 +325,8 @@ def render_stored(record: StoredResponse) -> dict[str, Any]:
         text_format=params.get("text_format"),
     )
     meta = ResponseMeta(record.id, record.created_at, request, message_id=message_id_of(record.id))
-    return response_object(meta, record.model, status=record.status, text=record.output_text, usage=Usage.from_json(record.usage))
+    return response_object(meta, record.model, status=record.status, text=record.output_text, usage=Usage.from_json(record.usage),
+                           reason=params.get("incomplete_reason"))
 
 
 Completion = Callable[[str, Finish], Awaitable[None]]
@@ -322,7 +335,7 @@ Completion = Callable[[str, Finish], Awaitable[None]]
 async def render_json(generation: Generation, meta: ResponseMeta, on_complete: Completion) -> dict[str, Any]:
     text, finish = await generation.collect()
     await on_complete(text, finish)
-    return response_object(meta, generation.model, status=status_of(finish), text=text, usage=finish.usage)
+    return response_object(meta, generation.model, status=status_of(finish), text=text, usage=finish.usage, reason=reason_of(finish))
 
 
 @owns("generation")
@@ -331,8 +344,11 @@ async def render_stream(generation: Generation, meta: ResponseMeta, on_complete:
     """The Responses event stream: `response.created`, `response.in_progress`, the output item
     and content part opening, one `response.output_text.delta` per token, their `.done`
     events, then `response.completed` (or `response.incomplete` when the token budget ran
-    out). The answer is stored before that last event, so a client that sends the next turn
-    as soon as it arrives finds it. A failure is an `error` event, and the stream ends there.
+    out, or the guardrails cut the answer: `content_filter`, then their `error` event). The
+    answer is stored before that last event, so a client that sends the next turn as soon as it
+    arrives finds it. A failure is an `error` event, and the stream ends there. The final
+    event carries `edgellm_guardrails` when the guardrails flagged or masked (as OpenAI's
+    stream's final chunk does).
     """
     sequence = 0
 
@@ -344,12 +360,25 @@ async def render_stream(generation: Generation, meta: ResponseMeta, on_complete:
 
     at = {"item_id": meta.message_id, "output_index": 0, "content_index": 0}
     parts: list[str] = []
+
+    async def closing(finish: Finish) -> list[bytes]:
+        text = "".join(parts)
+        await on_complete(text, finish)
+        status = status_of(finish)
+        done = _message(meta, text, "completed" if status == "completed" else "incomplete")
+        final = response_object(meta, generation.model, status=status, text=text, usage=finish.usage, reason=reason_of(finish))
+        return [event("response.output_text.done", **at, text=text, logprobs=[]),
+                event("response.content_part.done", **at, part=done["content"][0]),
+                event("response.output_item.done", output_index=0, item=done),
+                event(f"response.{status}", response=final,
+                      **({"edgellm_guardrails": finish.guardrails} if finish.guardrails else {}))]
+
     try:
         yield event("response.created", response=response_object(meta, generation.model, status="in_progress"))
         yield event("response.in_progress", response=response_object(meta, generation.model, status="in_progress"))
         yield event("response.output_item.added", output_index=0, item={**_message(meta, "", "in_progress"), "content": []})
         yield event("response.content_part.added", **at, part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-        finish = Finish("stop", Usage())
+        finish: Finish | None = None
         async for item in generation.events:
             if isinstance(item, Token):
                 if item.text:
@@ -357,14 +386,12 @@ async def render_stream(generation: Generation, meta: ResponseMeta, on_complete:
                     yield event("response.output_text.delta", **at, delta=item.text, logprobs=[])
             elif isinstance(item, Finish):
                 finish = item
-        text = "".join(parts)
-        await on_complete(text, finish)
-        status = status_of(finish)
-        done = _message(meta, text, "completed" if status == "completed" else "incomplete")
-        yield event("response.output_text.done", **at, text=text, logprobs=[])
-        yield event("response.content_part.done", **at, part=done["content"][0])
-        yield event("response.output_item.done", output_index=0, item=done)
-        yield event(f"response.{status}", response=response_object(meta, generation.model, status=status, text=text, usage=finish.usage))
+                if finish.finish_reason == "content_filter":  # cut by the guardrails: closed now, their error event follows
+                    for chunk in await closing(finish):
+                        yield chunk
+        if finish is None or finish.finish_reason != "content_filter":
+            for chunk in await closing(finish or Finish("stop", Usage())):
+                yield chunk
     except GatewayError as exc:
         error = streamed_error(exc, log)["error"]
         yield event("error", code=error["code"], message=error["message"], param=error["param"])

@@ -138,7 +138,8 @@ def _arguments(text: str) -> Any:
 
 @owns("generation")
 async def render_stream(generation: Generation, log: logging.Logger = LOG) -> AsyncIterator[bytes]:
-    """Workers AI SSE: one `{"response": token}` per token, a usage event, then `[DONE]`.
+    """Workers AI SSE: one `{"response": token}` per token, a usage event (with `edgellm_route`
+    and, when the guardrails flagged or masked, `edgellm_guardrails`), then `[DONE]`.
 
     A failure mid-stream is sent as an `error` event and the stream ends without `[DONE]`,
     so a client can tell a cut answer from a complete one.
@@ -155,6 +156,8 @@ async def render_stream(generation: Generation, log: logging.Logger = LOG) -> As
                 final: dict[str, Any] = {"response": "", "usage": event.usage.to_json()}
                 if event.route:
                     final["edgellm_route"] = event.route
+                if event.guardrails:  # what the guardrails did, once the whole answer is checked (as the OpenAI stream's)
+                    final["edgellm_guardrails"] = event.guardrails
                 yield sse.encode_event(final)
     except GatewayError as exc:
         yield sse.encode_event(streamed_error(exc, log))

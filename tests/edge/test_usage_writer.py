@@ -82,3 +82,20 @@ async def test_a_read_sees_every_row_recorded_before_it(tmp_path: Path) -> None:
     assert await usage.tokens_spent("k1") == 1_000 * 8 + 20
     usage.close()
     assert len(rows_on_disk(tmp_path / "usage.sqlite3")) == 2_010
+
+
+async def test_a_usage_file_made_before_the_guardrails_column_gains_it_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "usage.sqlite3"
+    old = [c for c in UsageEvent._fields if c != "guardrails"]
+    with sqlite3.connect(path) as db:  # the table as an older edge made it, with one row
+        db.execute(f"CREATE TABLE usage ({', '.join(old)})")
+        db.execute(f"INSERT INTO usage VALUES ({', '.join('?' * len(old))})",
+                   (1000.0, "acme", "k1", "m", "chat", "MISS", 3, 4, 12.0, 200))
+    usage = SqliteUsage(path)
+    usage.record_now(UsageEvent(1001.0, "acme", "k1", "m", "chat", "MISS", 1, 1, 5.0, 400, guardrails="prompt:S1:block"))
+    rows = await usage.query(0, 2000, ("tenant",))
+    usage.close()
+    assert rows[0]["requests"] == 2 and rows[0]["prompt_tokens"] == 4
+    assert rows[0]["guardrails"] == {"prompt:S1:block": 1}
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT guardrails FROM usage ORDER BY time").fetchall() == [("",), ("prompt:S1:block",)]

@@ -44,18 +44,19 @@ class SqlApiDouble:
 
 def test_the_query_weights_by_the_sample_interval_and_quotes_the_tenant() -> None:
     sql = usage_sql("edgellm_usage", 1000.9, 2000, ("tenant", "day"), "o'brien")
-    assert sql.startswith("SELECT blob1 AS tenant, formatDateTime(timestamp, '%Y-%m-%d') AS day, SUM(_sample_interval) AS requests")
+    assert sql.startswith("SELECT blob1 AS tenant, formatDateTime(timestamp, '%Y-%m-%d') AS day, blob6 AS guardrails, "
+                          "SUM(_sample_interval) AS requests")
     assert "sumIf(_sample_interval * double1, blob5 != 'HIT') AS prompt_tokens" in sql
     assert "FROM edgellm_usage WHERE timestamp >= toDateTime(1000) AND timestamp < toDateTime(2000) AND blob1 = 'o\\'brien'" in sql
-    assert sql.endswith("GROUP BY tenant, day ORDER BY tenant, day FORMAT JSON")
-    assert "GROUP BY" not in usage_sql("d", 0, 1, ())
+    assert sql.endswith("GROUP BY tenant, day, guardrails ORDER BY tenant, day FORMAT JSON")
+    assert usage_sql("d", 0, 1, ()).endswith("GROUP BY guardrails FORMAT JSON")
 
 
 def test_rows_come_back_in_the_local_sinks_shape() -> None:
     rows = usage_rows({"data": [{"model": "@cf/m", "requests": "3", "prompt_tokens": "30", "completion_tokens": "12.0", "hits": "1"},
                                 {"model": "@cf/x", "requests": "0"}]}, ("model",))
     assert rows == [{"model": "@cf/m", "requests": 3, "prompt_tokens": 30, "completion_tokens": 12, "saved_prompt_tokens": 0,
-                     "saved_completion_tokens": 0, "hits": 1, "misses": 0, "errors": 0, "latency_ms_total": 0}]
+                     "saved_completion_tokens": 0, "hits": 1, "misses": 0, "errors": 0, "latency_ms_total": 0, "guardrails": {}}]
     with pytest.raises(UsageQueryError):
         usage_rows({"errors": []}, ())
 
@@ -179,9 +180,9 @@ def analytics_engine(rows: list[dict[str, Any]]) -> Any:
 
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE edgellm_usage (timestamp INTEGER, _sample_interval INTEGER, blob1, blob2, blob3, blob4, blob5, "
-               "double1 REAL, double2 REAL, double3 REAL, double4 REAL)")
+               "blob6, double1 REAL, double2 REAL, double3 REAL, double4 REAL)")
     db.executemany("INSERT INTO edgellm_usage VALUES (:timestamp, :_sample_interval, :blob1, :blob2, :blob3, :blob4, :blob5, "
-                   ":double1, :double2, :double3, :double4)", rows)
+                   ":blob6, :double1, :double2, :double3, :double4)", rows)
     db.create_function("toStartOfMinute", 1, lambda t: t - t % 60)
     db.create_function("toDateTime", 1, lambda t: t)
     db.create_aggregate("sumIf", 2, SumIf)
@@ -263,3 +264,23 @@ def test_the_docs_give_each_panels_query_as_the_code_makes_it() -> None:
     docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text().split())
     for title in PANELS:
         assert " ".join(panel_sql(title).split()) in docs, title
+
+
+def test_the_usage_query_counts_the_guardrails_verdicts_the_worker_writes_per_group() -> None:
+    """`usage_sql` run over rows the Worker's own writer made: each group's requests per verdict,
+    weighted by the sample interval, with the rows split by blob6 folded back into one group."""
+    from edgellm.ports import UsageEvent
+
+    m = "@cf/meta/llama-2-7b-chat-int8"
+    events = [
+        (UsageEvent(1001, "acme", "k1", m, "/v1/chat/completions", "", 9, 0, 3.0, 400, "prompt:S1:block"), 2),
+        (UsageEvent(1002, "acme", "k1", m, "/v1/chat/completions", "MISS", 9, 4, 3.0, 200, "answer:email:mask,prompt:email:mask"), 1),
+        (UsageEvent(1003, "acme", "k1", m, "/v1/chat/completions", "MISS", 9, 4, 3.0, 200), 1),
+        (UsageEvent(1004, "zeta", "k2", m, "/v1/chat/completions", "MISS", 9, 4, 3.0, 200, "prompt:email:mask"), 1),
+    ]
+    db = analytics_engine(written_rows(events))
+    sql = usage_sql("edgellm_usage", 1000, 2000, ("tenant",)).removesuffix(" FORMAT JSON")
+    rows = {row["tenant"]: row for row in usage_rows({"data": [dict(r) for r in db.execute(sql)]}, ("tenant",))}
+    assert rows["acme"]["requests"] == 4 and rows["acme"]["errors"] == 2
+    assert rows["acme"]["guardrails"] == {"prompt:S1:block": 2, "answer:email:mask": 1, "prompt:email:mask": 1}
+    assert rows["zeta"]["guardrails"] == {"prompt:email:mask": 1}

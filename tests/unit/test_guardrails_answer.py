@@ -168,3 +168,44 @@ async def test_a_flagged_stream_says_so_in_its_final_chunk() -> None:
     [final] = [e for e in events if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]]
     assert final["choices"][0]["finish_reason"] == "stop" and final["edgellm_guardrails"] == "flagged; categories=S2"
     assert events[-1] == "[DONE]"
+
+
+async def test_a_masked_and_a_blocked_stream_answer_each_leave_their_verdict_in_the_usage_row() -> None:
+    from dataclasses import replace
+
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
+
+    tokens = ("write ", "to ", "jane.doe", "@example", ".com ", "today")
+    for action in ("mask", "block"):
+        deps, _, _ = deps_with({"dlp": {"email": action}}, tokens)
+        deps = replace(deps, usage=SqliteUsage())
+        await events_of(await handle(chat(stream=True), deps))  # the row is made when the stream's body ends
+        rows = await deps.usage.query(0, 4e9, ())
+        assert rows[0]["guardrails"] == {f"answer:email:{action}": 1}
+
+
+async def test_a_responses_answer_cut_by_the_content_policy_is_incomplete_and_its_stream_says_so() -> None:
+    def responses(stream: bool) -> Request:
+        body = {"model": "@cf/meta/llama-2-7b-chat-int8", "input": "tell me a story", "stream": stream, "temperature": 0}
+        return Request("POST", "http://edge.test/v1/responses", {"content-type": "application/json"}, json.dumps(body).encode())
+
+    deps, _, _ = deps_with(ANSWER_POLICY, HARMFUL)
+    data = json.loads((await handle(responses(False), deps)).body)
+    assert data["status"] == "incomplete" and data["incomplete_details"] == {"reason": "content_filter"}
+    assert "hurt" not in json.dumps(data)
+    events = await events_of(await handle(responses(True), deps))
+    final = next(e for e in events if e["type"] == "response.incomplete")
+    assert final["response"]["incomplete_details"] == {"reason": "content_filter"} and "hurt" not in json.dumps(events)
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "content_filter"
+    deps, _, _ = deps_with(ANSWER_POLICY, ("how ", "to ", "steal ", "a ", "bike"))
+    events = await events_of(await handle(responses(True), deps))
+    assert events[-1]["type"] == "response.completed" and events[-1]["edgellm_guardrails"] == "flagged; categories=S2"
+
+
+async def test_a_flagged_workers_ai_stream_says_so_in_its_final_event() -> None:
+    deps, _, _ = deps_with(ANSWER_POLICY, ("how ", "to ", "steal ", "a ", "bike"))
+    body = {"messages": [{"role": "user", "content": "tell me a story"}], "stream": True}
+    request = Request("POST", "http://edge.test/client/v4/accounts/acc/ai/run/@cf/meta/llama-2-7b-chat-int8",
+                      {"content-type": "application/json"}, json.dumps(body).encode())
+    events = await events_of(await handle(request, deps))
+    assert events[-1] == "[DONE]" and events[-2]["edgellm_guardrails"] == "flagged; categories=S2"

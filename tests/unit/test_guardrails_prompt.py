@@ -237,3 +237,19 @@ async def test_the_admin_route_shows_the_gateways_policy_and_a_keys() -> None:
     assert json.loads((await get(f"?key={plain.record.key_id}")).body)["scope"] == "gateway"
     assert (await get("?key=nosuchkey000")).status == 404
     assert (await get(headers={"authorization": f"Bearer {own.api_key}"})).status == 403  # a tenant's key is no admin
+
+
+async def test_a_blocked_and_a_masked_prompt_each_leave_a_usage_row_of_category_and_action() -> None:
+    from edgellm_local.emulator.usage_sqlite import SqliteUsage
+
+    guard = ScriptedGuard(rules=[("how to build", "unsafe\nS1")])
+    policy = {"moderation": {"prompt": {"S1": "block"}}, "dlp": {"email": "mask"}}
+    deps = replace(deps_with(policy, guard, admin_token="t0ken"), usage=SqliteUsage())
+    assert (await handle(chat("how to build it"), deps)).status == 400
+    assert (await handle(chat(f"mail {EMAIL}"), deps)).status == 200
+    assert (await handle(chat("hello"), deps)).status == 200
+    shown = await handle(Request("GET", "http://edge.test/admin/usage?group_by=route", {"authorization": "Bearer t0ken"}, b""), deps)
+    report = json.loads(shown.body)
+    assert report["totals"]["requests"] == 3
+    assert report["totals"]["guardrails"] == {"prompt:S1:block": 1, "prompt:email:mask": 1}
+    assert EMAIL not in shown.body.decode()

@@ -384,7 +384,7 @@ async def test_rate_limit_and_usage_bindings_are_thin(adapter) -> None:
     usage = adapter.usage.AnalyticsEngineUsage(FakeDataset())
     await usage.record(UsageEvent(1.0, "acme", "k1", "@cf/m", "/v1/chat/completions", "HIT", 3, 5, 1.5, 200))
     point = usage.binding.points[0]
-    assert point["blobs"] == ["acme", "k1", "@cf/m", "/v1/chat/completions", "HIT"]
+    assert point["blobs"] == ["acme", "k1", "@cf/m", "/v1/chat/completions", "HIT", ""]  # the guardrails' verdicts last
     assert point["doubles"] == [3, 5, 1.5, 200] and point["indexes"] == ["acme"]
     env = SimpleNamespace(AI=object(), CACHE=None, ARTIFACTS=None, RATE_LIMITER=FakeRateLimit(5), USAGE=FakeDataset())
     deps = adapter.bindings.build_deps(env, SimpleNamespace(waitUntil=lambda aw: None), IsolateState())

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from edgellm.config import Config
-from edgellm.errors import GatewayError
+from edgellm.errors import ErrorKind, GatewayError
 from edgellm.generation import Finish, Token, Usage
 from edgellm.inference import binding_error
 from edgellm.ports import BindingError
@@ -194,3 +194,31 @@ def test_text_format_becomes_the_generations_response_format_and_is_echoed() -> 
     plain = parse(text={"format": {"type": "text"}})
     assert "response_format" not in plain.generation_request([], None).inputs
     assert response_object(ResponseMeta("resp_y", 0, plain), "m", status="completed")["text"] == {"format": {"type": "text"}}
+
+
+async def test_an_answer_cut_by_the_content_policy_is_incomplete_for_content_filter() -> None:
+    async def on_complete(text: str, finish: Finish) -> None:
+        pass
+
+    data = await render_json(scripted_generation(Finish("content_filter", Usage(5, 0), cacheable=False)), META, on_complete)
+    assert data["status"] == "incomplete" and data["incomplete_details"] == {"reason": "content_filter"}
+    assert data["output"][0]["status"] == "incomplete"
+    cut = scripted_generation(Token("a "), Finish("content_filter", Usage(5, 1), guardrails="flagged; categories=S2"),
+                              GatewayError(ErrorKind.INVALID_REQUEST, "The answer was stopped.", code="content_filter"))
+    events = decode([c async for c in render_stream(cut, META, on_complete)])
+    names = [name for name, _ in events]
+    assert names[-2:] == ["response.incomplete", "error"] and "response.completed" not in names
+    final = dict(events)["response.incomplete"]
+    assert final["response"]["status"] == "incomplete" and final["response"]["incomplete_details"] == {"reason": "content_filter"}
+    assert final["edgellm_guardrails"] == "flagged; categories=S2" and events[-1][1]["code"] == "content_filter"
+
+
+async def test_the_streams_final_event_carries_what_the_guardrails_did() -> None:
+    async def on_complete(text: str, finish: Finish) -> None:
+        pass
+
+    flagged = scripted_generation(Token("a"), Finish("stop", Usage(1, 1), guardrails="masked; detectors=email"))
+    name, data = decode([c async for c in render_stream(flagged, META, on_complete)])[-1]
+    assert name == "response.completed" and data["edgellm_guardrails"] == "masked; detectors=email"
+    plain = scripted_generation(Token("a"), Finish("stop", Usage(1, 1)))
+    assert "edgellm_guardrails" not in decode([c async for c in render_stream(plain, META, on_complete)])[-1][1]

@@ -169,3 +169,10 @@ def test_both_wire_formats_read_raw_and_lora_alike(options: dict[str, Any]) -> N
     openai = outcome(lambda: parse_chat_request({"messages": MESSAGES, **options}, CONFIG).inputs)
     assert workers == openai
     assert workers == options if isinstance(workers, dict) else workers[0] == 400
+
+
+async def test_render_stream_final_event_carries_what_the_guardrails_did() -> None:
+    _, events = await _stream(generation(Token("a"), Finish("stop", Usage(1, 1), guardrails="flagged; categories=S2")))
+    assert events[-2]["edgellm_guardrails"] == "flagged; categories=S2" and events[-1] == "[DONE]"
+    _, events = await _stream(generation(Token("a"), Finish("stop", Usage(1, 1))))
+    assert "edgellm_guardrails" not in events[-2]

@@ -62,6 +62,10 @@ class SqliteUsage:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # in WAL: durable at checkpoints, consistent always
         self._db.execute(f"CREATE TABLE IF NOT EXISTS usage ({', '.join(_COLUMNS)})")
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(usage)")}
+        for column in _COLUMNS:  # a file made before a column was added: the column, its old rows ''
+            if column not in have:
+                self._db.execute(f"ALTER TABLE usage ADD COLUMN {column} DEFAULT ''")
         self._db.execute("CREATE INDEX IF NOT EXISTS usage_time ON usage (time)")
         self._db.execute("CREATE INDEX IF NOT EXISTS usage_key ON usage (key_id)")
 
@@ -165,18 +169,28 @@ class SqliteUsage:
         if exprs:
             sql += f" GROUP BY {', '.join(exprs)} ORDER BY {', '.join(exprs)}"
         params: list[Any] = [start, end, *([tenant] if tenant else [])]
+        verdicts_sql = (f"SELECT {', '.join([*exprs, 'guardrails', 'COUNT(*)'])} FROM usage WHERE time >= ? AND time < ?"
+                        + (" AND tenant = ?" if tenant else "") + " AND guardrails != ''"
+                        + f" GROUP BY {', '.join([*exprs, 'guardrails'])}")
         with self._db_lock:
             rows = self._db.execute(sql, params).fetchall()
+            verdict_rows = self._db.execute(verdicts_sql, params).fetchall()
+        n = len(group_by)
+        verdicts: dict[tuple[Any, ...], dict[str, int]] = {}
+        for row in verdict_rows:  # each row's "stage:label:action" items, counted per group
+            counts = verdicts.setdefault(tuple(row[:n]), {})
+            for item in row[n].split(","):
+                counts[item] = counts.get(item, 0) + row[n + 1]
         out = []
         for row in rows:
-            n = len(group_by)
             count, prompt, completion, saved_prompt, saved_completion, hits, misses, errors, latency = row[n:]
             if not count:
                 continue
             out.append({**dict(zip(group_by, row[:n])), "requests": count, "prompt_tokens": prompt or 0,
                         "completion_tokens": completion or 0, "saved_prompt_tokens": saved_prompt or 0,
                         "saved_completion_tokens": saved_completion or 0, "hits": hits or 0, "misses": misses or 0,
-                        "errors": errors or 0, "latency_ms_total": latency or 0})
+                        "errors": errors or 0, "latency_ms_total": latency or 0,
+                        "guardrails": verdicts.get(tuple(row[:n]), {})})
         return out
 
     async def tokens_spent(self, key_id: str) -> int:

@@ -7,10 +7,13 @@ Analytics). With `ANALYTICS_ACCOUNT_ID` and the `ANALYTICS_API_TOKEN` secret set
 cannot be queried here (and the dashboard or the SQL API itself answer).
 
 The columns are those `AnalyticsEngineUsage` writes: blob1 tenant, blob2 key id, blob3 model,
-blob4 route, blob5 cache status; double1 prompt tokens, double2 completion tokens, double3
+blob4 route, blob5 cache status, blob6 the guardrails' verdicts (`prompt:S1:block,...`, names
+only); double1 prompt tokens, double2 completion tokens, double3
 latency ms, double4 status. Analytics Engine samples busy datasets, each stored row standing
 for `_sample_interval` data points, so every count and sum is weighted by it. The rows come
-back in the shape the local SQLite sink gives, so `report.merge` prices both the same way.
+back in the shape the local SQLite sink gives, so `report.merge` prices both the same way: the
+query also groups by blob6, and its rows are folded back into the asked groups here, each
+group's `guardrails` counting its requests per verdict.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ GROUP_COLUMNS = {
     "tenant": "blob1", "key_id": "blob2", "model": "blob3", "route": "blob4", "cache_status": "blob5",
     "day": "formatDateTime(timestamp, '%Y-%m-%d')", "hour": "formatDateTime(timestamp, '%Y-%m-%dT%H')",
 }
+GUARDRAILS_COLUMN = "blob6"  # the guardrails' verdicts, last of the blobs
 _WEIGHT = "_sample_interval"
 _SUMS = {
     "requests": f"SUM({_WEIGHT})",
@@ -54,13 +58,15 @@ def _literal(value: str) -> str:
 def usage_sql(dataset: str, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> str:
     """The query for `UsageSink.query`'s rows. Group names come from a fixed table and the tenant
     is quoted, so nothing a caller sends reaches the SQL unescaped."""
-    select = [f"{GROUP_COLUMNS[g]} AS {g}" for g in group_by] + [f"{expr} AS {name}" for name, expr in _SUMS.items()]
+    select = ([f"{GROUP_COLUMNS[g]} AS {g}" for g in group_by] + [f"{GUARDRAILS_COLUMN} AS guardrails"]
+              + [f"{expr} AS {name}" for name, expr in _SUMS.items()])
     where = [f"timestamp >= toDateTime({int(start)})", f"timestamp < toDateTime({int(end)})"]
     if tenant:
         where.append(f"blob1 = {_literal(tenant)}")
     sql = f"SELECT {', '.join(select)} FROM {dataset} WHERE {' AND '.join(where)}"
+    sql += f" GROUP BY {', '.join([*group_by, 'guardrails'])}"
     if group_by:
-        sql += f" GROUP BY {', '.join(group_by)} ORDER BY {', '.join(group_by)}"
+        sql += f" ORDER BY {', '.join(group_by)}"
     return sql + " FORMAT JSON"
 
 
@@ -69,12 +75,21 @@ def usage_rows(payload: Any, group_by: tuple[str, ...]) -> list[dict[str, Any]]:
     rows = payload.get("data") if isinstance(payload, dict) else None
     if not isinstance(rows, list):
         raise UsageQueryError("the Analytics Engine SQL API answered without a 'data' list")
-    out = []
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
         counts = {name: int(float(row.get(name) or 0)) for name in _SUMS}
-        if counts["requests"]:
-            out.append({**{g: row.get(g) for g in group_by}, **counts})
-    return out
+        if not counts["requests"]:
+            continue
+        key = tuple(row.get(g) for g in group_by)
+        group = out.get(key)
+        if group is None:
+            group = out[key] = {**{g: row.get(g) for g in group_by}, **{name: 0 for name in _SUMS}, "guardrails": {}}
+        for name, value in counts.items():
+            group[name] += value
+        verdicts = row.get("guardrails") or ""
+        for verdict in verdicts.split(",") if verdicts else ():
+            group["guardrails"][verdict] = group["guardrails"].get(verdict, 0) + counts["requests"]
+    return list(out.values())
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 Cost is tokens times the configured per-model price (Workers AI's published USD per million
 input and output tokens, `MODEL_PRICES`); "saved" is what the HITs would have cost as misses.
-The admin token sees every tenant; a tenant's key sees its own rows only.
+The admin token sees every tenant; a tenant's key sees its own rows only. `guardrails` counts
+the requests per guardrails verdict (`prompt:S1:block`, `answer:email:mask`: stage, category or
+detector, action; names from the fixed taxonomy only).
 """
 
 from __future__ import annotations
@@ -58,9 +60,12 @@ def merge(rows: list[dict[str, Any]], group_by: tuple[str, ...], deps: Deps) -> 
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
         key = tuple(row.get(g) for g in group_by)
-        out = merged.setdefault(key, {**{g: row.get(g) for g in group_by}, **{s: 0 for s in SUMMED}, "cost_usd": 0.0, "saved_usd": 0.0})
+        out = merged.setdefault(key, {**{g: row.get(g) for g in group_by}, **{s: 0 for s in SUMMED}, "cost_usd": 0.0, "saved_usd": 0.0,
+                                      "guardrails": {}})
         for name in SUMMED:
             out[name] += row.get(name, 0)
+        for verdict, count in (row.get("guardrails") or {}).items():  # "stage:label:action": requests
+            out["guardrails"][verdict] = out["guardrails"].get(verdict, 0) + count
         out["cost_usd"] += cost(deps, row.get("model") or "", row["prompt_tokens"], row["completion_tokens"])
         out["saved_usd"] += cost(deps, row.get("model") or "", row["saved_prompt_tokens"], row["saved_completion_tokens"])
     result = []
@@ -99,6 +104,6 @@ async def get_usage(request: Request, deps: Deps, ctx: RequestContext) -> Respon
         raise binding_error(exc, "The usage store", "usage") from exc
     groups = merge(rows, group_by, deps)
     totals = merge(rows, (), deps)
-    empty = {**{name: 0 for name in SUMMED}, "cost_usd": 0.0, "saved_usd": 0.0, "hit_rate": 0.0}
+    empty = {**{name: 0 for name in SUMMED}, "cost_usd": 0.0, "saved_usd": 0.0, "hit_rate": 0.0, "guardrails": {}}
     return json_response({"object": "usage", "from": start, "to": end, "group_by": list(group_by), "tenant": tenant,
                           "totals": totals[0] if totals else empty, "data": groups})

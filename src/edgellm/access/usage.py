@@ -100,6 +100,7 @@ def _record(ctx: RequestContext, response: Response, deps: Deps) -> None:
         cache_status=seen.cache_status if seen else "", prompt_tokens=seen.prompt_tokens if seen else 0,
         completion_tokens=seen.completion_tokens if seen else 0,
         latency_ms=round(max(0.0, now - started) * 1000, 3), status=response.status,
+        guardrails=ctx.guardrails.usage_value if ctx.guardrails is not None else "",
     )
     try:
         deps.usage.record_now(event)  # only queues the row (UsageSink): no task, no wait

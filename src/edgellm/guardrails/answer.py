@@ -43,6 +43,7 @@ class AnswerVerdicts:
     flagged_detectors: set[str] = field(default_factory=set)
     masked: set[str] = field(default_factory=set)
     blocked: tuple[str, ...] = ()
+    counted: set[str] = field(default_factory=set)  # "answer:label:action", for the usage row (the request's PromptCheck's set)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,12 @@ def _cut(error_code: str, message: str) -> GatewayError:
 @owns("events")
 async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: AnswerCheck, stream: bool) -> AsyncIterator[Event]:
     """`events` with the answer's guardrails applied (see the module's docstring)."""
-    policy, verdicts, telemetry = check.policy, check.verdicts, deps.state.telemetry
+    policy, verdicts = check.policy, check.verdicts
+
+    def count(stage: str, label: str, action: str) -> None:
+        """The /metrics counter, and the same verdict for the request's usage row."""
+        deps.state.telemetry.count_guardrail(stage, label, action)
+        verdicts.counted.add(f"{stage}:{label}:{action}")
     scanner = Scanner(policy.dlp) if policy.dlp else None
     pending: list[tuple[Event, int, int]] = []  # held events with their [start, end) in the answer's text
     text: list[str] = []
@@ -100,7 +106,7 @@ async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: Answ
                 raise BindingError("no guard model is configured")
             verdict = await asyncio.wait_for(deps.guard.classify(messages), deps.config.guard_timeout_seconds)
         except (BindingError, asyncio.TimeoutError) as exc:
-            telemetry.count_guardrail("answer", "guard_error", deps.config.guard_fail)
+            count("answer", "guard_error", deps.config.guard_fail)
             if deps.config.guard_fail == "open":
                 deps.log.warning("the content guard failed on an answer (%s); GUARD_FAIL=open lets it through",
                                  redact(str(exc) or type(exc).__name__))
@@ -110,7 +116,7 @@ async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: Answ
         for category in verdict.categories:
             action = policy.answer.get(category)
             if action is not None:
-                telemetry.count_guardrail("answer", category, action)
+                count("answer", category, action)
             if action == "flag":
                 verdicts.flagged_categories.add(category)
         return ", ".join(blocked) if blocked else None
@@ -121,7 +127,7 @@ async def checked_answer(events: AsyncIterator[Event], deps: "Deps", check: Answ
         for finding in findings:
             found = True
             action = policy.dlp[finding.detector]
-            telemetry.count_guardrail("answer", finding.detector, action)
+            count("answer", finding.detector, action)
             if action == "block":
                 blocked.append(finding.detector)
             elif action == "mask":

@@ -3,7 +3,7 @@ guardrails layer, read by the cache service (the answer's check) and on the way 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .answer import AnswerCheck
 from .policy import Policy
@@ -23,6 +23,14 @@ class PromptCheck:
     # the answer's check (`guardrails.answer`, put on the generation's events by the cache
     # service); None when the policy checks nothing of answers
     answer: AnswerCheck | None = None
+    # every verdict counted for this request, prompt's and answer's ("stage:label:action", the
+    # /metrics counter's labels): shared with the answer's check, read by the usage row
+    counted: set[str] = field(default_factory=set, compare=False)
+
+    @property
+    def usage_value(self) -> str:
+        """`UsageEvent.guardrails`: the verdicts counted, sorted, comma-joined."""
+        return ",".join(sorted(self.counted))
 
     @property
     def header(self) -> str | None:

@@ -49,6 +49,19 @@ def caller_policy(deps: Deps, ctx: RequestContext) -> Policy:
     return deps.config.guardrails
 
 
+class _Counter:
+    """The /metrics counter, and the same verdict kept for the request's usage row."""
+
+    __slots__ = ("deps", "counted")
+
+    def __init__(self, deps: Deps, counted: set[str]) -> None:
+        self.deps, self.counted = deps, counted
+
+    def count_guardrail(self, stage: str, label: str, action: str) -> None:
+        self.deps.state.telemetry.count_guardrail(stage, label, action)
+        self.counted.add(f"{stage}:{label}:{action}")
+
+
 def _checked_route(request: Request, deps: Deps, ctx: RequestContext) -> bool:
     if request.method != "POST" or ctx.route not in PROMPT_FIELDS:
         return False
@@ -80,7 +93,9 @@ async def _check(call_next: Next, request: Request, deps: Deps, ctx: RequestCont
         body = None
     if not isinstance(body, dict):  # not a body to check: the handler answers its 400
         return await call_next(request, deps, ctx)
-    telemetry = deps.state.telemetry
+    counted: set[str] = set()  # every verdict, for the usage row: the request's, blocked or not
+    ctx.guardrails = PromptCheck(policy, counted=counted)
+    telemetry = _Counter(deps, counted)
     param = PROMPT_FIELDS[ctx.route][0]
     dlp = DLPOutcome()
     if policy.dlp:
@@ -98,16 +113,16 @@ async def _check(call_next: Next, request: Request, deps: Deps, ctx: RequestCont
     flagged: tuple[str, ...] = ()
     failed_open = False
     if policy.prompt:
-        flagged, failed_open = await _moderate(body, deps, ctx, policy, param)
+        flagged, failed_open = await _moderate(body, deps, ctx, policy, param, telemetry)
     answer = None
     if policy.answer or policy.dlp:
         try:
             conversation = tuple(guard_messages(guard_conversation(body, ctx.route)))
         except ValueError:
             conversation = ()
-        answer = AnswerCheck(policy, conversation, deps.config.guard_window_tokens, AnswerVerdicts(),
+        answer = AnswerCheck(policy, conversation, deps.config.guard_window_tokens, AnswerVerdicts(counted=counted),
                              (flagged, dlp.flagged, dlp.masked))
-    check = PromptCheck(policy, flagged, dlp.flagged, dlp.masked, failed_open, answer)
+    check = PromptCheck(policy, flagged, dlp.flagged, dlp.masked, failed_open, answer, counted)
     ctx.guardrails = check
     if dlp.changed:  # the handler, and everything after it, sees only the placeholders
         raw = json.dumps(body, ensure_ascii=False).encode()
@@ -119,11 +134,11 @@ async def _check(call_next: Next, request: Request, deps: Deps, ctx: RequestCont
     return response
 
 
-async def _moderate(body: dict, deps: Deps, ctx: RequestContext, policy: Policy, param: str) -> tuple[tuple[str, ...], bool]:
+async def _moderate(body: dict, deps: Deps, ctx: RequestContext, policy: Policy, param: str,
+                    telemetry: "_Counter") -> tuple[tuple[str, ...], bool]:
     """The guard's verdict on the (masked) prompt under `policy.prompt`: raises the 400 for a
     blocked category, or the 503 of a failed guard under GUARD_FAIL=closed; else (the flagged
     categories, whether a failed guard was passed open)."""
-    telemetry = deps.state.telemetry
     try:
         messages = guard_messages(guard_conversation(body, ctx.route))
     except ValueError:  # nothing to classify (no text): the handler answers for an empty prompt

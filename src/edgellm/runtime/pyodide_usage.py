@@ -12,7 +12,8 @@ from .pyodide_toolbox import js_options
 @dataclass
 class AnalyticsEngineUsage:
     """Usage as Workers Analytics Engine data points (`[[analytics_engine_datasets]]`): blobs
-    tenant, key id, model, route, cache status; doubles prompt and completion tokens, latency
+    tenant, key id, model, route, cache status, then the guardrails' verdicts (`UsageEvent.guardrails`,
+    names only; last, so the columns before it keep their places); doubles prompt and completion tokens, latency
     ms, status; indexed by tenant. The binding cannot read them back: `query` asks the SQL API
     (`reader`, core code over the Worker's `fetch`) when the account and a token are configured,
     and is not supported otherwise."""
@@ -26,7 +27,7 @@ class AnalyticsEngineUsage:
     def record_now(self, event: UsageEvent) -> None:
         """`writeDataPoint` returns nothing to await: the runtime sends the point itself."""
         self.binding.writeDataPoint(js_options({
-            "blobs": [event.tenant, event.key_id, event.model, event.route, event.cache_status],
+            "blobs": [event.tenant, event.key_id, event.model, event.route, event.cache_status, event.guardrails],
             "doubles": [event.prompt_tokens, event.completion_tokens, event.latency_ms, event.status],
             "indexes": [event.tenant],
         }))

@@ -87,6 +87,11 @@ PATTERN_SIZES = {
     "^a.b$": 3,
     "^(a{2000})$": 2000,
     "^a{2000}b{2000}$": 4000,
+    "^\\.+$": 1,  # an escape can be repeated
+    "^[a-z]+$": 1,  # so can a class
+    "^[]]$": 1,
+    "^[^]]$": 1,
+    "^[\\]]$": 1,
 }
 
 
@@ -151,6 +156,7 @@ PATTERN_REFUSED = {
     "^a{x}$": (INVALID, "a malformed repetition '{x'"),
     "^a{3,x}$": (INVALID, "a malformed repetition '{3,x'"),
     "^a{3$": (INVALID, "a malformed repetition '{'"),
+    "^a{34$": (INVALID, "a malformed repetition '{' (at"),
     "^{}$": (INVALID, "a malformed repetition"),
     "^a{3,2}$": (INVALID, "repeats {3,2}: the minimum is above the maximum"),
     "^a{2001}$": (INVALID, f"repeats up to 2001 times; at most {MAX_REPETITION}"),
@@ -179,6 +185,7 @@ REFUSED: dict[str, tuple[Any, str, list[str]]] = {
                                                          TOO_COMPLEX, ["(at #/properties/ab)"]),
     "definition names count": ({"$defs": {"abc": {"const": "x" * (MAX_LITERAL_CHARS - 2)}}}, TOO_COMPLEX, ["characters"]),
     "a non-string const counts its JSON": ({"const": ["x" * (MAX_LITERAL_CHARS - 3)]}, TOO_COMPLEX, ["characters"]),
+    "non-ASCII JSON counts characters": ({"const": ["é" * (MAX_LITERAL_CHARS - 3)]}, TOO_COMPLEX, ["characters"]),
     # optional properties
     "129 optional properties": (props(129, required=False), TOO_COMPLEX, ["the object at # has 129 optional", "at most 128"]),
     "130 properties, one required": ({**props(130, required=False), "required": ["p0"]}, TOO_COMPLEX, ["129 optional"]),
@@ -223,10 +230,18 @@ REFUSED: dict[str, tuple[Any, str, list[str]]] = {
     "not": ({"not": {"type": "string"}}, UNSUPPORTED, ["'not' is not supported (at #)"]),
     "format email": ({"type": "string", "format": "email"}, UNSUPPORTED, ["'format' 'email' is not supported", "date, time, date-time, uuid"]),
     "pattern with minLength": ({"type": "string", "pattern": "^a$", "minLength": 1}, UNSUPPORTED,
-                               ["'pattern' together with 'minLength' is not supported"]),
+                               ["'pattern' together with 'minLength' is not supported", "only 'pattern' would be enforced"]),
     "format with maxLength": ({"type": "string", "format": "date", "maxLength": 10}, UNSUPPORTED, ["'format' together with 'maxLength'"]),
     "type beside anyOf": ({"type": "string", "anyOf": [{"minLength": 1}]}, UNSUPPORTED, ["'type' beside 'anyOf'/'oneOf'"]),
     "type beside allOf": ({"type": "object", "allOf": [{"type": "object"}]}, UNSUPPORTED, ["'type' beside 'allOf'"]),
+    "the first of two beside allOf is named": ({"type": "object", "properties": {}, "allOf": [{"type": "object"}]}, UNSUPPORTED,
+                                               ["'properties' beside 'allOf'"]),
+    "the first of two beside anyOf is named": ({"type": "object", "properties": {}, "anyOf": [{"type": "object"}]}, UNSUPPORTED,
+                                               ["'properties' beside 'anyOf'/'oneOf'"]),
+    "the first of two beside enum is named": ({"enum": ["a"], "pattern": "^a$", "maxLength": 1}, UNSUPPORTED,
+                                              ["'maxLength' beside 'enum'/'const'"]),
+    "an anyOf member's required is its own": ({"anyOf": [{"type": "object", "required": ["x"]}]}, INVALID,
+                                              ["'required' names 'x'", "(at #/anyOf/0)"]),
     "allOf of strings": ({"allOf": [{"type": "string"}]}, UNSUPPORTED, ["'allOf' is supported only over object schemas", "#/allOf/0"]),
     "allOf of items": ({"allOf": [{"items": {}}]}, UNSUPPORTED, ["'allOf' is supported only"]),
     "minLength beside enum": ({"enum": ["a"], "minLength": 1}, UNSUPPORTED, ["'minLength' beside 'enum'/'const'"]),
@@ -273,6 +288,10 @@ REFUSED: dict[str, tuple[Any, str, list[str]]] = {
                                    "c": {"oneOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}, INVALID, ["loop"]),
     "a loop reached from an allOf": ({"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "type": "array", "items": {"$ref": "#/$defs/a"}},
                                      INVALID, ["loop"]),
+    "a loop behind a plain alternative": ({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]}}, "$ref": "#/$defs/a"},
+                                          INVALID, ["loop"]),
+    "a loop of two names both ends": ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}, INVALID,
+                                      ["the schema at #/$defs/a (through #/$defs/b) refers back to itself"]),
     "required across allOf of a loop": ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]}, INVALID, ["loop"]),
 }
 
@@ -295,6 +314,7 @@ ACCEPTED: dict[str, Any] = {
     "a literal of exactly the bound": {"const": "x" * MAX_LITERAL_CHARS},
     "names and values at the literal bound": {"type": "object", "properties": {"ab": {"const": "x" * (MAX_LITERAL_CHARS - 2)}}},
     "a non-string const at the literal bound": {"const": ["x" * (MAX_LITERAL_CHARS - 4)]},
+    "non-ASCII JSON at the literal bound": {"const": ["é" * (MAX_LITERAL_CHARS - 4)]},  # characters, not \\u escapes
     "128 optional properties": props(128, required=False),
     "130 properties, two required": {**props(130, required=False), "required": ["p0", "p1"]},
     "lengths at the repetition bound": {"type": "string", "minLength": MAX_REPETITION, "maxLength": MAX_REPETITION},
@@ -381,3 +401,31 @@ def test_the_pattern_check_agrees_with_llama_cpp_at_its_edges(tiny_runner: Llama
     except GatewayError:
         check_refuses = True
     assert check_refuses == llama_refuses
+
+
+NESTINGS = {  # how a schema holds a subschema one level down
+    "items": lambda inner: {"type": "array", "items": inner},
+    "tuple items": lambda inner: {"type": "array", "items": [inner]},
+    "prefixItems": lambda inner: {"type": "array", "prefixItems": [inner]},
+    "properties": lambda inner: {"type": "object", "properties": {"p": inner}, "required": ["p"]},
+    "additionalProperties": lambda inner: {"type": "object", "additionalProperties": inner},
+    "$defs": lambda inner: {"$defs": {"d": inner}},
+    "definitions": lambda inner: {"definitions": {"d": inner}},
+    "anyOf": lambda inner: {"anyOf": [inner]},
+    "oneOf": lambda inner: {"oneOf": [inner]},
+    "allOf": lambda inner: {"allOf": [{"type": "object"}, inner]},
+}
+
+
+@pytest.mark.parametrize("nesting", NESTINGS)
+def test_every_way_of_nesting_counts_one_level(nesting: str) -> None:
+    def deep(levels: int) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "object"}
+        for _ in range(levels):
+            schema = NESTINGS[nesting](schema)
+        return schema
+
+    error = refusal(deep(MAX_SCHEMA_DEPTH + 1))
+    assert (error.code, f"nests deeper than {MAX_SCHEMA_DEPTH} levels" in error.message) == (INVALID, True), error.message
+    if nesting != "allOf":  # an allOf holding an allOf is refused for that, within the depth
+        check_schema(deep(MAX_SCHEMA_DEPTH), WHERE)

@@ -371,7 +371,8 @@ def pattern_size(pattern: str, at: str = "#") -> int:
     repetition counts out of order or over MAX_REPETITION."""
     if len(pattern) > MAX_PATTERN_CHARS:
         raise _Refused(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters (at {at})")
-    if not (pattern.startswith("^") and pattern.endswith("$")) or pattern.endswith("\\$"):
+    escaped_end = (len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))) % 2  # '\\$' is a character, '\\\\$' an anchor
+    if not (pattern.startswith("^") and pattern.endswith("$")) or escaped_end:
         raise _unsupported(f"'pattern' must start with '^' and end with '$' (at {at}): llama.cpp's grammar needs it anchored")
     body, i = pattern[1:-1], 0
     stack: list[list[int]] = [[0, 0]]  # per open group: [size of the alternatives so far, size of the current sequence]
@@ -409,7 +410,7 @@ def pattern_size(pattern: str, at: str = "#") -> int:
             if body.startswith("(?", i):
                 raise refuse("a '(?' group (lookahead, lookbehind, named or non-capturing groups)")
             stack.append([0, 0])
-            i += 1
+            last, i = 0, i + 1  # a quantifier right after '(' or '|' repeats nothing: llama.cpp refuses it
             continue
         elif c == ")":
             if len(stack) == 1:
@@ -419,7 +420,7 @@ def pattern_size(pattern: str, at: str = "#") -> int:
         elif c == "|":
             stack[-1][0] += stack[-1][1]
             stack[-1][1] = 0
-            i += 1
+            last, i = 0, i + 1
             continue
         elif c in "*+?":
             if not last:

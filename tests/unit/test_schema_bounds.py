@@ -90,6 +90,8 @@ PATTERN_SIZES = {
     "^\\.+$": 1,  # an escape can be repeated
     "^[a-z]+$": 1,  # so can a class
     "^[]]$": 1,
+    "^[a]b]$": 3,  # only a ']' right after '[' or '[^' is a character
+    "^a}~$": 3,
     "^[^]]$": 1,
     "^[\\]]$": 1,
 }
@@ -131,6 +133,9 @@ PATTERN_REFUSED = {
     "^[a\\$": (UNSUPPORTED, "must start with '^'"),  # so a class, like the pattern, never ends on a lone backslash
     "^[[:alpha:]]$": (UNSUPPORTED, "a nested or POSIX class"),
     "^[abc$": (INVALID, "a '[' without its ']'"),
+    "^[$": (INVALID, "a '[' without its ']'"),
+    "^[^$": (INVALID, "a '[' without its ']'"),
+    "^((a{2000}){33})$": (INVALID, f"unrolls to more than {MAX_EXPANSION}"),  # counted inside a group too
     "^[]$": (INVALID, "a '[' without its ']'"),  # ']' first is a character: the class is still open
     "^[^]$": (INVALID, "a '[' without its ']'"),
     "^[\\]$": (INVALID, "a '[' without its ']'"),
@@ -220,6 +225,7 @@ REFUSED: dict[str, tuple[Any, str, list[str]]] = {
     "minimum at the exclusive maximum": (integer(minimum=5, exclusiveMaximum=5), INVALID, ["'minimum' (5) and 'exclusiveMaximum' (5)"]),
     "an integer bound past MAX_INTEGER": (integer(maximum=MAX_INTEGER + 1), UNSUPPORTED,
                                           ["'maximum' is supported only on 'type': 'integer' with integer bounds up to 1000000000000000"]),
+    "an integer bound of 17 digits": (integer(maximum=10**16), UNSUPPORTED, ["'maximum' is supported only"]),
     "a negative integer bound past MAX_INTEGER": (integer(minimum=-MAX_INTEGER - 1), UNSUPPORTED, ["'minimum'"]),
     "a bound on a number": ({"type": "number", "minimum": 0}, UNSUPPORTED, ["'minimum' is supported only on 'type': 'integer'"]),
     "a bound with no type": ({"exclusiveMaximum": 3}, UNSUPPORTED, ["'exclusiveMaximum' is supported only"]),
@@ -254,6 +260,7 @@ REFUSED: dict[str, tuple[Any, str, list[str]]] = {
     "a $ref with ~0": ({"$defs": {"a~b": {}}, "$ref": "#/$defs/a~0b"}, UNSUPPORTED, ["JSON-pointer escape"]),
     # not a schema
     "a $ref to nothing": ({"$ref": "#/$defs/missing"}, INVALID, ["'#/$defs/missing' points at nothing"]),
+    "a $ref two past a list": ({"$defs": {"a": {"anyOf": [{}]}}, "$ref": "#/$defs/a/anyOf/2"}, INVALID, ["points at nothing"]),
     "a $ref past a list": ({"$defs": {"a": {"anyOf": [{}]}}, "$ref": "#/$defs/a/anyOf/1"}, INVALID, ["points at nothing"]),
     "a $ref into a list by name": ({"$defs": {"a": {"anyOf": [{}]}}, "$ref": "#/$defs/a/anyOf/x"}, INVALID, ["points at nothing"]),
     "a $ref to a value": ({"$defs": {"a": {"enum": ["x"]}}, "$ref": "#/$defs/a/enum/0"}, INVALID, ["does not point at a schema"]),
@@ -329,6 +336,7 @@ ACCEPTED: dict[str, Any] = {
     "minimum below the exclusive maximum": integer(minimum=4, exclusiveMaximum=5),
     "a low bound only": integer(exclusiveMinimum=7),
     "integer bounds at MAX_INTEGER": integer(minimum=-MAX_INTEGER, maximum=MAX_INTEGER),
+    "integer bounds of 16 digits": integer(minimum=-(10**15), maximum=10**15),  # llama.cpp's integer ranges: 16 decimals
     "a string with a known format": {"type": "string", "format": "date-time"},
     "minLength with maxLength": {"type": "string", "minLength": 1, "maxLength": 2},
     "a type list": {"type": ["string", "null"]},

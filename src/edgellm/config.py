@@ -60,15 +60,20 @@ def _positive_number(name: str, value: Any) -> float:
     return number
 
 
+def _float(value: Any) -> float:
+    """A [vars] string as a number; NaN (refused by every check) when it is not one."""
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return float("nan")
+
+
 def _fraction(name: str, value: Any, default: float, *, rate: bool = False) -> float:
     """A share between 0 and 1, ends excluded; a sampling `rate` may be 0 (off) or 1 (every one),
     an error bound of 0 could never be met and one of 1 bounds nothing."""
     if value is None:
         return default
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        number = float("nan")
+    number = _float(value)
     if not (0 <= number <= 1 if rate else 0 < number < 1):
         raise ValueError(f"{name} must be a number {'from 0 to 1' if rate else 'above 0 and below 1'}, got {value!r}")
     return number
@@ -77,10 +82,7 @@ def _fraction(name: str, value: Any, default: float, *, rate: bool = False) -> f
 def _finite(name: str, value: Any, default: float) -> float:
     if value is None:
         return default
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        number = float("nan")
+    number = _float(value)
     if not math.isfinite(number):
         raise ValueError(f"{name} must be a number, got {value!r}")
     return number

@@ -9,7 +9,6 @@ import asyncio
 import os
 import signal
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
@@ -23,7 +22,7 @@ from edgellm.state import IsolateState
 from edgellm_local.emulator.durable import LocalDurableObjectNamespace, local_routers
 from edgellm_local.emulator.http_fetch import HttpxFetch
 from edgellm_local.emulator.server import EdgeApp, EdgeServer
-from tests.edge.test_fleet import ADMIN, Hanging, chat, route, wait_for
+from tests.edge.test_fleet import ADMIN, Hanging, chat, replicas, route, wait_for  # noqa: F401 (replicas: a fixture)
 
 ISOLATE = "x-test-isolate"
 
@@ -64,14 +63,6 @@ class SlowRouters:
         async def fetch(self, request: Request) -> Response:
             await asyncio.sleep(self.delay_s)
             return await self.stub.fetch(request)
-
-
-@pytest.fixture(scope="module")
-def replicas(tiny_model: Path) -> Iterator[list[Replica]]:
-    started = [Replica.start(tiny_model, f"gpu-{c}") for c in "abc"]
-    yield started
-    for replica in started:
-        replica.stop()
 
 
 @pytest.fixture

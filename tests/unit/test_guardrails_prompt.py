@@ -253,3 +253,14 @@ async def test_a_blocked_and_a_masked_prompt_each_leave_a_usage_row_of_category_
     assert report["totals"]["requests"] == 3
     assert report["totals"]["guardrails"] == {"prompt:S1:block": 1, "prompt:email:mask": 1}
     assert EMAIL not in shown.body.decode()
+
+
+async def test_a_body_nested_too_deep_is_refused_before_the_layer_parses_it() -> None:
+    """Pyodide dies on deep JSON instead of raising (the runtime notes): the layer never parses a
+    body the handler's bounded parser would refuse; the caller gets that 400."""
+    ai = ScriptedAI()
+    deps = deps_with({"dlp": {"email": "mask"}, "moderation": {"prompt": {"S1": "block"}}}, guard=ScriptedGuard(), ai=ai)
+    deep = b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    request = Request("POST", "http://edge.test/v1/chat/completions", {"content-type": "application/json"}, deep)
+    response = await handle(request, deps)
+    assert response.status == 400 and error_of(response)["code"] == "json_too_deep" and ai.calls == []

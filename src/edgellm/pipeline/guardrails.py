@@ -33,6 +33,7 @@ from ..guardrails.policy import Policy
 from ..guardrails.prompt import PROMPT_FIELDS, SCAN_LIMIT, DLPOutcome, apply_dlp, guard_conversation, prompt_leaves
 from ..http import Request, Response
 from ..ports import BindingError
+from ..validation import json_too_deep
 from . import Next
 
 HEADER = "x-edgellm-guardrails"
@@ -87,8 +88,8 @@ def refused(what: str, names: tuple[str, ...], param: str) -> GatewayError:
 
 
 async def _check(call_next: Next, request: Request, deps: Deps, ctx: RequestContext, policy: Policy) -> Response:
-    try:
-        body = json.loads(request.body) if request.body else None
+    try:  # nesting bounded before parsing (deep JSON ends a Pyodide isolate instead of raising)
+        body = json.loads(request.body) if request.body and not json_too_deep(request.body) else None
     except ValueError:
         body = None
     if not isinstance(body, dict):  # not a body to check: the handler answers its 400

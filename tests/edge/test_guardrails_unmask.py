@@ -175,3 +175,27 @@ def test_an_origins_answer_is_unmasked_and_the_origin_sees_only_the_placeholder(
             assert JANE not in json.dumps(origin.last_body())
     finally:
         origin.stop()
+
+
+def test_a_keys_own_policy_unmasks_its_answers_and_another_keys_keep_placeholders(start_edge: Callable[..., EdgeServer],
+                                                                                   make_deps: Callable[..., Any]) -> None:
+    """Set per key (`edgellm keys create --guardrails`): the same tenant's two keys HIT one entry;
+    only the unmasking key's caller reads its value."""
+    import asyncio
+
+    from edgellm.access.keys import KeyRing, new_key
+
+    deps = make_deps(config=Config(open_access=False, guardrails=parse_policy({"dlp": {"email": "mask"}})),
+                     ai=ScriptedAI(tokens=TOKENS))
+    unmasking = new_key("acme", 0.0, guardrails=json.dumps(ON))
+    plain = new_key("acme", 0.0)
+    for made in (unmasking, plain):
+        asyncio.run(KeyRing(deps.kv).put(made.record))
+    server = start_edge(deps)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        mine = client.post("/v1/chat/completions", json=chat(JANE), headers={"authorization": f"Bearer {unmasking.api_key}"})
+        assert mine.status_code == 200, mine.text
+        assert mine.json()["choices"][0]["message"]["content"] == answer_for(JANE)
+        theirs = client.post("/v1/chat/completions", json=chat(JANE), headers={"authorization": f"Bearer {plain.api_key}"})
+        assert theirs.headers["cf-aig-cache-status"] == "HIT"
+        assert theirs.json()["choices"][0]["message"]["content"] == MASKED  # the gateway's policy: placeholders stay

@@ -199,3 +199,23 @@ def test_a_keys_own_policy_unmasks_its_answers_and_another_keys_keep_placeholder
         theirs = client.post("/v1/chat/completions", json=chat(JANE), headers={"authorization": f"Bearer {plain.api_key}"})
         assert theirs.headers["cf-aig-cache-status"] == "HIT"
         assert theirs.json()["choices"][0]["message"]["content"] == MASKED  # the gateway's policy: placeholders stay
+
+
+def test_a_tool_calls_arguments_get_the_callers_value_back(start_edge: Callable[..., EdgeServer], make_deps: Callable[..., Any]) -> None:
+    """A function-calling model's call, its arguments cut inside the placeholder: the caller's code
+    runs the call, so it gets the address (as JSON string content); the JSON and the stream agree."""
+    hermes = "@hf/nousresearch/hermes-2-pro-mistral-7b"  # tools, per Cloudflare's lists
+    tool = {"type": "function", "function": {"name": "send_mail", "parameters": {"type": "object", "properties": {"to": {"type": "string"}}}}}
+    script = ({"response": "", "tool_calls": [{"index": 0, "id": "call_1", "name": "send_mail", "arguments": '{"to": "[EMA'}]},
+              {"response": "", "tool_calls": [{"index": 0, "arguments": 'IL_1]"}'}]},
+              {"response": "", "usage": {"prompt_tokens": 9, "completion_tokens": 3}})
+    ai = ScriptedAI(events=script, description=None)
+    deps = make_deps(config=Config(open_access=True, model=hermes, guardrails=parse_policy(ON)), ai=ai, kv=None)
+    server = start_edge(deps)
+    body = {**chat(JANE), "model": hermes, "tools": [tool]}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        _, events = sse(client, "/v1/chat/completions", body)
+        calls = [c for e in events if e.get("choices") for c in e["choices"][0]["delta"].get("tool_calls") or []]
+        assert calls and calls[0]["function"]["name"] == "send_mail"
+        assert json.loads("".join(c["function"].get("arguments") or "" for c in calls)) == {"to": JANE}
+    assert "[EMAIL_1]" in json.dumps(ai.calls[-1][1]) and JANE not in json.dumps(ai.calls[-1][1])  # the model saw the placeholder

@@ -17,6 +17,7 @@ from .cache.service import cached_generation
 from .conversations import ConversationStore, StoredResponse, conversation_of, new_conversation_id, new_response_id, not_found
 from .errors import GatewayError, invalid
 from .generation import Finish
+from .guardrails.unmask import remasked
 from .context import RequestContext
 from .http import Request, Response, json_response
 from .deps import Deps
@@ -82,8 +83,13 @@ async def create_response(request: Request, deps: Deps, ctx: RequestContext) -> 
     generation = await cached_generation(deps, request, ctx, gen_request)
     access.observe(ctx, generation, deps.clock.now)
 
+    check = ctx.guardrails.answer if ctx.guardrails is not None else None
+    unmasked = check.placeholders if check is not None else None  # the caller's values, put back in its answer
+
     async def on_complete(text: str, finish: Finish) -> None:
         if parsed.store and store is not None:
+            if unmasked:  # a stored turn is a later turn's prompt: it keeps what the model saw
+                text = remasked(text, unmasked)
             await store.append(wire.stored_record(meta, generation.model, text, finish))
 
     headers = generation_headers(generation)

@@ -92,3 +92,7 @@ def test_a_key_made_with_a_guardrails_policy_keeps_it_and_a_bad_one_is_refused(t
     assert json.loads(listed[0]["guardrails"]) == {"dlp": {"email": "mask"}}
     bad = keys(state, "create", "--tenant", "acme", "--guardrails", '{"dlp": {"e-mail": "mask"}}')
     assert bad.returncode == 2 and "'e-mail'" in bad.stderr and "Traceback" not in bad.stderr
+    unmasking = keys(state, "create", "--tenant", "acme", "--guardrails", '{"dlp": {"email": "mask"}, "unmask_answer": true}')
+    assert unmasking.returncode == 0, unmasking.stderr
+    bad = keys(state, "create", "--tenant", "acme", "--guardrails", '{"dlp": {"email": "mask"}, "unmask_answer": "on"}')
+    assert bad.returncode == 2 and "unmask_answer" in bad.stderr and "Traceback" not in bad.stderr

@@ -24,11 +24,14 @@ HTTP library that would tidy its bytes up).
 - `json_answer` / `json_tool_call`: asked to stream, a whole `chat.completion` as
   `application/json` instead (a server that does not stream, or a proxy that buffered the
   answer): "one two three", or a call of `get_weather`, with its usage;
-- `json_error`: a 200 `application/json` body that is an OpenAI error object carrying `MARKER`.
+- `json_error`: a 200 `application/json` body that is an OpenAI error object carrying `MARKER`;
+- `echo`: a well-formed stream of the last message's text, three characters a chunk (an answer
+  that repeats the prompt, cut anywhere).
 
 `MARKER` stands for an origin's own text (an internal path): it must reach the edge's log, never a client.
 
-`GET /count` answers how many generation requests arrived (to see that a request reached it).
+`GET /count` answers how many generation requests arrived (to see that a request reached it),
+`GET /last` the body of the last one (what reached it).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from pathlib import Path
 
 MODES = ("ok", "gzip", "unknown_encoding", "gzip_bomb", "long_line", "no_headers", "pings", "endless",
          "garbage", "garbage_late", "usage_huge", "usage_negative", "context_refusal", "refusal_500", "error_event", "slow_tokens",
-         "json_answer", "json_tool_call", "json_error")
+         "json_answer", "json_tool_call", "json_error", "echo")
 MARKER = "/srv/hostile-origin/internal-7f3a"
 BOMB_BYTES = 90 * 1024 * 1024
 
@@ -85,6 +88,7 @@ def head(status: str = "200 OK", **extra: str) -> bytes:
 class HostileOrigin:
     mode: str = "ok"
     generations: int = 0
+    last: bytes = b"{}"  # the last generation request's body
     bomb: bytes = b""  # made once at start-up: compressing 90 MB takes seconds
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -101,8 +105,11 @@ class HostileOrigin:
                 await self._json(writer, {"mode": mode})
             elif path == "/count":
                 await self._json(writer, {"generations": self.generations})
+            elif path == "/last":
+                await self._json(writer, json.loads(self.last))
             else:
                 self.generations += 1
+                self.last = body
                 await self._generate(writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -171,6 +178,11 @@ class HostileOrigin:
                        "json_tool_call": completion({"content": None, "tool_calls": [WEATHER_CALL]}, "tool_calls"),
                        "json_error": json.dumps({"error": {"message": f"no slot at {MARKER}", "type": "server_error"}}).encode()}[mode]
             writer.write(head(content_type="application/json; charset=utf-8", content_length=str(len(payload))) + payload)
+        elif mode == "echo":
+            messages = json.loads(self.last).get("messages") or [{"content": ""}]
+            text = str(messages[-1].get("content") or "")
+            writer.write(head() + b"".join(token(text[i:i + 3]) for i in range(0, len(text), 3)) + finish() + usage(7, len(text))
+                         + b"data: [DONE]\n\n")
         elif mode == "error_event":
             error = {"error": {"message": f"slot died at {MARKER}", "type": "server_error"}}
             writer.write(head() + token("one ") + token("two ") + b"data: " + json.dumps(error).encode() + b"\n\n")
@@ -205,6 +217,10 @@ class HostileOriginProcess:
     def generations(self) -> int:
         with urllib.request.urlopen(self.url + "/count", timeout=10) as answer:
             return int(json.loads(answer.read())["generations"])
+
+    def last_body(self) -> dict[str, object]:
+        with urllib.request.urlopen(self.url + "/last", timeout=10) as answer:
+            return json.loads(answer.read())
 
     def stop(self) -> None:
         if self.process.poll() is None:

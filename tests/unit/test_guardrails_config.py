@@ -31,6 +31,8 @@ def test_guardrails_vars_are_read_into_the_config() -> None:
     ("GUARDRAILS", '{"dlp": {"email": "deny"}}', "'deny'"),
     ("GUARDRAILS", "{not json", "not JSON"),
     ("GUARD_FAIL", "sometimes", "'sometimes'"),
+    ("GUARDRAILS", '{"dlp": {"email": "mask"}, "unmask_answer": "yes"}', "'yes'"),
+    ("GUARDRAILS", '{"dlp": {"email": "flag"}, "unmask_answer": true}', "no dlp detector is 'mask'"),
 ])
 def test_a_bad_guardrails_var_is_refused_by_name(name: str, value: str, named: str) -> None:
     with pytest.raises(ValueError) as refused:
@@ -46,6 +48,10 @@ def test_a_key_carries_its_own_policy_and_a_bad_one_is_refused() -> None:
     assert new_key("acme", 0.0).record.policy is None  # none: the gateway's applies
     with pytest.raises(ValueError, match="'S99'"):
         new_key("acme", 0.0, guardrails='{"moderation": {"answer": {"S99": "flag"}}}')
+    unmasking = new_key("acme", 0.0, guardrails='{"dlp": {"email": "mask"}, "unmask_answer": true}')
+    assert KeyRecord.decode(unmasking.record.encode()).policy.unmask_answer is True  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="unmask_answer"):
+        new_key("acme", 0.0, guardrails='{"dlp": {"email": "mask"}, "unmask_answer": 1}')
 
 
 def test_a_policy_that_moderates_without_a_guard_model_is_refused_at_start(tmp_path: Path) -> None:

@@ -100,3 +100,41 @@ def test_deploy_check_names_the_bad_value():
     (check,) = check_guardrails({"vars": {"GUARDRAILS": json.dumps(EXAMPLE)}})
     assert check.ok and "9 rule(s)" in check.detail
     assert check_guardrails({"vars": {}}) == []
+
+
+# --- unmask_answer: the caller's own masked values put back into its answer -----------------------
+
+def test_unmask_answer_is_off_unless_said_and_round_trips():
+    assert parse_policy({"dlp": {"email": "mask"}}).unmask_answer is False
+    policy = parse_policy(json.dumps({"dlp": {"email": "mask"}, "unmask_answer": True}))
+    assert policy.unmask_answer is True
+    assert policy.to_json() == {"moderation": {"prompt": {}, "answer": {}}, "dlp": {"email": "mask"}, "unmask_answer": True}
+    assert parse_policy(policy.to_json()) == policy
+    assert parse_policy({"dlp": {"email": "mask"}, "unmask_answer": False}).to_json() == parse_policy({"dlp": {"email": "mask"}}).to_json()
+
+
+@pytest.mark.parametrize("value,named", [
+    ({"dlp": {"email": "mask"}, "unmask_answer": "true"}, "'true'"),
+    ({"dlp": {"email": "mask"}, "unmask_answer": 1}, "1"),
+    ({"dlp": {"email": "mask"}, "unmask_answer": None}, "None"),
+    ({"dlp": {"email": "block"}, "unmask_answer": True}, "no dlp detector is 'mask'"),
+    ({"unmask_answer": True}, "no dlp detector is 'mask'"),
+    ({"dlp": {"email": "mask"}, "unmask_answers": True}, "'unmask_answers'"),
+])
+def test_a_bad_unmask_answer_is_refused_by_name(value, named):
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(json.dumps(value))
+    assert named in str(caught.value) and str(caught.value).startswith("GUARDRAILS")
+
+
+def test_unmask_answer_asks_nothing_more_of_a_cached_answer():
+    """The cache holds the masked answer whatever the caller's unmasking: it is no stricter."""
+    on, off = P({"dlp": {"email": "mask"}, "unmask_answer": True}), P({"dlp": {"email": "mask"}})
+    assert not stricter_than(on, off) and not stricter_than(off, on)
+
+
+def test_deploy_check_refuses_an_ill_typed_unmask_answer():
+    (check,) = check_guardrails({"vars": {"GUARDRAILS": '{"dlp": {"email": "mask"}, "unmask_answer": "yes"}'}})
+    assert not check.ok and "unmask_answer" in check.detail
+    (check,) = check_guardrails({"vars": {"GUARDRAILS": '{"dlp": {"email": "mask"}, "unmask_answer": true}'}})
+    assert check.ok

@@ -218,8 +218,9 @@ async def test_findings_are_redacted_in_the_log_line_and_absent_from_usage_rows(
 async def test_the_admin_route_shows_the_gateways_policy_and_a_keys() -> None:
     kv = SqliteKV()
     own = new_key("acme", 0.0, guardrails=json.dumps({"dlp": {"email": "block"}}))
+    unmasking = new_key("acme", 0.0, guardrails=json.dumps({"dlp": {"email": "mask"}, "unmask_answer": True}))
     plain = new_key("acme", 0.0)
-    for made in (own, plain):
+    for made in (own, plain, unmasking):
         await KeyRing(kv).put(made.record)
     gateway = {"moderation": {"prompt": {"S1": "block"}}}
     deps = replace(deps_with(gateway, ScriptedGuard()), kv=kv,
@@ -234,6 +235,8 @@ async def test_the_admin_route_shows_the_gateways_policy_and_a_keys() -> None:
     assert shown["guard"]["configured"] is True and shown["guard"]["fail"] == "closed"
     keyed = json.loads((await get(f"?key={own.record.key_id}")).body)
     assert keyed["scope"] == "key" and keyed["policy"]["dlp"] == {"email": "block"}
+    assert shown["policy"]["unmask_answer"] is False and keyed["policy"]["unmask_answer"] is False  # said when off too
+    assert json.loads((await get(f"?key={unmasking.record.key_id}")).body)["policy"]["unmask_answer"] is True
     assert json.loads((await get(f"?key={plain.record.key_id}")).body)["scope"] == "gateway"
     assert (await get("?key=nosuchkey000")).status == 404
     assert (await get(headers={"authorization": f"Bearer {own.api_key}"})).status == 403  # a tenant's key is no admin

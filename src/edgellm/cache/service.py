@@ -20,6 +20,7 @@ from ..routing.regions import regional_cache
 from ..deps import Deps
 from ..guardrails.answer import AnswerCheck, checked_answer
 from ..guardrails.policy import Policy, parse_policy, stricter_than
+from ..guardrails.unmask import unmasked_answer
 from ..stream import Stream
 from ..telemetry import tracing
 from ..telemetry.spans import step, traced_generation
@@ -155,6 +156,15 @@ def checked(deps: Deps, generation: Generation, check: AnswerCheck | None, gen_r
     return generation
 
 
+def restored(generation: Generation, check: AnswerCheck) -> Generation:
+    """`generation` with this caller's masked values put back (`unmask_answer`): the last step,
+    after the answer's check and the cache writer, so both see only placeholders. A HIT's kept
+    renderings are the entry's (masked): this answer is rendered from its events, and not kept."""
+    generation.events = unmasked_answer(generation.events, check.placeholders)
+    generation.rendered = None
+    return generation
+
+
 def _answer_part(policy: Policy) -> Policy:
     return Policy(answer=policy.answer, dlp=policy.dlp)
 
@@ -180,7 +190,7 @@ async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, g
         counters.bypasses += 1
         generation = checked(deps, await own_generation(deps, request, ctx, gen_request), check, gen_request)
         generation.cache_status = "BYPASS"
-        return generation
+        return restored(generation, check) if check is not None and check.placeholders else generation
     key, policy = decision.key, decision.policy
     if policy.read:
         span = step(deps, "cache.lookup", {"edgellm.cache.namespace": deps.config.cache_namespace})
@@ -194,12 +204,17 @@ async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, g
             age = max(0, int(deps.clock.now() - answer.created))
             kept = answer.derived if size <= MEMO_MAX_ENTRY_BYTES else None  # an entry the isolate keeps decoded keeps its renderings
             hit = Generation(answer.model, answer.replay(), cache_status="HIT", age=age, cache_key=key.digest, rendered=kept)
-            return checked(deps, hit, check, gen_request) if rechecked(answer.guardrails, check) else hit
+            if check is None:
+                return hit
+            if rechecked(answer.guardrails, check):
+                hit = checked(deps, hit, check, gen_request)
+            return restored(hit, check) if check.placeholders else hit  # unmasked with this caller's own map
     plan = await semantic.lookup(deps, request, ctx, gen_request, key, policy, lookup, lambda: check_generation(deps, request, gen_request))
     if isinstance(plan, semantic.Hit):
         counters.hits += 1
         counters.semantic_hits += 1
-        return checked(deps, plan.generation, check, gen_request)  # another question's answer: always checked
+        hit = checked(deps, plan.generation, check, gen_request)  # another question's answer: always checked
+        return restored(hit, check) if check is not None and check.placeholders else hit
     counters.misses += 1
     # an answer under check is never coalesced: a flight writes its entry in the Durable Object,
     # before this isolate's check could stop it
@@ -228,7 +243,7 @@ async def cached_generation(deps: Deps, request: Request, ctx: RequestContext, g
     if plan is not None and policy.write:  # once the exact entry is written, its vector points at it
         generation.events = semantic.remembered_afterwards(deps, plan, key, policy.ttl, generation.events)
     generation.cache_status, generation.cache_key = "MISS", key.digest
-    return generation
+    return restored(generation, check) if check is not None and check.placeholders else generation
 
 
 def stored_afterwards(deps: Deps, kv_key: str, ttl: int, model: str, events: AsyncIterator[Event], guardrails: str = "") -> Stream[Event]:

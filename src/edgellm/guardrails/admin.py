@@ -1,6 +1,7 @@
 """`GET /admin/guardrails`: the policy in force, for the operator (the admin token): the gateway's
 `GUARDRAILS`, or with `?key=<key id>` the policy that key's requests get (its own, else the
-gateway's), with what a failing guard means and the answer window."""
+gateway's), with whether answers are unmasked for their caller, what a failing guard means and
+the answer window."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ async def get_guardrails(request: Request, deps: Deps, ctx: RequestContext) -> R
     return json_response({
         "object": "guardrails.policy",
         "scope": scope,  # "key": the key's own policy; "gateway": GUARDRAILS (a key without its own gets it)
-        "policy": policy.to_json(),
+        "policy": {**policy.to_json(), "unmask_answer": policy.unmask_answer},  # said when off too
         "guard": {"configured": deps.guard is not None, "model": config.guard_model, "fail": config.guard_fail,
                   "timeout_seconds": config.guard_timeout_seconds},
         "answer_window_tokens": config.guard_window_tokens,

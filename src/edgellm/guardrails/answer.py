@@ -55,6 +55,10 @@ class AnswerCheck:
     # what the prompt's check flagged and masked (categories, detectors, masked detectors): the
     # header's value is the prompt's and the answer's together
     prompt_found: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]] = ((), (), ())
+    # placeholder -> the caller's value, when its policy unmasks answers (`unmask_answer`) and
+    # the prompt had a value masked; empty otherwise. Kept for this request only: never logged,
+    # stored or cached (`guardrails.unmask` puts the values back after the cache writer)
+    placeholders: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def header(self) -> str | None:

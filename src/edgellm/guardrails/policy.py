@@ -2,11 +2,13 @@
 category on prompts and answers, and each DLP detector, leads to.
 
     {"moderation": {"prompt": {"S1": "block", ...}, "answer": {...}},
-     "dlp": {"secret": "block", "payment_card": "mask", "email": "mask", ...}}
+     "dlp": {"secret": "block", "payment_card": "mask", "email": "mask", ...},
+     "unmask_answer": true}
 
 Actions: `block` refuses (a prompt) or ends (an answer); `mask` replaces the finding before it
 leaves the edge; `flag` lets it through and says so. A category or detector the policy does not
-name is allowed. A bad value is a configuration error that names it, at start and in deploy-check.
+name is allowed. `unmask_answer` (default false) puts the caller's own masked values back into
+its answer, after the answer's check and the cache (`guardrails.unmask`). A bad value is a configuration error that names it, at start and in deploy-check.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ _RANK = {None: 0, "flag": 1, "mask": 2, "block": 3}
 # Moderation has no span to mask: a category may be flagged or blocked.
 MODERATION_ACTIONS = ("flag", "block")
 STAGES = ("prompt", "answer")
+SECTIONS = ("moderation", "dlp", "unmask_answer")
 
 
 class PolicyError(ValueError):
@@ -40,6 +43,9 @@ class Policy:
     prompt: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     answer: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     dlp: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
+    # the answer has this request's placeholders put back to the caller's values (LiteLLM's
+    # `output_parse_pii`); not a strictness: the cache and the origin still see the placeholders
+    unmask_answer: bool = False
 
     @property
     def empty(self) -> bool:
@@ -52,7 +58,10 @@ class Policy:
         return bool(self.prompt or self.answer)
 
     def to_json(self) -> dict[str, Any]:
-        return {"moderation": {"prompt": dict(self.prompt), "answer": dict(self.answer)}, "dlp": dict(self.dlp)}
+        value: dict[str, Any] = {"moderation": {"prompt": dict(self.prompt), "answer": dict(self.answer)}, "dlp": dict(self.dlp)}
+        if self.unmask_answer:  # said only when on: the value an entry keeps of its policy stays as it was
+            value["unmask_answer"] = True
+        return value
 
 
 NO_POLICY = Policy()
@@ -85,8 +94,8 @@ def parse_policy(value: str | Mapping[str, Any] | None) -> Policy:
     if not isinstance(value, Mapping):
         raise PolicyError(f"GUARDRAILS must be a JSON object, not {value!r}")
     for key in value:
-        if key not in ("moderation", "dlp"):
-            raise PolicyError(f"GUARDRAILS: unknown section {key!r} (known: moderation, dlp)")
+        if key not in SECTIONS:
+            raise PolicyError(f"GUARDRAILS: unknown section {key!r} (known: {', '.join(SECTIONS)})")
     moderation = value.get("moderation", {})
     if not isinstance(moderation, Mapping):
         raise PolicyError(f"GUARDRAILS moderation must be an object with prompt and answer, not {moderation!r}")
@@ -96,7 +105,12 @@ def parse_policy(value: str | Mapping[str, Any] | None) -> Policy:
     prompt = _table(moderation.get("prompt", {}), "moderation.prompt", CATEGORIES, "category", MODERATION_ACTIONS)
     answer = _table(moderation.get("answer", {}), "moderation.answer", CATEGORIES, "category", MODERATION_ACTIONS)
     dlp = _table(value.get("dlp", {}), "dlp", DETECTORS, "detector", ACTIONS)
-    return Policy(_frozen(prompt), _frozen(answer), _frozen(dlp))
+    unmask = value.get("unmask_answer", False)
+    if not isinstance(unmask, bool):
+        raise PolicyError(f"GUARDRAILS unmask_answer must be true or false, not {unmask!r}")
+    if unmask and "mask" not in dlp.values():
+        raise PolicyError("GUARDRAILS unmask_answer is true but no dlp detector is 'mask': there would be nothing to unmask")
+    return Policy(_frozen(prompt), _frozen(answer), _frozen(dlp), unmask)
 
 
 def _at_least(stricter: Mapping[str, str], than: Mapping[str, str]) -> bool:

@@ -122,7 +122,7 @@ async def _check(call_next: Next, request: Request, deps: Deps, ctx: RequestCont
         except ValueError:
             conversation = ()
         answer = AnswerCheck(policy, conversation, deps.config.guard_window_tokens, AnswerVerdicts(counted=counted),
-                             (flagged, dlp.flagged, dlp.masked))
+                             (flagged, dlp.flagged, dlp.masked), dlp.placeholders if policy.unmask_answer else {})
     check = PromptCheck(policy, flagged, dlp.flagged, dlp.masked, failed_open, answer, counted)
     ctx.guardrails = check
     if dlp.changed:  # the handler, and everything after it, sees only the placeholders

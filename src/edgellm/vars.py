@@ -61,7 +61,7 @@ VARS: dict[str, VarSpec] = {
     "EDGE_MAX_OUTPUT_TOKENS": VarSpec("whole", "tokens, a whole number of at least 1"),
     "EDGE_TOKENIZER": VarSpec("text", "a published model name whose tokenizer counts prompts"),
     "BREAKER": VarSpec("json_object", 'a JSON object, e.g. {"failures": 5, "window_s": 30, "cooldown_s": 30}'),
-    "GUARDRAILS": VarSpec("json_object", 'a JSON guardrails policy, e.g. {"moderation": {"prompt": {"S1": "block"}}, "dlp": {"email": "mask"}}'),
+    "GUARDRAILS": VarSpec("json_object", 'a JSON guardrails policy, e.g. {"moderation": {"prompt": {"S1": "block"}}, "dlp": {"email": "mask"}, "unmask_answer": true}'),
     "GUARD_FAIL": VarSpec("text", "closed (default: a failing guard refuses the request) or open (it lets it through)"),
     "GUARD_MODEL": VarSpec("text", "the Workers AI guard model (default @cf/meta/llama-guard-3-8b)"),
     "REGIONS": VarSpec("json_object", 'a JSON object of region code -> settings, e.g. {"EU": {"origin": "central"}}'),

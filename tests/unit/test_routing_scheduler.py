@@ -1,5 +1,5 @@
-"""The scheduler's pure parts, as tables: the cost, the load bound, the order, pools from config,
-the load probe's parser and its verdict on nonsense."""
+"""The scheduler's pure parts, as tables: the predicted TTFT and the rates it reads, the load
+bound, the order, pools from config, the load probe's parser and its verdict on nonsense."""
 
 from __future__ import annotations
 
@@ -12,19 +12,119 @@ from edgellm.config import Config
 from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
-from edgellm.routing.scheduler import BLOCK_CHARS, Ask, ReplicaView, cost, over_bound, prefix_blocks, rendezvous, schedule
+from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, ReplicaView, over_bound, predicted_ttft,
+                                      prefix_blocks, rates, rendezvous, robust, schedule)
 
 
-@pytest.mark.parametrize("new, queue, slowness, expected", [
-    (0, 0, 1, 1),            # everything cached, idle: the floor
-    (1000, 0, 1, 1001),      # a cold prompt on an idle replica
-    (0, 4, 1, 5),            # cached but busy: the queue alone
-    (1000, 1, 1, 2002),      # cold and busy multiply
-    (100, 1, 3, 606),        # a slow replica costs its slowness
-    (-5, -2, 0.5, 1),        # nonsense inputs are clamped, never negative
+@pytest.mark.parametrize("new, queue, prefill_s, service_s, expected", [
+    (0, 0, 0.001, 0.5, 0.001),        # everything cached, idle: the one token always recomputed
+    (999, 0, 0.001, 0.5, 1.0),        # a cold prompt on an idle replica: its prefill
+    (0, 4, 0.001, 0.5, 2.001),        # cached but busy: the answers queued ahead
+    (999, 1, 0.001, 0.5, 1.5),        # cold and busy add up
+    (99, 1, 0.003, 1.5, 1.8),         # a slow replica: both its rates
+    (-5, -2, -1, -1, 0.0),            # nonsense inputs are clamped, never negative
 ])
-def test_cost(new: float, queue: float, slowness: float, expected: float) -> None:
-    assert cost(new, queue, slowness) == expected
+def test_predicted_ttft(new: float, queue: float, prefill_s: float, service_s: float, expected: float) -> None:
+    assert predicted_ttft(new, queue, prefill_s, service_s) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("measured, expected", [
+    ([None, None], []),                           # nothing measured: no figures (the prior decides)
+    ([1.0, 1.4, 0.7], [1.0, 1.0, 1.0]),           # within 1.5x of the median: all the median
+    ([1.0, None, 1.2], [1.1, 1.1, 1.1]),          # unmeasured: the median, neither favoured nor shunned
+    ([1.0, 1.0, 3.0], [1.0, 1.0, 2.0]),           # 3x the median counts as 2x: only the excess
+    ([1.0, 1.0, 0.3], [1.0, 1.0, 0.45]),          # faster beyond the tolerance counts too
+    ([1.0, 1.0, 1000.0], [1.0, 1.0, 16 / 1.5]),   # a wild figure is capped
+    ([1.0, math.nan, -2.0, 0.0], [1.0, 1.0, 1.0, 1.0]),  # nonsense is unmeasured
+])
+def test_robust_rates_read_noise_as_the_median(measured: list[float | None], expected: list[float]) -> None:
+    assert robust(measured) == pytest.approx(expected)
+
+
+def test_rates_fall_back_on_the_prior_and_on_each_other() -> None:
+    blank = [ReplicaView("a"), ReplicaView("b")]
+    assert rates(blank) == [(PRIOR_PREFILL_S, PRIOR_PREFILL_S * PRIOR_ANSWER_TOKENS)] * 2
+    served = [ReplicaView("a", service_s=0.512), ReplicaView("b")]
+    assert rates(served) == [(0.002, 0.512)] * 2  # the answer measured, the prefill from the prior's ratio
+    prefilled = [ReplicaView("a", prefill_s=0.004), ReplicaView("b", prefill_s=0.004, service_s=0.3)]
+    assert rates(prefilled) == [(0.004, 0.3)] * 2
+
+
+HELD = 15  # of the 4,000-character prompt's 15 blocks: nearly all of its 1,000 tokens
+
+
+def first(replicas: list[ReplicaView], a: Ask | None = None) -> str:
+    return schedule(a or ask(), replicas, 1.0)[0].name
+
+
+@pytest.mark.parametrize("holder, others, wins", [
+    # equal speeds: the held prefix wins, idle or with one answer ahead (1 s of prefill saved > 0.3 s)
+    (dict(queue=0), dict(queue=0), True),
+    (dict(queue=1), dict(queue=0), True),
+    # noise: the holder measured 1.4x slower (or the others 1.4x faster) still wins
+    (dict(queue=1, prefill_s=0.0014, service_s=0.42), dict(queue=0), True),
+    (dict(queue=0), dict(queue=0, prefill_s=0.0007, service_s=0.21), True),
+    # slowed 8x: its queue costs more than prefilling the whole prompt elsewhere
+    (dict(queue=1, prefill_s=0.008, service_s=2.4), dict(queue=0), False),
+    # slowed 8x and idle: the prompt it holds is still the quicker first token (prediction, not penalty)
+    (dict(queue=0, prefill_s=0.008, service_s=2.4), dict(queue=0), True),
+    # equal speeds, but three answers ahead: prefilling elsewhere is quicker
+    (dict(queue=3), dict(queue=0), False),
+])
+def test_a_held_prefix_against_queue_and_speed(holder: dict[str, float], others: dict[str, float], wins: bool) -> None:
+    base = {"prefill_s": 0.001, "service_s": 0.3}
+    replicas = [ReplicaView("a", held=HELD, **{**base, **holder})] + [ReplicaView(n, **{**base, **others}) for n in "bc"]
+    assert (first(replicas) == "a") is wins
+
+
+def test_noisy_rates_never_flip_a_decision() -> None:
+    """Rates wandering within the tolerance (as on a shared machine) give the same order."""
+    rng = __import__("random").Random(3)
+    for trial in range(200):
+        queues = [rng.randrange(3) for _ in range(3)]
+        held = [rng.choice((0, 2, HELD)) for _ in range(3)]
+        calm = [ReplicaView(n, q, h, 0.001, 0.3) for n, q, h in zip("abc", queues, held)]
+        noisy = [ReplicaView(n, q, h, 0.001 * rng.uniform(0.8, 1.2), 0.3 * rng.uniform(0.8, 1.2)) for n, q, h in zip("abc", queues, held)]
+        assert [p.name for p in schedule(ask(), calm, 1.0)] == [p.name for p in schedule(ask(), noisy, 1.0)], trial
+
+
+def _serve(view: PoolView, name: str, a: Ask, now: float, ttft: float, total: float, cached: int) -> None:
+    view.dispatched(name, a, "load")
+    view.finished(name, now, True, ttft, total / 16, cached, int(a.prompt_tokens), total)
+
+
+def test_a_slowed_replica_loses_its_share_of_held_prompts() -> None:
+    """Eight applications' prompts spread over three replicas, requests arriving about as fast as
+    one replica serves them; then one replica runs 6x slower: its share of new requests falls,
+    though it holds the prompts they carry (under a loose load bound, which alone would let it
+    keep them: the prediction, not the bound, moves them)."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c"), load_bound=3.0))
+    apps = [Ask(prefix_blocks((f"application {app} " * 300)[:4000]), 1000, 4000) for app in range(8)]
+    speed = {"a": 1.0, "b": 1.0, "c": 1.0}
+    running: list[tuple[float, str]] = []  # (end, replica): what is in flight, as the view counts it
+    share = {"before": [], "after": []}
+    now = 0.0
+    for i in range(400):
+        if i == 200:
+            speed["c"] = 6.0
+        now += 0.12
+        for end, name in sorted(running):
+            if end <= now:
+                running.remove((end, name))
+                view.replicas[name].in_flight -= 1
+        a = apps[(i * 5) % 8]
+        pick = view.choose(a, now)[0]
+        held = view.replicas[pick.name].holds(a.blocks)
+        cached = min(1000, held * BLOCK_CHARS // 4)
+        ttft = ((1000 - cached) * 0.001 + 0.01) * speed[pick.name] * (1 + view.replicas[pick.name].in_flight)
+        total = ttft + 0.2 * speed[pick.name]
+        _serve(view, pick.name, a, now, ttft, total, cached)
+        view.replicas[pick.name].in_flight += 1  # still running until `now + total`
+        running.append((now + total, pick.name))
+        share["before" if i < 200 else "after"].append(pick.name)
+    late = share["after"][50:]  # once the slowdown was measured
+    assert share["before"].count("c") >= len(share["before"]) // 5
+    assert late.count("c") <= len(late) // 6
 
 
 @pytest.mark.parametrize("queue, queues, bound, over", [
@@ -67,7 +167,7 @@ def ask(held_chars: int = 4000, tokens: float = 1000, session: str | None = None
     # the holder reports nonsense: unhealthy, last
     ([ReplicaView("a", 0, held=15, healthy=False), ReplicaView("b", 1), ReplicaView("c", 0)], "c", "load"),
     # a slowed holder with part of the prompt loses to a fast cold one
-    ([ReplicaView("a", 0, held=2, slowness=16), ReplicaView("b", 0)], "b", "load"),
+    ([ReplicaView("a", 0, held=2, prefill_s=0.016, service_s=4.0), ReplicaView("b", 0, prefill_s=0.001, service_s=0.3)], "b", "load"),
 ])
 def test_schedule_orders_by_cost(replicas: list[ReplicaView], first: str | None, reason: str) -> None:
     picks = schedule(ask(), replicas, 0.25)
@@ -84,6 +184,20 @@ def test_a_session_sticks_unless_its_replica_is_over_the_bound_or_unhealthy() ->
     assert schedule(a, [ReplicaView("a", 0, held=15), ReplicaView("b", 0), ReplicaView("c", 1)], 0.25)[0].name == "a"  # c over the bound
     assert schedule(a, [ReplicaView("a", 1, held=15), ReplicaView("b", 1), ReplicaView("c", 1)], 0.25)[0] .reason == "session"
     assert schedule(a, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 0, healthy=False)], 0.25)[0].name != "c"
+
+
+def test_a_conversations_first_turn_spreads_by_session_not_onto_the_system_prompts_holder() -> None:
+    replicas = [ReplicaView("a", 0, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0)]
+    homes = [schedule(ask(session=f"conv-{i}"), replicas, 1.0)[0] for i in range(30)]
+    assert all(h.reason == "session" and h.name == max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) for i, h in enumerate(homes))
+    assert {h.name for h in homes} == {"a", "b", "c"}
+    # ... among the replicas within the bound and not markedly slow
+    busy = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0)]
+    slow = [ReplicaView("a", 0, prefill_s=0.001, service_s=0.3), ReplicaView("b", 0, prefill_s=0.001, service_s=0.3),
+            ReplicaView("c", 0, prefill_s=0.004, service_s=1.2)]
+    for i in range(30):
+        assert schedule(ask(session=f"conv-{i}"), busy, 0.25)[0].name != "a"
+        assert schedule(ask(session=f"conv-{i}"), slow, 1.0)[0].name != "c"
 
 
 def test_the_baselines() -> None:

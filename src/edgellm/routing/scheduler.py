@@ -1,10 +1,15 @@
-"""Which replica of a pool takes a request: one cost per replica, a load bound, a session's pin.
+"""Which replica of a pool takes a request: a predicted time to first token per replica, a load
+bound, a session's pin.
 
 Pure functions over values, shared by the Worker (each isolate's own view), the pool's Durable
 Object (the pool's whole view) and the fleet simulator (`bench/sim_fleet.py`), so the three run
 the same decisions.
 
-    cost(replica) = (expected new prefill tokens + 1) x (its queue + 1) x its slowness
+    predicted TTFT(replica) = its queue x its service time + (new prefill tokens + 1) x its prefill time
+
+the wait behind what it already serves plus the prefill it would do for this request, in seconds,
+from what each replica was measured doing (llm-d's predicted-latency scorer ranks replicas on the
+same kind of prediction):
 
 - *new prefill tokens*: the prompt's tokens minus those the replica probably holds: the prompt's
   leading blocks are hashed as a chain (block i's hash covers blocks 0..i), and a replica that
@@ -13,14 +18,27 @@ the same decisions.
 - *queue*: what is running or waiting there: the larger of what this gateway has in flight there
   and what the replica itself last reported (llama.cpp: requests processing + deferred; vLLM:
   running + waiting), when that report is fresh and sane.
-- *slowness*: the replica's recent time between tokens over the pool's fastest, at least 1: a
-  replica that slows down loses its share before any breaker opens.
+- *service time*: the replica's recent mean time per answer (dispatch to last token), and
+  *prefill time*: its recent time to first token per new prompt token (from answers that had at
+  least a block to prefill), both smoothed (`fleet.PoolView.finished`). A held prompt costs
+  little to prefill, but every request queued ahead costs its whole answer: a slowed replica
+  holding the prompt loses its share once its queue builds, as its answers take longer.
+
+Measured rates are noisy (a shared machine's replicas wander), so `rates` reads each against the
+pool's median: within `TOLERANCE` (1.5x either way) a replica counts as the median, beyond it only
+the excess counts; a replica with no measurement yet counts as the median too (neither favoured
+nor shunned). With no measurement anywhere the prior is a prefill time of `PRIOR_PREFILL_S` and an
+answer worth `PRIOR_ANSWER_TOKENS` prompt tokens.
 
 One knob, `load_bound` (e): a replica whose queue is at or above (1 + e) x the pool's mean queue
 (counting this request) takes nothing until the others catch up, so one hot prefix cannot pile
-onto one replica (consistent hashing with bounded loads, Mirrokni et al. 2018). Ties, and
-replicas nobody has a view of, are broken by rendezvous hashing on the prompt's first block, so
-isolates that share nothing still send the same new prefix to the same replica.
+onto one replica (consistent hashing with bounded loads, Mirrokni et al. 2018). A session keeps
+to the replica it last used (its history is cached there) unless that one is down, unhealthy or
+over the bound; a session's first turn is placed by rendezvous on its id among the replicas
+within the bound and not markedly slow, so conversations spread by session rather than gather on
+the replica holding their shared system prompt (their later turns, most of their work, follow
+them). Ties, and replicas nobody has a view of, are broken by rendezvous hashing on the prompt's
+first block, so isolates that share nothing still send the same new prefix to the same replica.
 """
 
 from __future__ import annotations
@@ -33,7 +51,10 @@ from typing import Sequence
 BLOCK_CHARS = 256  # characters of rendered prompt per block (about 64 tokens)
 CHARS_PER_TOKEN = 4.0  # the estimate when the prompt was not counted
 MAX_BLOCKS = 256  # a prompt's first 64 Ki characters are hashed; the rest counts as uncached
-MAX_SLOWNESS = 16.0
+MAX_RATIO = 16.0  # a replica measured more than this far from the pool's median counts as this far
+TOLERANCE = 1.5  # measured rates within this factor of the pool's median count as the median
+PRIOR_PREFILL_S = 0.001  # seconds a new prompt token, before anything was measured
+PRIOR_ANSWER_TOKENS = 256.0  # an answer in prompt tokens' time, before anything was measured
 
 
 def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
@@ -52,10 +73,49 @@ def rendezvous(key: str | int, name: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}\0{name}".encode(), digest_size=8).digest(), "big")
 
 
-def cost(new_prefill_tokens: float, queue: float, slowness: float = 1.0) -> float:
-    """The one cost: the prefill this replica would do for the request, times how many requests
-    it serves at once (the request's own included), times how slow it is running."""
-    return (max(0.0, new_prefill_tokens) + 1.0) * (max(0.0, queue) + 1.0) * max(1.0, slowness)
+def predicted_ttft(new_prefill_tokens: float, queue: float, prefill_s: float, service_s: float) -> float:
+    """Seconds until this replica's first token for the request: the answers queued ahead of it,
+    then its own prefill (the tokens it does not hold, and the one it always recomputes)."""
+    return max(0.0, queue) * max(0.0, service_s) + (max(0.0, new_prefill_tokens) + 1.0) * max(0.0, prefill_s)
+
+
+def robust(measured: Sequence[float | None]) -> list[float]:
+    """Each replica's rate as the decision reads it, against the median of those measured: within
+    `TOLERANCE` of it, the median (noise does not move a request); beyond, the median times the
+    excess (1.5x counts as 1, 3x as 2, capped at `MAX_RATIO`); unmeasured, the median (the prior).
+    None for all when nothing was measured."""
+    known = sorted(v for v in measured if v is not None and v > 0 and math.isfinite(v))
+    if not known:
+        return []
+    middle = len(known) // 2
+    median = known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
+    out = []
+    for value in measured:
+        if value is None or not value > 0 or not math.isfinite(value):
+            out.append(median)
+            continue
+        ratio = min(MAX_RATIO, max(1 / MAX_RATIO, value / median))
+        if ratio > TOLERANCE:
+            ratio /= TOLERANCE
+        elif ratio < 1 / TOLERANCE:
+            ratio *= TOLERANCE
+        else:
+            ratio = 1.0
+        out.append(median * ratio)
+    return out
+
+
+def rates(replicas: Sequence["ReplicaView"]) -> list[tuple[float, float]]:
+    """(prefill seconds a token, service seconds an answer) per replica, as `predicted_ttft` takes
+    them: each robust against the pool's median; a figure measured nowhere yet comes from the
+    other through the prior's ratio (`PRIOR_ANSWER_TOKENS`), or from the prior alone."""
+    prefill = robust([r.prefill_s for r in replicas])
+    service = robust([r.service_s for r in replicas])
+    if not prefill:
+        prefill = [s / PRIOR_ANSWER_TOKENS for s in service] if service else [PRIOR_PREFILL_S] * len(replicas)
+    if not service:
+        service = [p * PRIOR_ANSWER_TOKENS for p in prefill]
+    return list(zip(prefill, service))
 
 
 def over_bound(queue: float, queues: Sequence[float], load_bound: float) -> bool:
@@ -74,12 +134,14 @@ def load_cap(queues: Sequence[float], load_bound: float) -> float:
 class ReplicaView:
     """What a decision knows of one replica at one moment. `held`: how many of the request's
     leading blocks it holds; `healthy`: breaker closed (or a half-open probe allowed) and its
-    last report sane; `down`: its breaker is open (never chosen)."""
+    last report sane; `down`: its breaker is open (never chosen). `prefill_s`, `service_s`: its
+    measured rates (seconds a new prompt token, seconds an answer), None before any was measured."""
 
     name: str
     queue: float = 0.0
     held: int = 0
-    slowness: float = 1.0
+    prefill_s: float | None = None
+    service_s: float | None = None
     healthy: bool = True
     down: bool = False
 
@@ -111,11 +173,11 @@ class Ask:
 class Pick:
     name: str
     reason: str  # "prefix", "session" or "load"
-    cost: float
+    cost: float  # the scheduler's predicted TTFT in seconds; a baseline's: the queue
 
 
 def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, policy: str = "scheduler", turn: int = 0) -> list[Pick]:
-    """Every replica not down, best first (`policy`: the scheduler's cost, or a baseline:
+    """Every replica not down, best first (`policy`: the scheduler's predicted TTFT, or a baseline:
     round-robin, least in flight, session affinity with round-robin for requests without one). The first is where the request goes; the rest are its
     failover order. Unhealthy replicas come last (tried only when every healthy one failed)."""
     up = [r for r in replicas if not r.down]
@@ -141,16 +203,27 @@ def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, polic
 def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_bound: float) -> list[Pick]:
     cap = load_cap(queues, load_bound)
     bounded = {r.name for r in up if max(0.0, r.queue) + 1.0 > cap}
-    scored = sorted(up, key=lambda r: (r.name in bounded, cost(ask.new_prefill(r.held), r.queue, r.slowness),
-                                       -rendezvous(ask.key, r.name)))
+    measured = dict(zip((r.name for r in up), rates(up)))
+    predicted = {r.name: predicted_ttft(ask.new_prefill(r.held), r.queue, *measured[r.name]) for r in up}
+    scored = sorted(up, key=lambda r: (r.name in bounded, predicted[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)
-    picks = []
-    for r in scored:
-        reason = "prefix" if r.held and r.held == best_held else "load"
-        picks.append(Pick(r.name, reason, cost(ask.new_prefill(r.held), r.queue, r.slowness)))
+    picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", predicted[r.name]) for r in scored]
     pinned = next((r for r in up if r.name == ask.session_replica), None)
     if pinned is not None and pinned.healthy and pinned.name not in bounded:
         # a conversation keeps to its replica (its KV cache is there) unless it is down or overloaded
-        picks = [Pick(pinned.name, "session", cost(ask.new_prefill(pinned.held), pinned.queue, pinned.slowness))] + \
-            [p for p in picks if p.name != pinned.name]
+        return [Pick(pinned.name, "session", predicted[pinned.name])] + [p for p in picks if p.name != pinned.name]
+    if ask.session and ask.session_replica is None:
+        # a conversation's first turn: spread by its id among the replicas within the bound that are
+        # not markedly slow, not gathered where its system prompt is held (its later turns follow it)
+        fast = _not_slow(up, measured)
+        spread = sorted(up, key=lambda r: (r.name in bounded, r.name not in fast, -rendezvous(ask.session or "", r.name)))
+        return [Pick(r.name, "session", predicted[r.name]) for r in spread]
     return picks
+
+
+def _not_slow(up: Sequence[ReplicaView], measured: dict[str, tuple[float, float]]) -> set[str]:
+    """The replicas whose robust rates are both at the pool's lowest: within the tolerance of the
+    median (or faster) counts; one whose measured slowness shows through the tolerance does not."""
+    fastest_prefill = min(p for p, _ in measured.values())
+    fastest_service = min(s for _, s in measured.values())
+    return {r.name for r in up if measured[r.name][0] <= fastest_prefill * TOLERANCE and measured[r.name][1] <= fastest_service * TOLERANCE}

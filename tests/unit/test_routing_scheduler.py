@@ -13,44 +13,51 @@ from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
 from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, ReplicaView, over_bound, predicted_ttft,
-                                      prefix_blocks, rates, rendezvous, robust, schedule)
+                                      prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
 
 
-@pytest.mark.parametrize("new, queue, prefill_s, service_s, expected", [
-    (0, 0, 0.001, 0.5, 0.001),        # everything cached, idle: the one token always recomputed
-    (999, 0, 0.001, 0.5, 1.0),        # a cold prompt on an idle replica: its prefill
-    (0, 4, 0.001, 0.5, 2.001),        # cached but busy: the answers queued ahead
-    (999, 1, 0.001, 0.5, 1.5),        # cold and busy add up
-    (99, 1, 0.003, 1.5, 1.8),         # a slow replica: both its rates
-    (-5, -2, -1, -1, 0.0),            # nonsense inputs are clamped, never negative
+@pytest.mark.parametrize("new, queue, mean_new, slowdown, expected", [
+    (0, 0, 500, 1, 0.001),       # everything cached, idle: the one token always recomputed
+    (999, 0, 500, 1, 1.0),       # a cold prompt on an idle replica: its prefill
+    (0, 2, 99, 1, 0.799),        # cached but busy: the prefill (0.1 s each) and answers (0.3 s each) queued ahead
+    (999, 1, 0, 1, 1.3),         # cold and busy add up; what is queued was all cached
+    (99, 1, 100, 3, 1.5),        # a slowed replica: everything at a third of the speed
+    (-5, -2, -9, -1, 0.0),       # nonsense inputs are clamped, never negative
 ])
-def test_predicted_ttft(new: float, queue: float, prefill_s: float, service_s: float, expected: float) -> None:
-    assert predicted_ttft(new, queue, prefill_s, service_s) == pytest.approx(expected)
+def test_predicted_ttft(new: float, queue: float, mean_new: float, slowdown: float, expected: float) -> None:
+    assert predicted_ttft(new, queue, mean_new, 0.001, 0.3, slowdown) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("measured, expected", [
-    ([None, None], []),                           # nothing measured: no figures (the prior decides)
-    ([1.0, 1.4, 0.7], [1.0, 1.0, 1.0]),           # within 1.5x of the median: all the median
-    ([1.0, None, 1.2], [1.1, 1.1, 1.1]),          # unmeasured: the median, neither favoured nor shunned
+    ([None, None], [1.0, 1.0]),                   # nothing measured: no slowdown
+    ([1.0, 1.4, 0.7], [1.0, 1.0, 1.0]),           # within 1.5x of the median: none
+    ([1.0, None, 3.0], [0.75, 1.0, 1.0]),         # unmeasured: none; against the median of two (2), 3 is within, 1 beyond
     ([1.0, 1.0, 3.0], [1.0, 1.0, 2.0]),           # 3x the median counts as 2x: only the excess
     ([1.0, 1.0, 0.3], [1.0, 1.0, 0.45]),          # faster beyond the tolerance counts too
     ([1.0, 1.0, 1000.0], [1.0, 1.0, 16 / 1.5]),   # a wild figure is capped
     ([1.0, math.nan, -2.0, 0.0], [1.0, 1.0, 1.0, 1.0]),  # nonsense is unmeasured
 ])
-def test_robust_rates_read_noise_as_the_median(measured: list[float | None], expected: list[float]) -> None:
-    assert robust(measured) == pytest.approx(expected)
+def test_slowdowns_read_noise_as_none(measured: list[float | None], expected: list[float]) -> None:
+    assert slowdowns(measured) == pytest.approx(expected)
 
 
 def test_rates_fall_back_on_the_prior_and_on_each_other() -> None:
-    blank = [ReplicaView("a"), ReplicaView("b")]
-    assert rates(blank) == [(PRIOR_PREFILL_S, PRIOR_PREFILL_S * PRIOR_ANSWER_TOKENS)] * 2
-    served = [ReplicaView("a", service_s=0.512), ReplicaView("b")]
-    assert rates(served) == [(0.002, 0.512)] * 2  # the answer measured, the prefill from the prior's ratio
-    prefilled = [ReplicaView("a", prefill_s=0.004), ReplicaView("b", prefill_s=0.004, service_s=0.3)]
-    assert rates(prefilled) == [(0.004, 0.3)] * 2
+    blank = rates([ReplicaView("a"), ReplicaView("b")])
+    assert (blank.prefill_s, blank.answer_s) == (PRIOR_PREFILL_S, PRIOR_PREFILL_S * PRIOR_ANSWER_TOKENS)
+    assert blank.slowdown == {"a": 1.0, "b": 1.0}
+    answered = rates([ReplicaView("a", answer_s=0.512), ReplicaView("b")])
+    assert (answered.prefill_s, answered.answer_s) == (0.002, 0.512)  # the answer measured, the prefill from the prior's ratio
+    both = rates([ReplicaView("a", prefill_s=0.004), ReplicaView("b", prefill_s=0.002, answer_s=0.3), ReplicaView("c", prefill_s=0.009)])
+    assert (both.prefill_s, both.answer_s) == (0.004, 0.3)
+
+
+def test_what_is_queued_on_an_unmeasured_replica_is_sized_as_this_request_there() -> None:
+    assert queued_size(ReplicaView("a", mean_new=40), 1000) == 40
+    assert queued_size(ReplicaView("a"), 60) == 60 and queued_size(ReplicaView("a", mean_new=math.nan), 60) == 60
 
 
 HELD = 15  # of the 4,000-character prompt's 15 blocks: nearly all of its 1,000 tokens
+MEASURED = {"prefill_s": 0.001, "answer_s": 0.3, "decode_s": 0.03}
 
 
 def first(replicas: list[ReplicaView], a: Ask | None = None) -> str:
@@ -58,33 +65,35 @@ def first(replicas: list[ReplicaView], a: Ask | None = None) -> str:
 
 
 @pytest.mark.parametrize("holder, others, wins", [
-    # equal speeds: the held prefix wins, idle or with one answer ahead (1 s of prefill saved > 0.3 s)
-    (dict(queue=0), dict(queue=0), True),
-    (dict(queue=1), dict(queue=0), True),
+    # equal speeds: the held prefix wins, idle or with answers of its prompt ahead (1 s of prefill saved)
+    (dict(queue=0, mean_new=40), dict(queue=0, mean_new=1000), True),
+    (dict(queue=1, mean_new=40), dict(queue=0, mean_new=1000), True),
+    (dict(queue=2, mean_new=40), dict(queue=1, mean_new=1000), True),
     # noise: the holder measured 1.4x slower (or the others 1.4x faster) still wins
-    (dict(queue=1, prefill_s=0.0014, service_s=0.42), dict(queue=0), True),
-    (dict(queue=0), dict(queue=0, prefill_s=0.0007, service_s=0.21), True),
-    # slowed 8x: its queue costs more than prefilling the whole prompt elsewhere
-    (dict(queue=1, prefill_s=0.008, service_s=2.4), dict(queue=0), False),
-    # slowed 8x and idle: the prompt it holds is still the quicker first token (prediction, not penalty)
-    (dict(queue=0, prefill_s=0.008, service_s=2.4), dict(queue=0), True),
-    # equal speeds, but three answers ahead: prefilling elsewhere is quicker
-    (dict(queue=3), dict(queue=0), False),
+    (dict(queue=1, mean_new=40, decode_s=0.042), dict(queue=0, mean_new=1000), True),
+    (dict(queue=1, mean_new=40), dict(queue=0, mean_new=1000, decode_s=0.022), True),
+    # slowed 6x (counts 4x): two queued there cost more than prefilling the whole prompt elsewhere
+    # behind one cold request (within the bound: the prediction moves it, not the bound)
+    (dict(queue=2, mean_new=40, decode_s=0.18), dict(queue=1, mean_new=1000), False),
+    # slowed 6x and idle: the prompt it holds is still the quicker first token (a prediction, not a penalty)
+    (dict(queue=0, mean_new=40, decode_s=0.18), dict(queue=0, mean_new=1000), True),
+    # what is queued there was cold: a full prefill ahead, prefilling elsewhere is quicker
+    (dict(queue=1, mean_new=1000), dict(queue=0, mean_new=1000), False),
 ])
 def test_a_held_prefix_against_queue_and_speed(holder: dict[str, float], others: dict[str, float], wins: bool) -> None:
-    base = {"prefill_s": 0.001, "service_s": 0.3}
-    replicas = [ReplicaView("a", held=HELD, **{**base, **holder})] + [ReplicaView(n, **{**base, **others}) for n in "bc"]
+    replicas = [ReplicaView("a", held=HELD, **{**MEASURED, **holder})] + [ReplicaView(n, **{**MEASURED, **others}) for n in "bc"]
     assert (first(replicas) == "a") is wins
 
 
 def test_noisy_rates_never_flip_a_decision() -> None:
-    """Rates wandering within the tolerance (as on a shared machine) give the same order."""
+    """Speeds and sizes wandering within the tolerance (as on a shared machine) give the same order."""
     rng = __import__("random").Random(3)
-    for trial in range(200):
+    for trial in range(300):
         queues = [rng.randrange(3) for _ in range(3)]
         held = [rng.choice((0, 2, HELD)) for _ in range(3)]
-        calm = [ReplicaView(n, q, h, 0.001, 0.3) for n, q, h in zip("abc", queues, held)]
-        noisy = [ReplicaView(n, q, h, 0.001 * rng.uniform(0.8, 1.2), 0.3 * rng.uniform(0.8, 1.2)) for n, q, h in zip("abc", queues, held)]
+        calm = [ReplicaView(n, q, h, 0.001, 0.3, 0.03, 300) for n, q, h in zip("abc", queues, held)]
+        noisy = [ReplicaView(n, q, h, 0.001 * rng.uniform(0.8, 1.2), 0.3 * rng.uniform(0.8, 1.2), 0.03 * rng.uniform(0.8, 1.2), 300)
+                 for n, q, h in zip("abc", queues, held)]
         assert [p.name for p in schedule(ask(), calm, 1.0)] == [p.name for p in schedule(ask(), noisy, 1.0)], trial
 
 
@@ -167,7 +176,7 @@ def ask(held_chars: int = 4000, tokens: float = 1000, session: str | None = None
     # the holder reports nonsense: unhealthy, last
     ([ReplicaView("a", 0, held=15, healthy=False), ReplicaView("b", 1), ReplicaView("c", 0)], "c", "load"),
     # a slowed holder with part of the prompt loses to a fast cold one
-    ([ReplicaView("a", 0, held=2, prefill_s=0.016, service_s=4.0), ReplicaView("b", 0, prefill_s=0.001, service_s=0.3)], "b", "load"),
+    ([ReplicaView("a", 0, held=2, decode_s=0.48), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.03)], "b", "load"),
 ])
 def test_schedule_orders_by_cost(replicas: list[ReplicaView], first: str | None, reason: str) -> None:
     picks = schedule(ask(), replicas, 0.25)
@@ -193,8 +202,7 @@ def test_a_conversations_first_turn_spreads_by_session_not_onto_the_system_promp
     assert {h.name for h in homes} == {"a", "b", "c"}
     # ... among the replicas within the bound and not markedly slow
     busy = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0)]
-    slow = [ReplicaView("a", 0, prefill_s=0.001, service_s=0.3), ReplicaView("b", 0, prefill_s=0.001, service_s=0.3),
-            ReplicaView("c", 0, prefill_s=0.004, service_s=1.2)]
+    slow = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.12)]
     for i in range(30):
         assert schedule(ask(session=f"conv-{i}"), busy, 0.25)[0].name != "a"
         assert schedule(ask(session=f"conv-{i}"), slow, 1.0)[0].name != "c"

@@ -66,7 +66,8 @@ class ReplicaState:
     ttft_s: float | None = None
     itl_s: float | None = None
     prefill_s: float | None = None  # time to first token a new prompt token, smoothed
-    service_s: float | None = None  # time an answer took, dispatch to last token, smoothed
+    answer_s: float | None = None  # time from first to last token, smoothed
+    mean_new: float | None = None  # new prefill tokens a request (the prompt less what it reused), smoothed
     cached_tokens: int = 0  # what the replica itself said it reused from its cache
     prompt_tokens: int = 0
 
@@ -124,7 +125,8 @@ class PoolView:
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.service_s, healthy=admitted and sane, down=not admitted))
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.itl_s, r.mean_new,
+                                   healthy=admitted and sane, down=not admitted))
         return out
 
     def choose(self, ask: Ask, now: float) -> list[Pick]:
@@ -152,9 +154,10 @@ class PoolView:
                  cached_tokens: int | None = None, prompt_tokens: int | None = None, total_s: float | None = None) -> None:
         """A request sent to `name` ended: `ok` True (answered), False (failed: the breaker hears
         it), None (the client left: no verdict). An answer's timings feed the replica's measured
-        rates: `total_s` (dispatch to last token) its service time; its time to first token over
-        the tokens it prefilled (the prompt less what the replica said it reused) its prefill
-        time, when it prefilled at least a block (a short prefill times mostly overhead)."""
+        rates: time between tokens (its speed, whatever was cached), first to last token (`total_s`
+        is dispatch to last), the new tokens it prefilled (the prompt less what it said it
+        reused), and time to first token over those when they were at least a block (a nearly
+        cached prompt's first token times mostly overhead)."""
         replica = self.replicas[name]
         replica.in_flight = max(0, replica.in_flight - 1)
         if ok is True:
@@ -173,10 +176,12 @@ class PoolView:
             replica.cached_tokens += cached
             replica.prompt_tokens += prompt_tokens
             new = prompt_tokens - min(cached, prompt_tokens)
-            if ok is True and _seconds(ttft_s) and new >= MIN_PREFILL_SAMPLE:
-                replica.prefill_s = _smooth(replica.prefill_s, ttft_s / (new + 1))
-        if ok is True and _seconds(total_s) and total_s:
-            replica.service_s = _smooth(replica.service_s, total_s)
+            if ok is True:
+                replica.mean_new = _smooth(replica.mean_new, new)
+                if _seconds(ttft_s) and new >= MIN_PREFILL_SAMPLE:
+                    replica.prefill_s = _smooth(replica.prefill_s, ttft_s / (new + 1))
+        if ok is True and _seconds(total_s) and _seconds(ttft_s) and total_s >= ttft_s:
+            replica.answer_s = _smooth(replica.answer_s, total_s - ttft_s)
 
     def admit(self, name: str, now: float) -> bool:
         """The replica's breaker lets this request through (a half-open one, once)."""
@@ -194,7 +199,7 @@ class PoolView:
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
                     **({"why": r.reading.why} if r.reading.why else {})},
-                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "prefill_s": r.prefill_s, "service_s": r.service_s,
+                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
                 "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
                 "breaker": r.breaker.to_json(now),
             })

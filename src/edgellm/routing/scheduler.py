@@ -56,7 +56,7 @@ BLOCK_CHARS = 256  # characters of rendered prompt per block (about 64 tokens)
 CHARS_PER_TOKEN = 4.0  # the estimate when the prompt was not counted
 MAX_BLOCKS = 256  # a prompt's first 64 Ki characters are hashed; the rest counts as uncached
 MAX_RATIO = 16.0  # a replica measured more than this far from the pool's median counts as this far
-TOLERANCE = 1.5  # measured rates within this factor of the pool's median count as the median
+TOLERANCE = 1.5  # a speed within this factor of the pool's median counts as the median
 PRIOR_PREFILL_S = 0.001  # seconds a new prompt token, before anything was measured
 PRIOR_ANSWER_TOKENS = 256.0  # an answer in prompt tokens' time, before anything was measured
 

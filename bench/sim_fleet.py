@@ -274,11 +274,12 @@ class Sim:
         assert job.first_at is not None
         ttft = job.first_at - job.start
         itl = (now - job.first_at) / max(1, job.out_tokens - 1)
+        seen = (ttft, itl, job.prompt_tokens - job.uncached, job.prompt_tokens, now - job.start)
         if job.decider is self.object:
-            self.object.finished(name, now + self.object_rtt / 2, True, ttft, itl)
+            self.object.finished(name, now + self.object_rtt / 2, True, *seen)
         for view in [job.decider, *job.also]:
             if view is not self.object:
-                view.finished(name, now, True, ttft, itl)
+                view.finished(name, now, True, *seen)
 
     # --- the run ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -127,15 +127,16 @@ def test_overload_spills_to_the_next_best_replica(fleet: Callable[..., httpx.Cli
     hanging = Hanging(client)
     os.kill(holder.process.pid, signal.SIGSTOP)
     try:
-        hanging.send(chat("held 1"))
+        hanging.send(chat("held"))
         wait_for(lambda: stats(client)[holder.name]["in_flight"] == 1, "one request in flight on the holder")
-        hanging.send(chat("held 2"))  # twice the mean once counted: still its own (bound 1: up to 2x the mean)
-        wait_for(lambda: stats(client)[holder.name]["in_flight"] == 2, "two requests in flight on the holder")
+        # the shared prompt (about 140 tokens) saves less prefill than the answer queued there will
+        # take (its measured service time): the predicted first token is sooner on an idle
+        # replica, though the holder is within the bound (the bound itself: tests/unit)
         spilled = route(client.post("/v1/chat/completions", json=chat("one too many")))
         assert spilled["origin"] != holder.name and spilled["reason"] == "load"
     finally:
         os.kill(holder.process.pid, signal.SIGCONT)
-    assert [route(r)["origin"] for r in hanging.join()] == [holder.name, holder.name]
+    assert [route(r)["origin"] for r in hanging.join()] == [holder.name]
     assert all(r["in_flight"] == 0 for r in stats(client).values())
 
 

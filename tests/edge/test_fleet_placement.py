@@ -110,11 +110,10 @@ def test_a_prefix_one_isolate_warmed_is_found_by_another_only_through_the_pools_
     hanging = Hanging(first)
     os.kill(holder.process.pid, signal.SIGSTOP)
     try:
-        for i in range(2):  # the first isolate keeps the holder busy
-            hanging.send(chat(f"busy {i}"))
-            wait_for(lambda: in_flight(first, holder.name, pool_object=False) == i + 1, "the first isolate's requests in flight")
+        hanging.send(chat("busy"))  # the first isolate keeps the holder busy (one queued answer outweighs this short prefix)
+        wait_for(lambda: in_flight(first, holder.name, pool_object=False) == 1, "the first isolate's request in flight")
         if objects:
-            wait_for(lambda: in_flight(first, holder.name, pool_object=True) == 2, "the pool's object counting them")
+            wait_for(lambda: in_flight(first, holder.name, pool_object=True) == 1, "the pool's object counting it")
             moved = route(second.post("/v1/chat/completions", json=chat("from the second isolate")))
             assert moved["origin"] != holder.name and moved["reason"] == "load"  # it knows the holder is busy
             holders = {holder.name, moved["origin"]}
@@ -132,7 +131,7 @@ def test_a_prefix_one_isolate_warmed_is_found_by_another_only_through_the_pools_
         seen = admin(second)
         whole = {r["name"]: r for r in seen["pool_objects"][0]["replicas"]}
         mine = {r["name"]: r for r in seen["pools"][0]["replicas"]}
-        assert sum(r["sent"] for r in whole.values()) == 5 and sum(r["sent"] for r in mine.values()) == 2  # the object saw both isolates
+        assert sum(r["sent"] for r in whole.values()) == 4 and sum(r["sent"] for r in mine.values()) == 2  # the object saw both isolates
         assert all(r["in_flight"] == 0 for r in whole.values())
         assert seen["router_answers"] == 2 and seen["router_fallbacks"] == 0
 

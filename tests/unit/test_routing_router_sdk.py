@@ -59,7 +59,7 @@ async def test_two_isolates_share_the_pools_view_through_the_router_object(runti
     namespace = fp.DurableObjectNamespace(entry.Router, env)
     background = Background()
     (first, first_view), (second, second_view) = isolate(namespace, background), isolate(namespace, background)
-    ask = Ask(prefix_blocks("a shared system prompt " * 40), 200, 920)
+    ask = Ask(prefix_blocks("a shared system prompt " * 200), 1150, 4600)  # a prefix worth more than a queued answer
     picks, lease = await ask_router(first, first_view, ask)
     holder = picks[0].name
     assert {p.name for p in picks} == {"gpu-1", "gpu-2", "gpu-3"}

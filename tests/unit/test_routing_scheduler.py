@@ -1,5 +1,5 @@
-"""The scheduler's pure parts, as tables: the cost, the load bound, the order, pools from config,
-the load probe's parser and its verdict on nonsense."""
+"""The scheduler's pure parts, as tables: the predicted TTFT and the rates it reads, the load
+bound, the order, pools from config, the load probe's parser and its verdict on nonsense."""
 
 from __future__ import annotations
 
@@ -12,19 +12,128 @@ from edgellm.config import Config
 from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
-from edgellm.routing.scheduler import BLOCK_CHARS, Ask, ReplicaView, cost, over_bound, prefix_blocks, rendezvous, schedule
+from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, ReplicaView, over_bound, predicted_ttft,
+                                      prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
 
 
-@pytest.mark.parametrize("new, queue, slowness, expected", [
-    (0, 0, 1, 1),            # everything cached, idle: the floor
-    (1000, 0, 1, 1001),      # a cold prompt on an idle replica
-    (0, 4, 1, 5),            # cached but busy: the queue alone
-    (1000, 1, 1, 2002),      # cold and busy multiply
-    (100, 1, 3, 606),        # a slow replica costs its slowness
-    (-5, -2, 0.5, 1),        # nonsense inputs are clamped, never negative
+@pytest.mark.parametrize("new, queue, mean_new, slowdown, expected", [
+    (0, 0, 500, 1, 0.001),       # everything cached, idle: the one token always recomputed
+    (999, 0, 500, 1, 1.0),       # a cold prompt on an idle replica: its prefill
+    (0, 2, 99, 1, 0.799),        # cached but busy: the prefill (0.1 s each) and answers (0.3 s each) queued ahead
+    (999, 1, 0, 1, 1.3),         # cold and busy add up; what is queued was all cached
+    (99, 1, 100, 3, 1.5),        # a slowed replica: everything at a third of the speed
+    (-5, -2, -9, -1, 0.0),       # nonsense inputs are clamped, never negative
 ])
-def test_cost(new: float, queue: float, slowness: float, expected: float) -> None:
-    assert cost(new, queue, slowness) == expected
+def test_predicted_ttft(new: float, queue: float, mean_new: float, slowdown: float, expected: float) -> None:
+    assert predicted_ttft(new, queue, mean_new, 0.001, 0.3, slowdown) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("measured, expected", [
+    ([None, None], [1.0, 1.0]),                   # nothing measured: no slowdown
+    ([1.0, 1.4, 0.7], [1.0, 1.0, 1.0]),           # within 1.5x of the median: none
+    ([1.0, None, 3.0], [0.75, 1.0, 1.0]),         # unmeasured: none; against the median of two (2), 3 is within, 1 beyond
+    ([1.0, 1.0, 3.0], [1.0, 1.0, 2.0]),           # 3x the median counts as 2x: only the excess
+    ([1.0, 1.0, 0.3], [1.0, 1.0, 0.45]),          # faster beyond the tolerance counts too
+    ([1.0, 1.0, 1000.0], [1.0, 1.0, 16 / 1.5]),   # a wild figure is capped
+    ([1.0, math.nan, -2.0, 0.0], [1.0, 1.0, 1.0, 1.0]),  # nonsense is unmeasured
+])
+def test_slowdowns_read_noise_as_none(measured: list[float | None], expected: list[float]) -> None:
+    assert slowdowns(measured) == pytest.approx(expected)
+
+
+def test_rates_fall_back_on_the_prior_and_on_each_other() -> None:
+    blank = rates([ReplicaView("a"), ReplicaView("b")])
+    assert (blank.prefill_s, blank.answer_s) == (PRIOR_PREFILL_S, PRIOR_PREFILL_S * PRIOR_ANSWER_TOKENS)
+    assert blank.slowdown == {"a": 1.0, "b": 1.0}
+    answered = rates([ReplicaView("a", answer_s=0.512), ReplicaView("b")])
+    assert (answered.prefill_s, answered.answer_s) == (0.002, 0.512)  # the answer measured, the prefill from the prior's ratio
+    both = rates([ReplicaView("a", prefill_s=0.004), ReplicaView("b", prefill_s=0.002, answer_s=0.3), ReplicaView("c", prefill_s=0.009)])
+    assert (both.prefill_s, both.answer_s) == (0.004, 0.3)
+
+
+def test_what_is_queued_on_an_unmeasured_replica_is_sized_as_this_request_there() -> None:
+    assert queued_size(ReplicaView("a", mean_new=40), 1000) == 40
+    assert queued_size(ReplicaView("a"), 60) == 60 and queued_size(ReplicaView("a", mean_new=math.nan), 60) == 60
+
+
+HELD = 15  # of the 4,000-character prompt's 15 blocks: nearly all of its 1,000 tokens
+MEASURED = {"prefill_s": 0.001, "answer_s": 0.3, "decode_s": 0.03}
+
+
+def first(replicas: list[ReplicaView], a: Ask | None = None) -> str:
+    return schedule(a or ask(), replicas, 1.0)[0].name
+
+
+@pytest.mark.parametrize("holder, others, wins", [
+    # equal speeds: the held prefix wins, idle or with answers of its prompt ahead (1 s of prefill saved)
+    (dict(queue=0, mean_new=40), dict(queue=0, mean_new=1000), True),
+    (dict(queue=1, mean_new=40), dict(queue=0, mean_new=1000), True),
+    (dict(queue=2, mean_new=40), dict(queue=1, mean_new=1000), True),
+    # noise: the holder measured 1.4x slower (or the others 1.4x faster) still wins
+    (dict(queue=1, mean_new=40, decode_s=0.042), dict(queue=0, mean_new=1000), True),
+    (dict(queue=1, mean_new=40), dict(queue=0, mean_new=1000, decode_s=0.022), True),
+    # slowed 6x (counts 4x): two queued there cost more than prefilling the whole prompt elsewhere
+    # behind one cold request (within the bound: the prediction moves it, not the bound)
+    (dict(queue=2, mean_new=40, decode_s=0.18), dict(queue=1, mean_new=1000), False),
+    # slowed 6x and idle: the prompt it holds is still the quicker first token (a prediction, not a penalty)
+    (dict(queue=0, mean_new=40, decode_s=0.18), dict(queue=0, mean_new=1000), True),
+    # what is queued there was cold: a full prefill ahead, prefilling elsewhere is quicker
+    (dict(queue=1, mean_new=1000), dict(queue=0, mean_new=1000), False),
+])
+def test_a_held_prefix_against_queue_and_speed(holder: dict[str, float], others: dict[str, float], wins: bool) -> None:
+    replicas = [ReplicaView("a", held=HELD, **{**MEASURED, **holder})] + [ReplicaView(n, **{**MEASURED, **others}) for n in "bc"]
+    assert (first(replicas) == "a") is wins
+
+
+def test_noisy_rates_never_flip_a_decision() -> None:
+    """Speeds and sizes wandering within the tolerance (as on a shared machine) give the same order."""
+    rng = __import__("random").Random(3)
+    for trial in range(300):
+        queues = [rng.randrange(3) for _ in range(3)]
+        held = [rng.choice((0, 2, HELD)) for _ in range(3)]
+        calm = [ReplicaView(n, q, h, 0.001, 0.3, 0.03, 300) for n, q, h in zip("abc", queues, held)]
+        noisy = [ReplicaView(n, q, h, 0.001 * rng.uniform(0.8, 1.2), 0.3 * rng.uniform(0.8, 1.2), 0.03 * rng.uniform(0.8, 1.2), 300)
+                 for n, q, h in zip("abc", queues, held)]
+        assert [p.name for p in schedule(ask(), calm, 1.0)] == [p.name for p in schedule(ask(), noisy, 1.0)], trial
+
+
+def _serve(view: PoolView, name: str, a: Ask, now: float, ttft: float, total: float, cached: int) -> None:
+    view.dispatched(name, a, "load")
+    view.finished(name, now, True, ttft, total / 16, cached, int(a.prompt_tokens), total)
+
+
+def test_a_slowed_replica_loses_its_share_of_held_prompts() -> None:
+    """Eight applications' prompts spread over three replicas, requests arriving about as fast as
+    one replica serves them; then one replica runs 6x slower: its share of new requests falls,
+    though it holds the prompts they carry (under a loose load bound, which alone would let it
+    keep them: the prediction, not the bound, moves them)."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c"), load_bound=3.0))
+    apps = [Ask(prefix_blocks((f"application {app} " * 300)[:4000]), 1000, 4000) for app in range(8)]
+    speed = {"a": 1.0, "b": 1.0, "c": 1.0}
+    running: list[tuple[float, str]] = []  # (end, replica): what is in flight, as the view counts it
+    share = {"before": [], "after": []}
+    now = 0.0
+    for i in range(400):
+        if i == 200:
+            speed["c"] = 6.0
+        now += 0.12
+        for end, name in sorted(running):
+            if end <= now:
+                running.remove((end, name))
+                view.replicas[name].in_flight -= 1
+        a = apps[(i * 5) % 8]
+        pick = view.choose(a, now)[0]
+        held = view.replicas[pick.name].holds(a.blocks)
+        cached = min(1000, held * BLOCK_CHARS // 4)
+        ttft = ((1000 - cached) * 0.001 + 0.01) * speed[pick.name] * (1 + view.replicas[pick.name].in_flight)
+        total = ttft + 0.2 * speed[pick.name]
+        _serve(view, pick.name, a, now, ttft, total, cached)
+        view.replicas[pick.name].in_flight += 1  # still running until `now + total`
+        running.append((now + total, pick.name))
+        share["before" if i < 200 else "after"].append(pick.name)
+    late = share["after"][50:]  # once the slowdown was measured
+    assert share["before"].count("c") >= len(share["before"]) // 5
+    assert late.count("c") <= len(late) // 6
 
 
 @pytest.mark.parametrize("queue, queues, bound, over", [
@@ -67,7 +176,7 @@ def ask(held_chars: int = 4000, tokens: float = 1000, session: str | None = None
     # the holder reports nonsense: unhealthy, last
     ([ReplicaView("a", 0, held=15, healthy=False), ReplicaView("b", 1), ReplicaView("c", 0)], "c", "load"),
     # a slowed holder with part of the prompt loses to a fast cold one
-    ([ReplicaView("a", 0, held=2, slowness=16), ReplicaView("b", 0)], "b", "load"),
+    ([ReplicaView("a", 0, held=2, decode_s=0.48), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.03)], "b", "load"),
 ])
 def test_schedule_orders_by_cost(replicas: list[ReplicaView], first: str | None, reason: str) -> None:
     picks = schedule(ask(), replicas, 0.25)
@@ -84,6 +193,19 @@ def test_a_session_sticks_unless_its_replica_is_over_the_bound_or_unhealthy() ->
     assert schedule(a, [ReplicaView("a", 0, held=15), ReplicaView("b", 0), ReplicaView("c", 1)], 0.25)[0].name == "a"  # c over the bound
     assert schedule(a, [ReplicaView("a", 1, held=15), ReplicaView("b", 1), ReplicaView("c", 1)], 0.25)[0] .reason == "session"
     assert schedule(a, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 0, healthy=False)], 0.25)[0].name != "c"
+
+
+def test_a_conversations_first_turn_spreads_by_session_not_onto_the_system_prompts_holder() -> None:
+    replicas = [ReplicaView("a", 0, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0)]
+    homes = [schedule(ask(session=f"conv-{i}"), replicas, 1.0)[0] for i in range(30)]
+    assert all(h.reason == "session" and h.name == max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) for i, h in enumerate(homes))
+    assert {h.name for h in homes} == {"a", "b", "c"}
+    # ... among the replicas within the bound and not markedly slow
+    busy = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0)]
+    slow = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.12)]
+    for i in range(30):
+        assert schedule(ask(session=f"conv-{i}"), busy, 0.25)[0].name != "a"
+        assert schedule(ask(session=f"conv-{i}"), slow, 1.0)[0].name != "c"
 
 
 def test_the_baselines() -> None:

@@ -15,11 +15,12 @@ from typing import Any
 
 from .breaker import CircuitBreaker
 from .config import BreakerConfig, PoolConfig
-from .scheduler import MAX_SLOWNESS, Ask, Pick, ReplicaView, schedule
+from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, Ask, Pick, ReplicaView, schedule
 
 HELD_BLOCKS = 8192  # prefix blocks remembered per replica (about 2 MiB of prompt at 256 characters a block)
 SESSIONS = 4096  # sessions remembered per pool (their last replica)
 EWMA = 0.3
+MIN_PREFILL_SAMPLE = BLOCK_CHARS / CHARS_PER_TOKEN  # new tokens an answer must have prefilled to time the prefill
 MAX_QUEUE = 100_000.0  # a reported queue above this is not a count
 
 
@@ -64,6 +65,9 @@ class ReplicaState:
     reading: Reading | None = None
     ttft_s: float | None = None
     itl_s: float | None = None
+    prefill_s: float | None = None  # time to first token a new prompt token, smoothed
+    answer_s: float | None = None  # time from first to last token, smoothed
+    mean_new: float | None = None  # new prefill tokens a request (the prompt less what it reused), smoothed
     cached_tokens: int = 0  # what the replica itself said it reused from its cache
     prompt_tokens: int = 0
 
@@ -110,21 +114,19 @@ class PoolView:
 
     def views(self, blocks: tuple[int, ...], now: float) -> list[ReplicaView]:
         max_age = self.config.probe_age_ms / 1000
-        speeds = [r.itl_s for r in self.replicas.values() if r.itl_s and r.breaker.state != "open"]
-        fastest = min(speeds) if speeds else None
         out = []
         for r in self.replicas.values():
             reading = r.fresh(now, max_age)
             queue = float(r.in_flight)
             if reading is not None and reading.ok:
                 queue = max(queue, reading.queue)
-            slowness = min(MAX_SLOWNESS, r.itl_s / fastest) if r.itl_s and fastest else 1.0
             admitted = r.breaker.state == "closed" or (r.breaker.state == "open" and now - (r.breaker.opened_at or now) >= r.breaker.config.cooldown_s) \
                 or (r.breaker.state == "half_open" and not r.breaker.probing)
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), slowness, healthy=admitted and sane, down=not admitted))
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.itl_s, r.mean_new,
+                                   healthy=admitted and sane, down=not admitted))
         return out
 
     def choose(self, ask: Ask, now: float) -> list[Pick]:
@@ -149,9 +151,13 @@ class PoolView:
                 self.sessions.popitem(last=False)
 
     def finished(self, name: str, now: float, ok: bool | None, ttft_s: float | None = None, itl_s: float | None = None,
-                 cached_tokens: int | None = None, prompt_tokens: int | None = None) -> None:
+                 cached_tokens: int | None = None, prompt_tokens: int | None = None, total_s: float | None = None) -> None:
         """A request sent to `name` ended: `ok` True (answered), False (failed: the breaker hears
-        it), None (the client left: no verdict). Its timings feed the replica's slowness."""
+        it), None (the client left: no verdict). An answer's timings feed the replica's measured
+        rates: time between tokens (its speed, whatever was cached), first to last token (`total_s`
+        is dispatch to last), the new tokens it prefilled (the prompt less what it said it
+        reused), and time to first token over those when they were at least a block (a nearly
+        cached prompt's first token times mostly overhead)."""
         replica = self.replicas[name]
         replica.in_flight = max(0, replica.in_flight - 1)
         if ok is True:
@@ -161,13 +167,21 @@ class PoolView:
             replica.breaker.failure(now)
         else:
             replica.breaker.abandon()
-        if ttft_s is not None and ttft_s >= 0:
-            replica.ttft_s = ttft_s if replica.ttft_s is None else (1 - EWMA) * replica.ttft_s + EWMA * ttft_s
-        if itl_s is not None and itl_s > 0:
-            replica.itl_s = itl_s if replica.itl_s is None else (1 - EWMA) * replica.itl_s + EWMA * itl_s
-        if cached_tokens is not None and prompt_tokens:
-            replica.cached_tokens += cached_tokens
+        if _seconds(ttft_s):
+            replica.ttft_s = _smooth(replica.ttft_s, ttft_s)
+        if _seconds(itl_s) and itl_s:
+            replica.itl_s = _smooth(replica.itl_s, itl_s)
+        if _count(prompt_tokens):
+            cached = cached_tokens if _count(cached_tokens) else 0
+            replica.cached_tokens += cached
             replica.prompt_tokens += prompt_tokens
+            new = prompt_tokens - min(cached, prompt_tokens)
+            if ok is True:
+                replica.mean_new = _smooth(replica.mean_new, new)
+                if _seconds(ttft_s) and new >= MIN_PREFILL_SAMPLE:
+                    replica.prefill_s = _smooth(replica.prefill_s, ttft_s / (new + 1))
+        if ok is True and _seconds(total_s) and _seconds(ttft_s) and total_s >= ttft_s:
+            replica.answer_s = _smooth(replica.answer_s, total_s - ttft_s)
 
     def admit(self, name: str, now: float) -> bool:
         """The replica's breaker lets this request through (a half-open one, once)."""
@@ -185,8 +199,21 @@ class PoolView:
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
                     **({"why": r.reading.why} if r.reading.why else {})},
-                "ttft_s": r.ttft_s, "itl_s": r.itl_s,
+                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
                 "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
                 "breaker": r.breaker.to_json(now),
             })
         return {"pool": self.config.name, "policy": self.config.policy, "load_bound": self.config.load_bound, "replicas": out}
+
+
+def _seconds(value: Any) -> bool:
+    """A duration a report may carry: a finite number, not negative (a report is data, not trusted)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _smooth(old: float | None, sample: float) -> float:
+    return sample if old is None else (1 - EWMA) * old + EWMA * sample

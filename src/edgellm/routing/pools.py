@@ -150,8 +150,8 @@ async def _watched(events: AsyncIterator[Event], outcome: _Outcome) -> AsyncIter
 
 def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float) -> AsyncIterator[Event]:
     """The replica's events, passed on; when they end, fail or are closed (even before their first
-    step), the pool's view hears how it went (time to first token, time between tokens, what the
-    replica said it reused from its cache) and its in-flight count comes down."""
+    step), the pool's view hears how it went (time to first token, time between tokens, to the
+    last token, what the replica said it reused from its cache) and its in-flight count comes down."""
     if choice.view is None:
         return events
     outcome = _Outcome(started)
@@ -162,8 +162,10 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
         ttft = None if outcome.first is None else outcome.first - outcome.started
         itl = None if outcome.first is None or outcome.last is None or outcome.tokens < 2 else \
             (outcome.last - outcome.first) / (outcome.tokens - 1)
-        view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt)
-        report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt)
+        total = None if outcome.last is None else outcome.last - outcome.started
+        view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total)
+        report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt,
+               total_s=total)
 
     return _watched(events, outcome).tap(outcome.see).on_close(done)
 

@@ -17,7 +17,7 @@ arrives (an isolate evicted mid-answer) expires after the replica's `total_ms`.
     Worker ──POST /pick {pool, blocks, tokens, chars, session, id}──▶ RouterObject(pool)
            ◀── {"picks": [[name, reason], ...]} ── (within router_ms, else the isolate's view)
     ... the answer streams from the replica ...
-    Worker ──POST /done {id, name, ok, ttft_s, itl_s, cached_tokens, prompt_tokens}──▶ (waitUntil)
+    Worker ──POST /done {id, name, ok, ttft_s, itl_s, total_s, cached_tokens, prompt_tokens}──▶ (waitUntil)
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class RouterObject:
             name = data.get("name")
             if lease is not None and (name is None or lease[0] == name):  # name None: the Worker gave up waiting
                 view.finished(lease[0], now, data.get("ok"), data.get("ttft_s"), data.get("itl_s"),
-                              data.get("cached_tokens"), data.get("prompt_tokens"))
+                              data.get("cached_tokens"), data.get("prompt_tokens"), data.get("total_s"))
             elif name in view.replicas and data.get("ok") is False:  # a failover's failure: the breaker still hears it
                 view.replicas[name].breaker.failure(now)
             return json_response({"ok": True})

@@ -1,10 +1,16 @@
-"""Which replica of a pool takes a request: one cost per replica, a load bound, a session's pin.
+"""Which replica of a pool takes a request: a predicted time to first token per replica, a load
+bound, a session's pin.
 
 Pure functions over values, shared by the Worker (each isolate's own view), the pool's Durable
 Object (the pool's whole view) and the fleet simulator (`bench/sim_fleet.py`), so the three run
 the same decisions.
 
-    cost(replica) = (expected new prefill tokens + 1) x (its queue + 1) x its slowness
+    predicted TTFT(replica) = its slowdown x (prefill ahead of the request and its own + answers ahead)
+                            = slowdown x ((new prefill tokens + 1 + queue x its mean new tokens) x P + queue x A)
+
+in seconds, from what the replicas were measured doing (llm-d's predicted-latency scorer ranks
+replicas on the same kind of prediction; the "prefill x batch" view: what a request waits for is
+the prefill work queued ahead of it, not the number of requests):
 
 - *new prefill tokens*: the prompt's tokens minus those the replica probably holds: the prompt's
   leading blocks are hashed as a chain (block i's hash covers blocks 0..i), and a replica that
@@ -12,15 +18,31 @@ the same decisions.
   hit (llm-d's approximate prefix scorer does this over the same kind of chained block hashes).
 - *queue*: what is running or waiting there: the larger of what this gateway has in flight there
   and what the replica itself last reported (llama.cpp: requests processing + deferred; vLLM:
-  running + waiting), when that report is fresh and sane.
-- *slowness*: the replica's recent time between tokens over the pool's fastest, at least 1: a
-  replica that slows down loses its share before any breaker opens.
+  running + waiting), when that report is fresh and sane. Each costs what the replica's recent
+  requests cost: its mean new prefill tokens (what it prefilled of their prompts, as it reported)
+  and an answer. A replica serving prompts it holds has cheap requests queued; one prefilling
+  cold prompts has dear ones.
+- *P* and *A*: the pool's prefill time a token and answer time (first to last token), the
+  medians of its replicas' smoothed measurements (`fleet.PoolView.finished`); *slowdown*: the
+  replica's time between tokens against the pool's median, measured on every answer whatever
+  was cached, so a replica slowed down costs more for the prompts it holds too, and loses them
+  once its queue builds.
+
+Measured rates are noisy (a shared machine's replicas wander), so a slowdown within `TOLERANCE`
+(1.5x either way) of the median counts as none, and beyond it only the excess counts; a replica
+not measured yet counts as the median (neither favoured nor shunned), and its queued requests
+as this request would be there. Before anything is measured a prompt token counts
+`PRIOR_PREFILL_S` and an answer `PRIOR_ANSWER_TOKENS` tokens' time.
 
 One knob, `load_bound` (e): a replica whose queue is at or above (1 + e) x the pool's mean queue
 (counting this request) takes nothing until the others catch up, so one hot prefix cannot pile
-onto one replica (consistent hashing with bounded loads, Mirrokni et al. 2018). Ties, and
-replicas nobody has a view of, are broken by rendezvous hashing on the prompt's first block, so
-isolates that share nothing still send the same new prefix to the same replica.
+onto one replica (consistent hashing with bounded loads, Mirrokni et al. 2018). A session keeps
+to the replica it last used (its history is cached there) unless that one is down, unhealthy or
+over the bound; a session's first turn is placed by rendezvous on its id among the replicas
+within the bound and not measurably slow, so conversations spread by session rather than gather
+on the replica holding their shared system prompt (their later turns, most of their work, follow
+them). Ties, and replicas nobody has a view of, are broken by rendezvous hashing on the prompt's
+first block, so isolates that share nothing still send the same new prefix to the same replica.
 """
 
 from __future__ import annotations
@@ -33,7 +55,10 @@ from typing import Sequence
 BLOCK_CHARS = 256  # characters of rendered prompt per block (about 64 tokens)
 CHARS_PER_TOKEN = 4.0  # the estimate when the prompt was not counted
 MAX_BLOCKS = 256  # a prompt's first 64 Ki characters are hashed; the rest counts as uncached
-MAX_SLOWNESS = 16.0
+MAX_RATIO = 16.0  # a replica measured more than this far from the pool's median counts as this far
+TOLERANCE = 1.5  # a speed within this factor of the pool's median counts as the median
+PRIOR_PREFILL_S = 0.001  # seconds a new prompt token, before anything was measured
+PRIOR_ANSWER_TOKENS = 256.0  # an answer in prompt tokens' time, before anything was measured
 
 
 def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
@@ -52,10 +77,67 @@ def rendezvous(key: str | int, name: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}\0{name}".encode(), digest_size=8).digest(), "big")
 
 
-def cost(new_prefill_tokens: float, queue: float, slowness: float = 1.0) -> float:
-    """The one cost: the prefill this replica would do for the request, times how many requests
-    it serves at once (the request's own included), times how slow it is running."""
-    return (max(0.0, new_prefill_tokens) + 1.0) * (max(0.0, queue) + 1.0) * max(1.0, slowness)
+def predicted_ttft(new_prefill_tokens: float, queue: float, mean_new: float, prefill_s: float, answer_s: float,
+                   slowdown: float = 1.0) -> float:
+    """Seconds until this replica's first token for the request: the prefill of what is queued
+    there (at its recent mean) and of this request's new tokens (and the one always recomputed),
+    and the answers queued ahead, all at the replica's speed."""
+    queue = max(0.0, queue)
+    ahead = queue * max(0.0, mean_new)
+    return max(0.0, slowdown) * ((max(0.0, new_prefill_tokens) + 1.0 + ahead) * max(0.0, prefill_s) + queue * max(0.0, answer_s))
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    """The median of the measured values (a positive finite number each), None when there are none."""
+    known = sorted(v for v in values if v is not None and v > 0 and math.isfinite(v))
+    if not known:
+        return None
+    middle = len(known) // 2
+    return known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
+
+
+def slowdowns(measured: Sequence[float | None]) -> list[float]:
+    """Each replica's time between tokens as a factor of the pool's median, as the decision reads
+    it: within `TOLERANCE` of the median, 1 (noise does not move a request); beyond, only the
+    excess (1.5x counts as 1, 3x as 2, capped at `MAX_RATIO`); unmeasured (or nonsense), 1."""
+    middle = median(measured)
+    out = []
+    for value in measured:
+        if middle is None or value is None or not value > 0 or not math.isfinite(value):
+            out.append(1.0)
+            continue
+        ratio = min(MAX_RATIO, max(1 / MAX_RATIO, value / middle))
+        out.append(ratio / TOLERANCE if ratio > TOLERANCE else ratio * TOLERANCE if ratio < 1 / TOLERANCE else 1.0)
+    return out
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the pool's measurements say, as `predicted_ttft` takes them: the pool's prefill time
+    a token and answer time, and each replica's slowdown."""
+
+    prefill_s: float
+    answer_s: float
+    slowdown: dict[str, float]
+
+
+def rates(replicas: Sequence["ReplicaView"]) -> Rates:
+    """The pool's rates: medians of the replicas' measurements; a figure measured nowhere yet comes
+    from the other through the prior's ratio (`PRIOR_ANSWER_TOKENS`), or from the prior alone."""
+    prefill, answer = median([r.prefill_s for r in replicas]), median([r.answer_s for r in replicas])
+    if prefill is None:
+        prefill = answer / PRIOR_ANSWER_TOKENS if answer is not None else PRIOR_PREFILL_S
+    if answer is None:
+        answer = prefill * PRIOR_ANSWER_TOKENS
+    return Rates(prefill, answer, dict(zip((r.name for r in replicas), slowdowns([r.decode_s for r in replicas]))))
+
+
+def queued_size(replica: "ReplicaView", new_here: float) -> float:
+    """New prefill tokens a request queued on `replica` is taken to have: its measured mean, else
+    what this request would have there (before anything is known, what is queued on a replica
+    holding this prompt is taken to share it, and elsewhere to be as cold as this one)."""
+    mean = replica.mean_new
+    return mean if mean is not None and mean >= 0 and math.isfinite(mean) else new_here
 
 
 def over_bound(queue: float, queues: Sequence[float], load_bound: float) -> bool:
@@ -74,12 +156,18 @@ def load_cap(queues: Sequence[float], load_bound: float) -> float:
 class ReplicaView:
     """What a decision knows of one replica at one moment. `held`: how many of the request's
     leading blocks it holds; `healthy`: breaker closed (or a half-open probe allowed) and its
-    last report sane; `down`: its breaker is open (never chosen)."""
+    last report sane; `down`: its breaker is open (never chosen). Its measurements, None before
+    any: `prefill_s` seconds a new prompt token, `answer_s` seconds from first to last token,
+    `decode_s` seconds between tokens, `mean_new` new prefill tokens a request (what it reported
+    it did not take from its cache)."""
 
     name: str
     queue: float = 0.0
     held: int = 0
-    slowness: float = 1.0
+    prefill_s: float | None = None
+    answer_s: float | None = None
+    decode_s: float | None = None
+    mean_new: float | None = None
     healthy: bool = True
     down: bool = False
 
@@ -111,11 +199,11 @@ class Ask:
 class Pick:
     name: str
     reason: str  # "prefix", "session" or "load"
-    cost: float
+    cost: float  # the scheduler's predicted TTFT in seconds; a baseline's: the queue
 
 
 def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, policy: str = "scheduler", turn: int = 0) -> list[Pick]:
-    """Every replica not down, best first (`policy`: the scheduler's cost, or a baseline:
+    """Every replica not down, best first (`policy`: the scheduler's predicted TTFT, or a baseline:
     round-robin, least in flight, session affinity with round-robin for requests without one). The first is where the request goes; the rest are its
     failover order. Unhealthy replicas come last (tried only when every healthy one failed)."""
     up = [r for r in replicas if not r.down]
@@ -141,16 +229,20 @@ def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, polic
 def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_bound: float) -> list[Pick]:
     cap = load_cap(queues, load_bound)
     bounded = {r.name for r in up if max(0.0, r.queue) + 1.0 > cap}
-    scored = sorted(up, key=lambda r: (r.name in bounded, cost(ask.new_prefill(r.held), r.queue, r.slowness),
-                                       -rendezvous(ask.key, r.name)))
+    pool = rates(up)
+    new = {r.name: ask.new_prefill(r.held) for r in up}
+    predicted = {r.name: predicted_ttft(new[r.name], r.queue, queued_size(r, new[r.name]), pool.prefill_s, pool.answer_s,
+                                        pool.slowdown[r.name]) for r in up}
+    scored = sorted(up, key=lambda r: (r.name in bounded, predicted[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)
-    picks = []
-    for r in scored:
-        reason = "prefix" if r.held and r.held == best_held else "load"
-        picks.append(Pick(r.name, reason, cost(ask.new_prefill(r.held), r.queue, r.slowness)))
+    picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", predicted[r.name]) for r in scored]
     pinned = next((r for r in up if r.name == ask.session_replica), None)
     if pinned is not None and pinned.healthy and pinned.name not in bounded:
         # a conversation keeps to its replica (its KV cache is there) unless it is down or overloaded
-        picks = [Pick(pinned.name, "session", cost(ask.new_prefill(pinned.held), pinned.queue, pinned.slowness))] + \
-            [p for p in picks if p.name != pinned.name]
+        return [Pick(pinned.name, "session", predicted[pinned.name])] + [p for p in picks if p.name != pinned.name]
+    if ask.session and ask.session_replica is None:
+        # a conversation's first turn: spread by its id among the replicas within the bound that are
+        # not measurably slow, not gathered where its system prompt is held (its later turns follow it)
+        spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, -rendezvous(ask.session or "", r.name)))
+        return [Pick(r.name, "session", predicted[r.name]) for r in spread]
     return picks

@@ -147,3 +147,116 @@ async def test_the_route_is_matched_before_a_credential_is_asked_for() -> None:
     wrong = await handle(Request("DELETE", "http://edge.test/v1/chat/completions", {}, b""), keyed)
     assert wrong.status == 405 and "POST" in wrong.headers["allow"]
     assert (await handle(Request("POST", "http://edge.test/v1/chat/completions", {}, CHAT), keyed)).status == 401
+
+
+class Ticking:
+    """A clock that moves a quarter second on every read: two reads of one moment differ."""
+
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def now(self) -> float:
+        self.t += 0.25
+        return self.t
+
+
+class Rows:
+    """A usage sink that keeps its rows."""
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+
+    def record_now(self, event: Any) -> None:
+        self.rows.append(event)
+
+    async def record(self, event: Any) -> None:
+        self.rows.append(event)
+
+    async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]:
+        return []
+
+    async def tokens_spent(self, key_id: str) -> int:
+        return 0
+
+
+async def test_a_request_ends_at_one_time_for_its_usage_row_its_metrics_and_its_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The usage record reads the clock when the answer is whole; the metrics and the log line,
+    told right after, take that time: one request, one duration, wherever it is read."""
+    from edgellm.app import handle
+
+    rows = Rows()
+    clocked = Deps(config=Config(open_access=True), ai=ScriptedAI(), kv=None, clock=Ticking(), usage=rows,  # type: ignore[arg-type]
+                   log=logging.getLogger("edgellm.test"))
+    with caplog.at_level(logging.INFO, logger="edgellm.test.access"):
+        response = await handle(chat(), clocked)
+    assert response.status == 200
+    [row] = rows.rows
+    [line] = [r.edgellm for r in caplog.records if hasattr(r, "edgellm")]  # type: ignore[attr-defined]
+    [latency] = list(clocked.state.telemetry.latency.values())
+    assert latency.count == 1 and latency.total > 0
+    assert (row.latency_ms, line["ms"]) == (round(latency.total * 1000, 3), round(latency.total * 1000, 1))
+
+
+@pytest.mark.parametrize(("path", "origin"), [
+    ("/v1/chat/completions", None), ("/v1/chat/completions", "http://localhost:3000"), ("/v1/chat/completions", "https://elsewhere.example"),
+    ("/models/m/resolve/main/x.gguf", None), ("/models/m/resolve/main/x.gguf", "https://elsewhere.example"), ("/healthz", None),
+])
+async def test_the_cors_layer_adds_what_cors_headers_says(path: str, origin: str | None) -> None:
+    """The layer's way for a request without an `Origin` is `cors_headers`' answer, not another."""
+    from edgellm.access.cors import cors_headers
+    from edgellm.pipeline.cors import cors
+
+    async def answer(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+        return Response(200, {}, b"")
+
+    request = Request("GET", f"http://edge.test{path}", {"origin": origin} if origin else {})
+    response = await compose((cors,), answer)(request, deps(), RequestContext(ROUTES))
+    assert response.headers == dict(cors_headers(request, deps().config))
+
+
+@pytest.mark.parametrize(("size", "declared"), [
+    (10, None), (11, None), (0, "10"), (0, "11"), (0, "0011"), (10, "9"), (0, ""), (0, "abc"), (0, "-20"), (0, "1e3"), (11, "1"),
+])
+async def test_the_body_size_layer_refuses_what_refuse_oversized_refuses(size: int, declared: str | None) -> None:
+    """The layer reads `refuse_oversized`'s rule itself (every request passes it): it refuses
+    exactly the requests that function refuses, as its 413."""
+    from edgellm.errors import GatewayError
+    from edgellm.pipeline.body_size import body_size
+    from edgellm.validation import refuse_oversized
+
+    async def answer(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+        return Response(200)
+
+    limited = Deps(config=Config(open_access=True, max_body_bytes=10), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    request = Request("POST", "http://edge.test/v1/chat/completions", {} if declared is None else {"content-length": declared}, b"x" * size)
+    try:
+        refuse_oversized(request, 10)
+        expected = None
+    except GatewayError as error:
+        expected = error.code
+    try:
+        await compose((body_size,), answer)(request, limited, RequestContext(ROUTES))
+        refused = None
+    except GatewayError as error:
+        refused = error.code
+    assert refused == expected and (expected is None) == (size <= 10 and declared in (None, "10", "9", "", "abc", "-20", "1e3"))
+
+
+@pytest.mark.parametrize(("origins", "regions"), [((), {}), ((), {"EU": "x"}), (("http://origin.test",), {})])
+async def test_a_request_has_a_span_when_an_origin_may_be_sent_its_trace(origins: tuple[str, ...], regions: dict[str, str]) -> None:
+    """With no tracer recording, the request id layer makes a span only when origins are
+    configured (the one call that carries the trace on, as `traceparent`), whatever else routing has."""
+    from edgellm.pipeline.request_id import request_id
+    from edgellm.routing.config import OriginConfig, RegionConfig, RoutingConfig
+
+    spans: list[Any] = []
+
+    async def answer(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+        spans.append(ctx.span)
+        return Response(200)
+
+    routing = RoutingConfig(origins=tuple(OriginConfig(f"o{i}", url) for i, url in enumerate(origins)),
+                            regions={name: RegionConfig(name) for name in regions})
+    routed = Deps(config=Config(open_access=True, routing=routing), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    response = await compose((request_id,), answer)(chat(), routed, RequestContext(ROUTES))
+    assert response.headers["x-request-id"] and (spans[0] is not None) == bool(origins)

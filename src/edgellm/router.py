@@ -82,8 +82,8 @@ class Router:
             m = r.pattern.match(path)
             if not m:
                 continue
-            if method in r.methods:
-                return r, {k: unquote(v) for k, v in m.groupdict().items()}
+            if method in r.methods:  # a template without parameters (most API routes) has none to decode
+                return r, {k: unquote(v) for k, v in m.groupdict().items()} if r.pattern.groups else {}
             allowed |= r.methods
         if allowed:
             allow = ", ".join(sorted(allowed | {"OPTIONS"}))

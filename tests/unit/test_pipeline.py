@@ -16,7 +16,8 @@ from edgellm.config import Config
 from edgellm.context import RequestContext
 from edgellm.deps import Deps
 from edgellm.http import Request, Response
-from edgellm.pipeline import Layer, Next, compose, dispatch
+from edgellm.pipeline import METHODS, Layer, Next, compose, dispatch, stacks, works_on
+from edgellm.router import Router, route
 
 from edgellm_local.doubles.scripted import ScriptedAI
 
@@ -32,11 +33,16 @@ def chat() -> Request:
     return Request("POST", "http://edge.test/v1/chat/completions", {"content-type": "application/json", "origin": "http://localhost:3000"}, CHAT)
 
 
-def recorded(layer: Layer, entered: list[str]) -> Layer:
+def recorded(layer: Layer, entered: list[str], keep_declaration: bool = False) -> Layer:
+    """`layer`, noting its name when entered; with `keep_declaration`, declaring the methods it
+    declared (`only_for`), so `stacks` leaves it out where it leaves `layer` out."""
+
     def enter(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Any:
         entered.append(layer.__name__)  # type: ignore[attr-defined]
         return layer(call_next, request, deps, ctx)
 
+    if keep_declaration and hasattr(layer, "methods"):
+        enter.methods = layer.methods  # type: ignore[attr-defined]
     return enter
 
 
@@ -260,3 +266,53 @@ async def test_a_request_has_a_span_when_an_origin_may_be_sent_its_trace(origins
     routed = Deps(config=Config(open_access=True, routing=routing), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
     response = await compose((request_id,), answer)(chat(), routed, RequestContext(ROUTES))
     assert response.headers["x-request-id"] and (spans[0] is not None) == bool(origins)
+
+
+async def _any(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    return Response(200, {}, b"{}")
+
+
+ANY_METHOD = Router((route(("GET", "POST", "PUT", "PATCH", "DELETE", "PROPFIND"), "/x", _any),))
+
+
+@pytest.mark.parametrize("method", [*METHODS, "PROPFIND"])
+async def test_each_methods_stack_enters_every_layer_with_work_on_it_in_the_lists_order(method: str) -> None:
+    """`stacks` leaves a layer out only of the stacks of the methods it declared no work for
+    (`only_for`: HEAD's body for `head`, OPTIONS for `preflight`); every other layer is in every
+    method's stack, a method no stack was made for included, in the list's order."""
+    entered: list[str] = []
+    by_method, other = stacks(tuple(recorded(layer, entered, keep_declaration=True) for layer in LAYERS), dispatch)
+    request = Request(method, "http://edge.test/x", {"origin": "http://localhost:3000", "access-control-request-method": "GET"})
+    response = await by_method.get(method, other)(request, deps(), RequestContext(ANY_METHOD))
+    only = {"head": "HEAD", "preflight": "OPTIONS"}  # what the two declare (the next test holds it)
+    names = [layer.__name__ for layer in LAYERS if only.get(layer.__name__, method) == method]  # type: ignore[attr-defined]
+    if method == "OPTIONS":  # answered by its layer: none after it entered
+        assert response.status == 204 and entered == names[: names.index("preflight") + 1]
+    else:
+        assert response.status == 200 and entered == names
+    assert [works_on(layer, method) for layer in LAYERS] == [only.get(layer.__name__, method) == method for layer in LAYERS]  # type: ignore[attr-defined]
+    assert response.headers["x-request-id"] and response.headers["vary"] == "Origin"
+
+
+def test_only_head_and_preflight_declare_methods_and_the_app_runs_its_stacks() -> None:
+    """The layers that declare their methods (the rest have work on every request), and
+    `app.handle` serves each request with its method's stack."""
+    from edgellm import app
+
+    declared = {layer.__name__: set(layer.methods) for layer in LAYERS if hasattr(layer, "methods")}  # type: ignore[attr-defined]
+    assert declared == {"head": {"HEAD"}, "preflight": {"OPTIONS"}}
+    assert app._BY_METHOD.keys() >= set(METHODS) and app._OTHER_METHODS is not app._BY_METHOD["POST"]
+
+
+@pytest.mark.parametrize(("name", "method"), [(layer.__name__, method) for layer in LAYERS if hasattr(layer, "methods")  # type: ignore[attr-defined]
+                                              for method in [*METHODS, "PROPFIND"] if method not in layer.methods])  # type: ignore[attr-defined]
+def test_a_layer_that_declares_its_methods_passes_every_other_on_untouched(name: str, method: str) -> None:
+    """What `only_for` says is true: on another method's request the layer only hands it on, so
+    leaving it out of that method's stack changes nothing."""
+    layer = next(layer for layer in LAYERS if layer.__name__ == name)  # type: ignore[attr-defined]
+    ctx = RequestContext(ROUTES)
+    before = repr(ctx)
+    passed = object()
+    request = Request(method, "http://edge.test/v1/chat/completions", {"access-control-request-method": "POST"})
+    assert layer(lambda request, deps, ctx: passed, request, deps(), ctx) is passed  # type: ignore[arg-type,return-value]
+    assert repr(ctx) == before

@@ -7,11 +7,12 @@ from typing import Awaitable
 from ..context import RequestContext
 from ..deps import Deps
 from ..http import Request, Response
-from . import Next
+from . import Next, only_for
 
 
+@only_for("HEAD")
 def head(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Awaitable[Response]:
-    if request.method != "HEAD":  # nothing to do on the way out: no coroutine of its own
+    if request.method != "HEAD":  # nothing to do (in a stack composed without its declaration)
         return call_next(request, deps, ctx)
     return _without_body(call_next, request, deps, ctx)
 

@@ -50,10 +50,21 @@ class RequestContext:
                  principal: Principal | None = None, reservation: Reservation | None = None, observed: Observation | None = None,
                  guardrails: PromptCheck | None = None, ended: float | None = None) -> None:
         """As the dataclass's would be, without calling `params`' factory: its default is
-        immutable (which a dataclass field may only give by a factory)."""
-        self.router, self.started, self.id, self.span, self.route, self.handler = router, started, id, span, route, handler
-        self.endpoint, self.params, self.principal, self.reservation = endpoint, params, principal, reservation
-        self.observed, self.guardrails, self.ended = observed, guardrails, ended
+        immutable (which a dataclass field may only give by a factory). One store per field: a
+        tuple assignment of several builds and unpacks a tuple."""
+        self.router = router
+        self.started = started
+        self.id = id
+        self.span = span
+        self.route = route
+        self.handler = handler
+        self.endpoint = endpoint
+        self.params = params
+        self.principal = principal
+        self.reservation = reservation
+        self.observed = observed
+        self.guardrails = guardrails
+        self.ended = ended
 
     @property
     def tenant_scope(self) -> TenantScope:

@@ -94,9 +94,9 @@ def _record(ctx: RequestContext, response: Response, deps: Deps) -> None:
         settle(deps.state.access, reservation, tokens, now)
     if deps.usage is None:
         return
-    # by position, in the fields' order: a named tuple's keywords are matched in Python, which
-    # cost a HIT more than twice what the row's values do
-    event = UsageEvent(
+    # its values in the fields' order (`_make`): a named tuple's keywords are matched in Python,
+    # which cost a HIT more than twice what the row's values do
+    event = UsageEvent._make((
         now,  # time
         principal.scope.usage_tenant,  # tenant
         principal.key_id,  # key_id
@@ -108,7 +108,7 @@ def _record(ctx: RequestContext, response: Response, deps: Deps) -> None:
         round(max(0.0, now - started) * 1000, 3),  # latency_ms
         response.status,  # status
         ctx.guardrails.usage_value if ctx.guardrails is not None else "",  # guardrails
-    )
+    ))
     try:
         deps.usage.record_now(event)  # only queues the row (UsageSink): no task, no wait
     except Exception as exc:  # usage never fails a request

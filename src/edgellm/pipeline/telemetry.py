@@ -47,7 +47,7 @@ def request_ended(request: Request, ctx: RequestContext, response: Response, dep
         if seen.cache_status != "HIT":
             telemetry.count_tokens(model, tenant, seen.prompt_tokens, seen.completion_tokens)
             telemetry.count_routed(where)
-        latency = max(0.0, now - started)
+        latency = now - started if now > started else 0.0
         if seen.first_token_at is not None:
             ttft: float | None = max(0.0, seen.first_token_at - started)
         else:  # an answer replayed from its kept JSON (no event read): its first token came with it

@@ -8,7 +8,8 @@ valgrind's callgrind with instrumentation off, switches it on around N requests 
 a HIT asked for gzip (`Accept-Encoding: gzip, deflate`, as httpx and the OpenAI SDK ask) and
 `/healthz` (llama.cpp's idle threads wait passively, `OMP_WAIT_POLICY=passive`, so they count
 nothing). The usage writer's and the access log's threads are counted too: they are part of
-what a request costs. `--before DIR` counts another version's `src/` and `local/` the same way.
+what a request costs (the writer commits by batch size while counting, and what is left inside
+the count, so the figure does not depend on how slowly valgrind runs). `--before DIR` counts another version's `src/` and `local/` the same way.
 `--asgi` counts through the ASGI app instead (`EdgeApp.__call__` on the isolating event loop, as
 `edgellm dev` serves: the request's context, the server's send and receive, the disconnect
 watcher), still without the HTTP server.

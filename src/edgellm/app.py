@@ -19,7 +19,7 @@ from .routing import admin as routing_admin
 from .http import Request, Response
 from .telemetry.routes import get_metrics
 from .deps import Deps
-from .pipeline import Layer, compose, dispatch
+from .pipeline import Layer, dispatch, stacks
 from .pipeline.authentication import authentication
 from .pipeline.body_size import body_size
 from .pipeline.cors import cors
@@ -117,8 +117,9 @@ def _route_template(method: str, path: str) -> str:
     return template if template is not None else "unmatched"
 
 
-_PIPELINE = compose(LAYERS, dispatch)
+# one stack per method, each without the layers that have no work on it (`pipeline.only_for`)
+_BY_METHOD, _OTHER_METHODS = stacks(LAYERS, dispatch)
 
 
 async def handle(request: Request, deps: Deps, router: Router = ROUTES) -> Response:
-    return await _PIPELINE(request, deps, RequestContext(router))
+    return await _BY_METHOD.get(request.method, _OTHER_METHODS)(request, deps, RequestContext(router))

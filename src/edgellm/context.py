@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # its `__init__` below: one is made per request
 class RequestContext:
     router: Router  # the table the request is routed by (`app.ROUTES`), given by `app.handle`
     started: float = 0.0  # when it arrived (the clock's time): the telemetry layer
@@ -41,6 +41,30 @@ class RequestContext:
     reservation: Reservation | None = None  # what it holds of its key's limits: admission (`access.admit_tokens`)
     observed: Observation | None = None  # what its generation did: the handler (`access.observe`)
     guardrails: PromptCheck | None = None  # what the guardrails did to its prompt: the guardrails layer
+    # when its answer was whole (a stream: when its body ended), when the usage layer read the clock
+    # for its record: the telemetry layer's metrics and log line take the same time, not a second read
+    ended: float | None = None
+
+    def __init__(self, router: Router, started: float = 0.0, id: str = "", span: Span | None = None, route: str = "unmatched",
+                 handler: str = "none", endpoint: Callable[..., Awaitable[object]] | None = None, params: Mapping[str, str] = NO_PARAMS,
+                 principal: Principal | None = None, reservation: Reservation | None = None, observed: Observation | None = None,
+                 guardrails: PromptCheck | None = None, ended: float | None = None) -> None:
+        """As the dataclass's would be, without calling `params`' factory: its default is
+        immutable (which a dataclass field may only give by a factory). One store per field: a
+        tuple assignment of several builds and unpacks a tuple."""
+        self.router = router
+        self.started = started
+        self.id = id
+        self.span = span
+        self.route = route
+        self.handler = handler
+        self.endpoint = endpoint
+        self.params = params
+        self.principal = principal
+        self.reservation = reservation
+        self.observed = observed
+        self.guardrails = guardrails
+        self.ended = ended
 
     @property
     def tenant_scope(self) -> TenantScope:

@@ -9,11 +9,28 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping, overload
 from urllib.parse import parse_qsl, urlsplit
 
 
 Body = bytes | AsyncIterator[bytes]
+
+
+class _Path:
+    """`Request.path`: the URL's path, split out the first time it is read and then kept on the
+    request (a plain attribute from then on): every layer of the pipeline reads it."""
+
+    @overload
+    def __get__(self, request: None, owner: type | None = None) -> _Path: ...
+    @overload
+    def __get__(self, request: Request, owner: type | None = None) -> str: ...
+
+    def __get__(self, request: Request | None, owner: type | None = None) -> str | _Path:
+        if request is None:
+            return self
+        path = urlsplit(request.url).path or "/"
+        request.path = path  # type: ignore[assignment]  # the instance's own, read before this (no `__set__`)
+        return path
 
 
 @dataclass
@@ -32,9 +49,7 @@ class Request:
     body: bytes = b""
     cf: Mapping[str, str] = field(default_factory=dict)  # Cloudflare's request.cf facts (country, continent); empty locally
 
-    @property
-    def path(self) -> str:
-        return urlsplit(self.url).path or "/"
+    path = _Path()  # not a field: the URL's, read as a `str`
 
     @property
     def query(self) -> dict[str, str]:

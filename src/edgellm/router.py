@@ -44,9 +44,11 @@ class Route:
     # how this route's errors render (e.g. inside Cloudflare's envelope); None: the OpenAI error JSON
     render_error: ErrorRenderer | None = None
     pattern: re.Pattern[str] = field(init=False, compare=False)
+    name: str = field(init=False, compare=False)  # the handler's name, as the log line says it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pattern", _compile(self.template))
+        object.__setattr__(self, "name", getattr(self.handler, "__name__", "handler"))
 
 
 def route(methods: str | Iterable[str], template: str, handler: Handler, *, render_error: ErrorRenderer | None = None) -> Route:
@@ -82,8 +84,8 @@ class Router:
             m = r.pattern.match(path)
             if not m:
                 continue
-            if method in r.methods:
-                return r, {k: unquote(v) for k, v in m.groupdict().items()}
+            if method in r.methods:  # a template without parameters (most API routes) has none to decode
+                return r, {k: unquote(v) for k, v in m.groupdict().items()} if r.pattern.groups else {}
             allowed |= r.methods
         if allowed:
             allow = ", ".join(sorted(allowed | {"OPTIONS"}))

@@ -211,3 +211,19 @@ async def test_open_mode_has_one_caller_per_isolate_and_config(clock) -> None:
     other = replace(deps, config=Config(open_access=True, tenant="elsewhere"))
     theirs = await authenticate(call(), other)
     assert theirs is not None and theirs.tenant == "elsewhere" and theirs.scope.tenant == "elsewhere"
+
+
+def test_a_request_within_one_configs_bounds_is_checked_again_under_another() -> None:
+    """The parse memo shares one request among repeated bodies, so its input bounds are checked
+    once per config; a config with tighter bounds (a new isolate's, a test's) checks it again."""
+    from edgellm.access.guard import check_input_limits
+    from edgellm.generation import GenerationRequest
+
+    request = GenerationRequest("@cf/m", {"messages": [{"role": "user", "content": "hi"}] * 3})
+    roomy = Config()
+    check_input_limits(request, roomy)
+    check_input_limits(request, roomy)  # within: the same answer, from what it learned the first time
+    with pytest.raises(GatewayError) as refused:
+        check_input_limits(request, Config(fixed_max_messages=2))
+    assert refused.value.code == "too_many_messages"
+    check_input_limits(request, roomy)

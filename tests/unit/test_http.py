@@ -30,6 +30,19 @@ def test_query_is_the_decoded_query_string(url: str, query: dict[str, str]) -> N
     assert "?" not in request.path
 
 
+def test_the_path_read_once_is_kept_and_a_replaced_request_reads_its_own() -> None:
+    """`path` is split out of the URL when first read and kept: a copy with another URL has its
+    own, the kept value is no field (equality and `repr` stay the request's fields)."""
+    from dataclasses import replace
+
+    request = Request("GET", "http://edge/a%2Fb?x=1")
+    assert request.path == "/a%2Fb" and request.path is request.path
+    moved = replace(request, url="http://edge/c/d")
+    assert (moved.path, request.path) == ("/c/d", "/a%2Fb")
+    assert request == Request("GET", "http://edge/a%2Fb?x=1") and "path" not in repr(request)
+    assert Request("GET", "http://edge").path == "/"
+
+
 def test_path_stays_percent_encoded_while_the_query_is_decoded() -> None:
     request = Request("GET", "http://edge/models/a%2Fb/manifest.json?v=%2F")
     assert request.path == "/models/a%2Fb/manifest.json"

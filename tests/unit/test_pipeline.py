@@ -16,7 +16,8 @@ from edgellm.config import Config
 from edgellm.context import RequestContext
 from edgellm.deps import Deps
 from edgellm.http import Request, Response
-from edgellm.pipeline import Layer, Next, compose, dispatch
+from edgellm.pipeline import METHODS, Layer, Next, compose, dispatch, stacks, works_on
+from edgellm.router import Router, route
 
 from edgellm_local.doubles.scripted import ScriptedAI
 
@@ -32,11 +33,16 @@ def chat() -> Request:
     return Request("POST", "http://edge.test/v1/chat/completions", {"content-type": "application/json", "origin": "http://localhost:3000"}, CHAT)
 
 
-def recorded(layer: Layer, entered: list[str]) -> Layer:
+def recorded(layer: Layer, entered: list[str], keep_declaration: bool = False) -> Layer:
+    """`layer`, noting its name when entered; with `keep_declaration`, declaring the methods it
+    declared (`only_for`), so `stacks` leaves it out where it leaves `layer` out."""
+
     def enter(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Any:
         entered.append(layer.__name__)  # type: ignore[attr-defined]
         return layer(call_next, request, deps, ctx)
 
+    if keep_declaration and hasattr(layer, "methods"):
+        enter.methods = layer.methods  # type: ignore[attr-defined]
     return enter
 
 
@@ -147,3 +153,166 @@ async def test_the_route_is_matched_before_a_credential_is_asked_for() -> None:
     wrong = await handle(Request("DELETE", "http://edge.test/v1/chat/completions", {}, b""), keyed)
     assert wrong.status == 405 and "POST" in wrong.headers["allow"]
     assert (await handle(Request("POST", "http://edge.test/v1/chat/completions", {}, CHAT), keyed)).status == 401
+
+
+class Ticking:
+    """A clock that moves a quarter second on every read: two reads of one moment differ."""
+
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def now(self) -> float:
+        self.t += 0.25
+        return self.t
+
+
+class Rows:
+    """A usage sink that keeps its rows."""
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+
+    def record_now(self, event: Any) -> None:
+        self.rows.append(event)
+
+    async def record(self, event: Any) -> None:
+        self.rows.append(event)
+
+    async def query(self, start: float, end: float, group_by: tuple[str, ...], tenant: str | None = None) -> list[dict[str, Any]]:
+        return []
+
+    async def tokens_spent(self, key_id: str) -> int:
+        return 0
+
+
+async def test_a_request_ends_at_one_time_for_its_usage_row_its_metrics_and_its_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The usage record reads the clock when the answer is whole; the metrics and the log line,
+    told right after, take that time: one request, one duration, wherever it is read."""
+    from edgellm.app import handle
+
+    rows = Rows()
+    clocked = Deps(config=Config(open_access=True), ai=ScriptedAI(), kv=None, clock=Ticking(), usage=rows,  # type: ignore[arg-type]
+                   log=logging.getLogger("edgellm.test"))
+    with caplog.at_level(logging.INFO, logger="edgellm.test.access"):
+        response = await handle(chat(), clocked)
+    assert response.status == 200
+    [row] = rows.rows
+    [line] = [r.edgellm for r in caplog.records if hasattr(r, "edgellm")]  # type: ignore[attr-defined]
+    [latency] = list(clocked.state.telemetry.latency.values())
+    assert latency.count == 1 and latency.total > 0
+    assert (row.latency_ms, line["ms"]) == (round(latency.total * 1000, 3), round(latency.total * 1000, 1))
+
+
+@pytest.mark.parametrize(("path", "origin"), [
+    ("/v1/chat/completions", None), ("/v1/chat/completions", "http://localhost:3000"), ("/v1/chat/completions", "https://elsewhere.example"),
+    ("/models/m/resolve/main/x.gguf", None), ("/models/m/resolve/main/x.gguf", "https://elsewhere.example"), ("/healthz", None),
+])
+async def test_the_cors_layer_adds_what_cors_headers_says(path: str, origin: str | None) -> None:
+    """The layer's way for a request without an `Origin` is `cors_headers`' answer, not another."""
+    from edgellm.access.cors import cors_headers
+    from edgellm.pipeline.cors import cors
+
+    async def answer(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+        return Response(200, {}, b"")
+
+    request = Request("GET", f"http://edge.test{path}", {"origin": origin} if origin else {})
+    response = await compose((cors,), answer)(request, deps(), RequestContext(ROUTES))
+    assert response.headers == dict(cors_headers(request, deps().config))
+
+
+@pytest.mark.parametrize(("size", "declared"), [
+    (10, None), (11, None), (0, "10"), (0, "11"), (0, "0011"), (10, "9"), (0, ""), (0, "abc"), (0, "-20"), (0, "1e3"), (11, "1"),
+])
+async def test_the_body_size_layer_refuses_what_refuse_oversized_refuses(size: int, declared: str | None) -> None:
+    """The layer reads `refuse_oversized`'s rule itself (every request passes it): it refuses
+    exactly the requests that function refuses, as its 413."""
+    from edgellm.errors import GatewayError
+    from edgellm.pipeline.body_size import body_size
+    from edgellm.validation import refuse_oversized
+
+    async def answer(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+        return Response(200)
+
+    limited = Deps(config=Config(open_access=True, max_body_bytes=10), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    request = Request("POST", "http://edge.test/v1/chat/completions", {} if declared is None else {"content-length": declared}, b"x" * size)
+    try:
+        refuse_oversized(request, 10)
+        expected = None
+    except GatewayError as error:
+        expected = error.code
+    try:
+        await compose((body_size,), answer)(request, limited, RequestContext(ROUTES))
+        refused = None
+    except GatewayError as error:
+        refused = error.code
+    assert refused == expected and (expected is None) == (size <= 10 and declared in (None, "10", "9", "", "abc", "-20", "1e3"))
+
+
+@pytest.mark.parametrize(("origins", "regions"), [((), {}), ((), {"EU": "x"}), (("http://origin.test",), {})])
+async def test_a_request_has_a_span_when_an_origin_may_be_sent_its_trace(origins: tuple[str, ...], regions: dict[str, str]) -> None:
+    """With no tracer recording, the request id layer makes a span only when origins are
+    configured (the one call that carries the trace on, as `traceparent`), whatever else routing has."""
+    from edgellm.pipeline.request_id import request_id
+    from edgellm.routing.config import OriginConfig, RegionConfig, RoutingConfig
+
+    spans: list[Any] = []
+
+    async def answer(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+        spans.append(ctx.span)
+        return Response(200)
+
+    routing = RoutingConfig(origins=tuple(OriginConfig(f"o{i}", url) for i, url in enumerate(origins)),
+                            regions={name: RegionConfig(name) for name in regions})
+    routed = Deps(config=Config(open_access=True, routing=routing), ai=ScriptedAI(), kv=None, log=logging.getLogger("edgellm.test"))
+    response = await compose((request_id,), answer)(chat(), routed, RequestContext(ROUTES))
+    assert response.headers["x-request-id"] and (spans[0] is not None) == bool(origins)
+
+
+async def _any(request: Request, deps: Deps, ctx: RequestContext) -> Response:
+    return Response(200, {}, b"{}")
+
+
+ANY_METHOD = Router((route(("GET", "POST", "PUT", "PATCH", "DELETE", "PROPFIND"), "/x", _any),))
+
+
+@pytest.mark.parametrize("method", [*METHODS, "PROPFIND"])
+async def test_each_methods_stack_enters_every_layer_with_work_on_it_in_the_lists_order(method: str) -> None:
+    """`stacks` leaves a layer out only of the stacks of the methods it declared no work for
+    (`only_for`: HEAD's body for `head`, OPTIONS for `preflight`); every other layer is in every
+    method's stack, a method no stack was made for included, in the list's order."""
+    entered: list[str] = []
+    by_method, other = stacks(tuple(recorded(layer, entered, keep_declaration=True) for layer in LAYERS), dispatch)
+    request = Request(method, "http://edge.test/x", {"origin": "http://localhost:3000", "access-control-request-method": "GET"})
+    response = await by_method.get(method, other)(request, deps(), RequestContext(ANY_METHOD))
+    only = {"head": "HEAD", "preflight": "OPTIONS"}  # what the two declare (the next test holds it)
+    names = [layer.__name__ for layer in LAYERS if only.get(layer.__name__, method) == method]  # type: ignore[attr-defined]
+    if method == "OPTIONS":  # answered by its layer: none after it entered
+        assert response.status == 204 and entered == names[: names.index("preflight") + 1]
+    else:
+        assert response.status == 200 and entered == names
+    assert [works_on(layer, method) for layer in LAYERS] == [only.get(layer.__name__, method) == method for layer in LAYERS]  # type: ignore[attr-defined]
+    assert response.headers["x-request-id"] and response.headers["vary"] == "Origin"
+
+
+def test_only_head_and_preflight_declare_methods_and_the_app_runs_its_stacks() -> None:
+    """The layers that declare their methods (the rest have work on every request), and
+    `app.handle` serves each request with its method's stack."""
+    from edgellm import app
+
+    declared = {layer.__name__: set(layer.methods) for layer in LAYERS if hasattr(layer, "methods")}  # type: ignore[attr-defined]
+    assert declared == {"head": {"HEAD"}, "preflight": {"OPTIONS"}}
+    assert app._BY_METHOD.keys() >= set(METHODS) and app._OTHER_METHODS is not app._BY_METHOD["POST"]
+
+
+@pytest.mark.parametrize(("name", "method"), [(layer.__name__, method) for layer in LAYERS if hasattr(layer, "methods")  # type: ignore[attr-defined]
+                                              for method in [*METHODS, "PROPFIND"] if method not in layer.methods])  # type: ignore[attr-defined]
+def test_a_layer_that_declares_its_methods_passes_every_other_on_untouched(name: str, method: str) -> None:
+    """What `only_for` says is true: on another method's request the layer only hands it on, so
+    leaving it out of that method's stack changes nothing."""
+    layer = next(layer for layer in LAYERS if layer.__name__ == name)  # type: ignore[attr-defined]
+    ctx = RequestContext(ROUTES)
+    before = repr(ctx)
+    passed = object()
+    request = Request(method, "http://edge.test/v1/chat/completions", {"access-control-request-method": "POST"})
+    assert layer(lambda request, deps, ctx: passed, request, deps(), ctx) is passed  # type: ignore[arg-type,return-value]
+    assert repr(ctx) == before

@@ -8,6 +8,8 @@ refused origin gets no `Access-Control-Allow-Origin`, so the browser withholds t
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
+from typing import Mapping
 from urllib.parse import urlsplit
 
 from ..config import Config
@@ -32,11 +34,15 @@ def is_artifact_path(path: str) -> bool:
     return path == "/models" or path.startswith("/models/") or path.startswith("/api/models/")
 
 
-def cors_headers(request: Request, config: Config) -> dict[str, str]:
+# what most answers get, made once: the headers do not depend on the answer, only on the origin
+_OPEN: Mapping[str, str] = MappingProxyType({"access-control-allow-origin": "*", "access-control-expose-headers": EXPOSE})
+_REFUSED: Mapping[str, str] = MappingProxyType({"vary": "Origin"})  # no origin, or one not allowed
+
+
+def cors_headers(request: Request, config: Config) -> Mapping[str, str]:
     if is_artifact_path(request.path):
-        return {"access-control-allow-origin": "*", "access-control-expose-headers": EXPOSE}
-    origin = request.header("origin")
-    headers = {"vary": "Origin"}
+        return _OPEN
+    origin = request.headers.get("origin")
     if origin and origin_allowed(origin, request, config):
-        headers.update({"access-control-allow-origin": origin, "access-control-expose-headers": EXPOSE})
-    return headers
+        return {"vary": "Origin", "access-control-allow-origin": origin, "access-control-expose-headers": EXPOSE}
+    return _REFUSED

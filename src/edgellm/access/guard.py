@@ -37,10 +37,11 @@ def is_admin_path(path: str) -> bool:
 
 
 def presented_key(request: Request) -> str | None:
-    auth = request.header("authorization") or ""
+    headers = request.headers  # lower-case names (`Request`)
+    auth = headers.get("authorization") or ""
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return (request.header("x-api-key") or "").strip() or None
+    return (headers.get("x-api-key") or "").strip() or None
 
 
 def unauthenticated(message: str, code: str = "invalid_api_key") -> GatewayError:
@@ -95,7 +96,8 @@ def settle(request: Request, deps: Deps) -> Principal | None | KeyToCheck:
     token, open mode (or a 401); else the key to check. Apart, so the callers without a key
     (a HIT in open mode) pay for no await."""
     path = request.path
-    if not (is_api_path(path) or is_admin_path(path)):
+    api = is_api_path(path)
+    if not (api or is_admin_path(path)):
         return None
     given = presented_key(request)
     token = deps.config.admin_token
@@ -103,10 +105,10 @@ def settle(request: Request, deps: Deps) -> Principal | None | KeyToCheck:
         return Principal(deps.config.tenant, ADMIN_KEY_ID, admin=True)
     parsed = parse_api_key(given) if given else None
     foreign = given is not None and parsed is None and not given.startswith("el-")
-    if given is None or (foreign and deps.config.open_access and is_api_path(path)):
+    if given is None or (foreign and deps.config.open_access and api):
         # Open mode: no key, or a value that is no EdgeLLM key at all (SDKs must send some
         # api_key); a malformed, unknown or revoked `el-` key is still refused below.
-        if deps.config.open_access and is_api_path(path):
+        if deps.config.open_access and api:
             return open_principal(deps)
         if is_admin_path(path):
             return None  # the admin handlers answer (404 without ADMIN_TOKEN, else 401)
@@ -146,8 +148,16 @@ def key_ratelimit_headers(deps: Deps, record: KeyRecord) -> dict[str, str]:
     return ratelimit_headers(deps.state.access, record.key_id, record.requests_per_minute, record.tokens_per_minute, deps.clock.now())
 
 
+_WITHIN_LIMITS = "within_input_limits"  # `GenerationRequest.derived`: the config it was found within
+
+
 def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
-    """How many messages and how long each: bounds a caller can rely on, before any work."""
+    """How many messages and how long each: bounds a caller can rely on, before any work. The
+    request is immutable, so once within a config's bounds it stays so: a request the parse memo
+    shares (a repeated body, as a HIT's often is) is checked once per config, not per request."""
+    derived = gen_request.derived
+    if derived.get(_WITHIN_LIMITS) is config:
+        return
     messages = gen_request.inputs.get("messages")
     if isinstance(messages, list):
         if len(messages) > config.max_messages:
@@ -159,6 +169,7 @@ def check_input_limits(gen_request: GenerationRequest, config: Config) -> None:
     prompt = gen_request.inputs.get("prompt")
     if isinstance(prompt, str) and len(prompt) > config.max_message_chars:
         raise invalid(f"The prompt may hold at most {config.max_message_chars} characters.", "prompt", "prompt_too_long")
+    derived[_WITHIN_LIMITS] = config
 
 
 async def admit_generation(ctx: RequestContext, deps: Deps, gen_request: GenerationRequest) -> GenerationRequest:

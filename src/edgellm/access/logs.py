@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from functools import lru_cache
 from typing import Any
 
 from ..context import RequestContext
@@ -89,11 +90,18 @@ def trace_id(request: Request, ctx: RequestContext, deps: Deps) -> str:
     return sent.trace_id if sent is not None else deps.state.ids.hex(16)
 
 
+@lru_cache(maxsize=16)  # a logger per runtime (and per test): never more than a few
+def access_logger(log: logging.Logger) -> logging.Logger:
+    """`log`'s `access` child, where the lines go: looked up once, not per request (`getChild`
+    takes the logging module's lock and builds the name each time)."""
+    return log.getChild("access")
+
+
 def log_request(request: Request, ctx: RequestContext, response: Response, deps: Deps, now: float | None = None) -> dict[str, Any] | None:
     """The request's line: what `ctx` learned of it (its id, route, handler, caller, observation),
     its answer's status and cache status, and its time from `ctx.started` to `now` (the clock's
     time when the caller has read it)."""
-    logger = deps.log.getChild("access")
+    logger = access_logger(deps.log)
     level = logging.DEBUG if ctx.route == SCRAPE_ROUTE and response.status < 400 else logging.INFO
     if not logger.isEnabledFor(level):
         return None

@@ -15,7 +15,7 @@ from . import Next
 def match(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Awaitable[Response]:
     path = request.path
     route, ctx.params = ctx.router.resolve(request.method, path)
-    ctx.endpoint = handler = route.handler
-    ctx.handler = getattr(handler, "__name__", "handler")
+    ctx.endpoint = route.handler
+    ctx.handler = route.name
     ctx.route = "workers-ai" if path.startswith("/client/v4/") else route.template
     return call_next(request, deps, ctx)

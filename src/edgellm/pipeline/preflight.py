@@ -9,9 +9,10 @@ from ..access.cors import cors_headers
 from ..context import RequestContext
 from ..deps import Deps
 from ..http import Request, Response
-from . import Next
+from . import Next, only_for
 
 
+@only_for("OPTIONS")
 def preflight(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Awaitable[Response]:
     if request.method != "OPTIONS":
         return call_next(request, deps, ctx)

@@ -34,18 +34,20 @@ async def telemetry(call_next: Next, request: Request, deps: Deps, ctx: RequestC
 
 
 def request_ended(request: Request, ctx: RequestContext, response: Response, deps: Deps) -> None:
-    now = deps.clock.now()
+    now = ctx.ended if ctx.ended is not None else deps.clock.now()  # the usage record's time, when it read one
     telemetry = deps.state.telemetry
     principal, seen, span, started, route = ctx.principal, ctx.observed, ctx.span, ctx.started, ctx.route
-    tenant = telemetry.tenant_label(principal.tenant if principal is not None else None)
+    tenant = principal.tenant if principal is not None else ""
+    if tenant and tenant not in telemetry.tenants:  # a tenant already labelled is its own label
+        tenant = telemetry.tenant_label(tenant)
     model = seen.model if seen is not None else ""
     telemetry.count_request(route, model, tenant, response.status)
     if seen is not None:
-        where = served_by(seen.route, seen.cache_status)
+        where = "cache" if seen.cache_status == "HIT" else served_by(seen.route, seen.cache_status)
         if seen.cache_status != "HIT":
             telemetry.count_tokens(model, tenant, seen.prompt_tokens, seen.completion_tokens)
             telemetry.count_routed(where)
-        latency = max(0.0, now - started)
+        latency = now - started if now > started else 0.0
         if seen.first_token_at is not None:
             ttft: float | None = max(0.0, seen.first_token_at - started)
         else:  # an answer replayed from its kept JSON (no event read): its first token came with it

@@ -111,6 +111,9 @@ class Telemetry:
     # are two series and a scrape that alternates between them never reads as a counter reset
     isolate: str = field(default_factory=lambda: secrets.token_hex(ISOLATE_BYTES))
     tenants: set[str] = field(default_factory=set)  # the tenants labels were made for (bounded by MAX_SERIES)
+    # (model, served_by) -> its (latency, ttft) histograms, the pair `latency` and `ttft` hold: one
+    # lookup per generation's observations, not one per family (a tuple key is hashed per lookup)
+    _times: dict[tuple[str, str], tuple[Histogram, Histogram]] = field(default_factory=dict, repr=False, compare=False)
 
     def tenant_label(self, tenant: str | None) -> str:
         if not tenant:
@@ -131,8 +134,9 @@ class Telemetry:
         when scraped (`status_label`): a HIT pays for one tuple and one dict update here."""
         key = (route, model, tenant, status // 100)
         requests = self.requests
-        if key in requests:
-            requests[key] += 1
+        count = requests.get(key)  # a tuple key is hashed per lookup: one for a series seen before, and its store
+        if count is not None:
+            requests[key] = count + 1
         else:  # past MAX_SERIES: routes are templates and classes five, so only model and tenant fold
             key = key if len(requests) < MAX_SERIES else (route, OTHER, OTHER, key[3])
             requests[key] = requests.get(key, 0) + 1
@@ -153,6 +157,26 @@ class Telemetry:
             routed["origin"] += 1
 
     def observe_times(self, model: str, where: str, ttft: float | None, latency: float) -> None:
+        pair = self._times.get((model, where))
+        if pair is None:
+            pair = self._series_times(model, where)
+        # `Histogram.observe`, inline: a HIT makes these two observations, and a call each cost it more than they do
+        histogram = pair[0]
+        at = bisect_left(histogram.bounds, latency)
+        histogram.buckets[at] += 1
+        histogram.total += latency
+        histogram.count += 1
+        if ttft is not None:
+            first = pair[1]
+            # a replayed answer's first token came with it (its ttft is its latency): the same bucket
+            first.buckets[at if ttft == latency and first.bounds is histogram.bounds else bisect_left(first.bounds, ttft)] += 1
+            first.total += ttft
+            first.count += 1
+
+    def _series_times(self, model: str, where: str) -> tuple[Histogram, Histogram]:
+        """The histograms `(model, where)`'s observations go to, made when new; past MAX_SERIES a
+        new model's are `other`'s (remembered under `other` only, so the index stays as small as
+        the families)."""
         key = (model, where)
         histogram = self.latency.get(key)
         if histogram is None:
@@ -162,6 +186,5 @@ class Telemetry:
             if histogram is None:
                 histogram = self.latency[key] = Histogram()
                 self.ttft[key] = Histogram()
-        histogram.observe(latency)
-        if ttft is not None:
-            self.ttft[key].observe(ttft)
+        pair = self._times[key] = (histogram, self.ttft[key])
+        return pair

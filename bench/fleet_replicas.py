@@ -33,9 +33,13 @@ class Replica:
     _slower: threading.Thread | None = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, model: Path, name: str, ctx: int = 4096, parallel: int = 2, threads: int = 1) -> "Replica":
+    def start(cls, model: Path, name: str, ctx: int = 4096, parallel: int = 2, threads: int = 1,
+              cache_ram_mib: int = 8192) -> "Replica":
+        """`cache_ram_mib` bounds its RAM prompt cache (llama-server's default, 8192, holds every
+        prompt a test or a workload sends; a serving replica's cache holds only some)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src"), str(ROOT / "local"), os.environ.get("PYTHONPATH", "")])}
-        process = subprocess.Popen([sys.executable, "-m", "bench.xllamacpp_server", str(model), str(ctx), str(parallel), str(threads)],
+        process = subprocess.Popen([sys.executable, "-m", "bench.xllamacpp_server", str(model), str(ctx), str(parallel), str(threads),
+                                    str(cache_ram_mib)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
         assert process.stdout is not None
         line = process.stdout.readline()  # "URL http://127.0.0.1:PORT": it is listening

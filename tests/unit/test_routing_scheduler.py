@@ -364,3 +364,60 @@ async def test_an_answer_closed_before_its_first_step_still_comes_off_the_replic
         await stream.aclose()
         assert view.replicas["gpu-1"].in_flight == 0
     assert view.replicas["gpu-1"].breaker.state == "closed" and view.replicas["gpu-1"].cached_tokens == 2
+
+
+def names(picks: list) -> list[str]:  # type: ignore[type-arg]
+    return [p.name for p in picks]
+
+
+def test_the_baselines_whole_failover_orders() -> None:
+    """Round-robin (and session affinity for a request without a session) rotates the whole
+    order one replica a turn; least in flight breaks a tie in the queue by rendezvous on the
+    prompt, highest first, so isolates agree. A policy name read from config is compared by value."""
+    replicas = [ReplicaView("a", 2), ReplicaView("b", 0), ReplicaView("c", 1)]
+    rotations = [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    for turn in range(7):
+        assert names(schedule(ask(), replicas, 0.25, "round-robin", turn)) == rotations[turn % 3]
+        assert names(schedule(ask(), replicas, 0.25, "session", turn)) == rotations[turn % 3]  # no session: round-robin
+    a = ask()
+    by_rendezvous = sorted("abcdef", key=lambda n: rendezvous(a.key, n), reverse=True)
+    idle = [ReplicaView(n, 0, held=HELD if n == by_rendezvous[-1] else 0) for n in "abcdef"]  # the prefix is no matter to it
+    least = "".join(["least-", "in-flight"])  # not the literal's object: as a parsed [vars] value is
+    assert names(schedule(a, idle, 0.25, least)) == by_rendezvous
+    session = "".join(["sess", "ion"])
+    assert [names(schedule(ask(), replicas, 0.25, session, turn)) for turn in range(3)] == rotations
+    by_session = schedule(ask(session="u1"), replicas, 0.25, "".join(["sess", "ion"]))
+    assert names(by_session) == sorted("abc", key=lambda n: rendezvous("u1", n), reverse=True)
+
+
+def test_a_pinned_session_fails_over_in_the_cost_order_of_the_rest() -> None:
+    replicas = [ReplicaView("a", 0, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0, held=5), ReplicaView("d", 0)]
+    unpinned = names(schedule(ask(), replicas, 1.0))
+    for pinned in "abcd":
+        picks = schedule(ask(session="s1", pinned=pinned), replicas, 1.0)
+        assert picks[0].name == pinned and picks[0].reason == "session"
+        assert names(picks[1:]) == [n for n in unpinned if n != pinned]
+
+
+def test_only_the_replica_holding_most_of_the_prompt_is_a_prefix_pick() -> None:
+    picks = schedule(ask(), [ReplicaView("a", 0, held=HELD), ReplicaView("b", 0, held=5), ReplicaView("c", 0)], 1.0)
+    assert {p.name: p.reason for p in picks} == {"a": "prefix", "b": "load", "c": "load"}
+
+
+@pytest.mark.parametrize("chars, held, expected", [
+    (0, 3, 1000.0),     # a prompt of no known characters: every token is new
+    (-5, 3, 1000.0),    # nonsense characters: the same
+    (1, 1, 0.0),        # one character, held
+    (4000, 0, 1000.0),  # nothing held
+])
+def test_new_prefill(chars: int, held: int, expected: float) -> None:
+    assert Ask((), 1000, chars).new_prefill(held) == pytest.approx(expected)
+
+
+def test_a_fast_replica_is_not_held_back_from_a_conversations_first_turn() -> None:
+    """Only a measurably slow replica goes behind in the first turn's spread; a faster one is
+    ranked by the session's rendezvous like any other."""
+    replicas = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.005)]
+    for i in range(30):
+        session = f"conv-{i}"
+        assert schedule(ask(session=session), replicas, 1.0)[0].name == max("abc", key=lambda n: rendezvous(session, n))

@@ -316,3 +316,18 @@ def test_a_layer_that_declares_its_methods_passes_every_other_on_untouched(name:
     request = Request(method, "http://edge.test/v1/chat/completions", {"access-control-request-method": "POST"})
     assert layer(lambda request, deps, ctx: passed, request, deps(), ctx) is passed  # type: ignore[arg-type,return-value]
     assert repr(ctx) == before
+
+
+def test_the_contexts_own_init_takes_every_field_with_its_default() -> None:
+    """`RequestContext` writes its `__init__` by hand (one is made per request); a field added to
+    the class and not to it would be unset (a slot) until a layer read it and failed."""
+    import dataclasses
+    import inspect
+
+    params = list(inspect.signature(RequestContext.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(RequestContext)
+    assert [p.name for p in params] == [f.name for f in fields]
+    defaults = [f.default_factory() if f.default is dataclasses.MISSING else f.default for f in fields[1:]]  # type: ignore[misc]  # after the router
+    assert [p.default for p in params[1:]] == defaults
+    ctx = RequestContext(ROUTES)
+    assert [getattr(ctx, f.name) for f in fields[1:]] == defaults

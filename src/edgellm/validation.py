@@ -60,7 +60,7 @@ def refuse_oversized(request: Request, limit: int) -> None:
     """A 413 for a body over `limit`, read or only declared: a runtime never reads a body whose
     Content-Length is over it (the request reaches the core without it), so every route refuses
     it, not only those that parse one (an empty body means something to some)."""
-    declared = request.header("content-length")
+    declared = request.headers.get("content-length")  # lower-case names (`Request`)
     if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
         raise GatewayError(ErrorKind.REQUEST_TOO_LARGE, f"The request body exceeds {limit} bytes.", code="request_too_large")
 

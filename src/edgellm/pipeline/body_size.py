@@ -13,9 +13,5 @@ from . import Next
 
 
 def body_size(call_next: Next, request: Request, deps: Deps, ctx: RequestContext) -> Awaitable[Response]:
-    limit = deps.config.max_body_bytes
-    declared = request.headers.get("content-length")
-    # `refuse_oversized`'s rule, read here: every request passes this layer, and few are refused
-    if len(request.body) > limit or (declared and declared.isdigit() and int(declared) > limit):
-        refuse_oversized(request, limit)  # the 413
+    refuse_oversized(request, deps.config.max_body_bytes)
     return call_next(request, deps, ctx)

@@ -69,6 +69,7 @@ class Job:
     extra_latency: float = 0.0
     decider: Any = None  # the view that decided (to report `finished` to)
     also: list[Any] = field(default_factory=list)
+    expected: dict[int, Any] = field(default_factory=dict)  # id(view) -> what that view expected of the replica
 
 
 @dataclass
@@ -202,8 +203,8 @@ class Sim:
             if self.placement == "object" or back - now <= self.router_s:
                 self.refresh(self.object, at_object)  # the object probes on its own time: no request waits for it
                 picks = self.object.choose(ask, at_object)
-                self.object.dispatched(picks[0].name, ask, picks[0].reason)
-                view.dispatched(picks[0].name, ask, picks[0].reason)
+                job.expected[id(self.object)] = self.object.dispatched(picks[0].name, ask, picks[0].reason)
+                job.expected[id(view)] = view.dispatched(picks[0].name, ask, picks[0].reason)
                 job.decider, job.also = self.object, [view]
                 self.object_answers += 1
                 breaker.success(back)
@@ -218,7 +219,7 @@ class Sim:
         """The isolate's own view decides (after refreshing its stale readings)."""
         delay = self.refresh(view, now)
         picks = view.choose(ask, now)
-        view.dispatched(picks[0].name, ask, picks[0].reason)
+        job.expected[id(view)] = view.dispatched(picks[0].name, ask, picks[0].reason)
         job.decider = view
         self.push(now + delay, "start", (job, picks[0].name))
 
@@ -276,10 +277,10 @@ class Sim:
         itl = (now - job.first_at) / max(1, job.out_tokens - 1)
         seen = (ttft, itl, job.prompt_tokens - job.uncached, job.prompt_tokens, now - job.start)
         if job.decider is self.object:
-            self.object.finished(name, now + self.object_rtt / 2, True, *seen)
+            self.object.finished(name, now + self.object_rtt / 2, True, *seen, expected=job.expected.get(id(self.object)))
         for view in [job.decider, *job.also]:
             if view is not self.object:
-                view.finished(name, now, True, *seen)
+                view.finished(name, now, True, *seen, expected=job.expected.get(id(view)))
 
     # --- the run ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -155,14 +155,13 @@ async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tup
         why = choice.reason if tried == 0 else "failover"
         if choice.view is not None and not choice.view.admit(origin.name, deps.clock.now()):
             continue
-        pools.dispatched(choice, why)
+        choice = pools.dispatched(choice, why)
         started = time.monotonic()
         try:
             events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request)
         except GatewayError as exc:
             if exc.kind not in FAILOVER_KINDS:  # the request's own fault (a 400): no verdict on the replica
-                if choice.view is not None:
-                    choice.view.finished(origin.name, deps.clock.now(), None)
+                pools.abandoned(deps, choice)
                 raise
             pools.failed(deps, choice)
             state.counters.origin_errors += 1
@@ -170,8 +169,7 @@ async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tup
             last = exc
             continue
         except BaseException:
-            if choice.view is not None:
-                choice.view.finished(origin.name, deps.clock.now(), None)
+            pools.abandoned(deps, choice)
             raise
         state.counters.origin += 1
         route = pools.route_text(choice, why, reason)
@@ -298,7 +296,7 @@ async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[O
     for choice in await pools.order(deps, gen_request, origins, None):
         origin = choice.origin
         assert deps.fetch is not None
-        pools.dispatched(choice, choice.reason)
+        choice = pools.dispatched(choice, choice.reason)
         started = time.monotonic()
         try:
             events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request, prefill=text, max_tokens=remaining)
@@ -308,6 +306,9 @@ async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[O
             deps.log.warning("origin %s could not continue: %s", origin.name, exc.detail or exc.message)
             last = exc
             continue
+        except BaseException:
+            pools.abandoned(deps, choice)
+            raise
         return pools.followed(deps, choice, events, started)
     if last is None:
         raise GatewayError(ErrorKind.UPSTREAM, "The edge failed mid-answer and every replica that could continue it is down.",

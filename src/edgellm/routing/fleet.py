@@ -9,7 +9,7 @@ Object keeps one for the whole pool (`routing.router`). Both feed `scheduler.sch
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +17,14 @@ from .breaker import CircuitBreaker
 from .config import BreakerConfig, PoolConfig
 from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, Ask, Pick, ReplicaView, schedule
 
-HELD_BLOCKS = 8192  # prefix blocks remembered per replica (about 2 MiB of prompt at 256 characters a block)
+HELD_BLOCKS = 8192  # prefix blocks remembered per replica at most (about 2 MiB of prompt at 256 characters a block)
+MIN_HELD_BLOCKS = 16  # the learned bound never goes below this (4 KiB of prompt: one long system prompt)
+MISSED = 0.5  # a replica that reused less than this share of what it was expected to had let it go
+GROWTH = 1.25  # the bound grows by this when a replica reused clearly more than was remembered there
 SESSIONS = 4096  # sessions remembered per pool (their last replica)
 EWMA = 0.3
-MIN_PREFILL_SAMPLE = BLOCK_CHARS / CHARS_PER_TOKEN  # new tokens an answer must have prefilled to time the prefill
+BLOCK_TOKENS = BLOCK_CHARS / CHARS_PER_TOKEN
+MIN_PREFILL_SAMPLE = BLOCK_TOKENS  # new tokens an answer must have prefilled to time the prefill
 MAX_QUEUE = 100_000.0  # a reported queue above this is not a count
 
 
@@ -53,6 +57,26 @@ def sane_reading(at: float, running: Any, waiting: Any, kv_usage: Any = None) ->
     return Reading(at, True, float(running), float(waiting), None if kv_usage is None else float(kv_usage))
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a view counted on when it sent a request to a replica, for the answer to be held
+    against (`ReplicaState.learn`): the prompt's leading blocks it took the replica to hold
+    (`held`) and the prompt tokens that meant it would reuse (`cached_tokens`); how many other
+    blocks had been remembered there since the last of them (`depth`: its place in the
+    replica's least-recently-used order); whether a request on those same blocks was still in
+    flight there (`concurrent`: a replica serving a prompt in one slot may prefill it again in
+    another, which says nothing of what it keeps); whether the prompt continues a conversation
+    this view sent there before (`continued`: the replica also keeps that turn's answer, which
+    this view never saw, so its reusing more than expected says nothing either)."""
+
+    blocks: tuple[int, ...] = ()
+    held: int = 0
+    depth: int = 0
+    cached_tokens: float = 0.0
+    concurrent: bool = False
+    continued: bool = False
+
+
 @dataclass
 class ReplicaState:
     name: str
@@ -70,6 +94,10 @@ class ReplicaState:
     mean_new: float | None = None  # new prefill tokens a request (the prompt less what it reused), smoothed
     cached_tokens: int = 0  # what the replica itself said it reused from its cache
     prompt_tokens: int = 0
+    # how many prefix blocks the replica is taken to keep: a serving replica's KV cache holds a few
+    # prompts, not all it was ever sent, so the bound is learned from its answers (`learn`)
+    held_bound: int = HELD_BLOCKS
+    serving: Counter[int] = field(default_factory=Counter)  # the blocks of the prompts in flight here
 
     def holds(self, blocks: tuple[int, ...]) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
@@ -82,12 +110,50 @@ class ReplicaState:
                 high = mid - 1
         return low
 
+    def depth(self, block: int) -> int:
+        """How many held blocks were remembered after `block` (its stack distance: in a cache
+        that lets go of the least recently used first, the bound it has outlived)."""
+        for depth, held in enumerate(reversed(self.held)):
+            if held == block:
+                return depth
+        return len(self.held)
+
+    def expect(self, ask: Ask, continued: bool = False) -> Expected:
+        held = self.holds(ask.blocks)
+        if not held:
+            return Expected(ask.blocks, continued=continued)
+        last = ask.blocks[held - 1]
+        return Expected(ask.blocks, held, self.depth(last), ask.prompt_tokens - ask.new_prefill(held), last in self.serving, continued)
+
     def remember(self, blocks: tuple[int, ...]) -> None:
         for block in blocks:
             self.held[block] = None
             self.held.move_to_end(block)
-        while len(self.held) > HELD_BLOCKS:
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self.held) > self.held_bound:
             self.held.popitem(last=False)
+
+    def learn(self, expected: Expected, cached_tokens: int) -> None:
+        """Hold what the replica said it reused against what was expected of it. Less than half:
+        it had let the prompt go, so it keeps fewer blocks than were remembered after it (the
+        bound comes down to that depth). At least two blocks more than expected: it keeps blocks
+        already forgotten here, so the bound grows. llm-d's approximate prefix scorer takes the
+        same least-recently-used bound as a setting per server; here it is measured."""
+        if expected.held and cached_tokens < MISSED * expected.cached_tokens:
+            if not expected.concurrent:
+                self.held_bound = max(MIN_HELD_BLOCKS, min(self.held_bound, expected.depth))
+                self._trim()
+        elif cached_tokens >= expected.cached_tokens + 2 * BLOCK_TOKENS and not expected.continued:
+            self.held_bound = min(HELD_BLOCKS, math.ceil(self.held_bound * GROWTH))
+
+    def served(self, expected: Expected) -> None:
+        """A request sent with `expected` ended: its blocks are no longer in flight here."""
+        self.serving.subtract(expected.blocks)
+        for block in expected.blocks:
+            if self.serving.get(block, 0) <= 0:
+                self.serving.pop(block, None)
 
     def fresh(self, now: float, max_age: float) -> Reading | None:
         return self.reading if self.reading is not None and now - self.reading.at <= max_age else None
@@ -137,29 +203,39 @@ class PoolView:
         self.turn += 1
         return picks
 
-    def dispatched(self, name: str, ask: Ask, reason: str) -> None:
-        """The request went to `name`: it is in flight there, and there its prompt will be cached."""
+    def dispatched(self, name: str, ask: Ask, reason: str) -> Expected:
+        """The request went to `name`: it is in flight there, and there its prompt will be cached.
+        What this view expected the replica to reuse is returned, for `finished` to check."""
         replica = self.replicas[name]
         replica.in_flight += 1
         replica.sent += 1
         replica.prefix_hits += reason == "prefix"
+        expected = replica.expect(ask, continued=bool(ask.session) and self.sessions.get(ask.session or "") == name)
         replica.remember(ask.blocks)
+        replica.serving.update(ask.blocks)
         if ask.session:
             self.sessions[ask.session] = name
             self.sessions.move_to_end(ask.session)
             while len(self.sessions) > SESSIONS:
                 self.sessions.popitem(last=False)
+        return expected
 
     def finished(self, name: str, now: float, ok: bool | None, ttft_s: float | None = None, itl_s: float | None = None,
-                 cached_tokens: int | None = None, prompt_tokens: int | None = None, total_s: float | None = None) -> None:
+                 cached_tokens: int | None = None, prompt_tokens: int | None = None, total_s: float | None = None,
+                 expected: Expected | None = None) -> None:
         """A request sent to `name` ended: `ok` True (answered), False (failed: the breaker hears
         it), None (the client left: no verdict). An answer's timings feed the replica's measured
         rates: time between tokens (its speed, whatever was cached), first to last token (`total_s`
         is dispatch to last), the new tokens it prefilled (the prompt less what it said it
         reused), and time to first token over those when they were at least a block (a nearly
-        cached prompt's first token times mostly overhead)."""
+        cached prompt's first token times mostly overhead). With what `dispatched` `expected`,
+        the replica's own count of reused tokens teaches the view how much it keeps."""
         replica = self.replicas[name]
         replica.in_flight = max(0, replica.in_flight - 1)
+        if expected is not None:
+            replica.served(expected)
+        if replica.in_flight == 0:
+            replica.serving.clear()  # whatever a report without its expectation left behind
         if ok is True:
             replica.breaker.success(now)
         elif ok is False:
@@ -177,6 +253,8 @@ class PoolView:
             replica.prompt_tokens += prompt_tokens
             new = prompt_tokens - min(cached, prompt_tokens)
             if ok is True:
+                if expected is not None and _count(cached_tokens):
+                    replica.learn(expected, cached)
                 replica.mean_new = _smooth(replica.mean_new, new)
                 if _seconds(ttft_s) and new >= MIN_PREFILL_SAMPLE:
                     replica.prefill_s = _smooth(replica.prefill_s, ttft_s / (new + 1))
@@ -195,6 +273,7 @@ class PoolView:
             out.append({
                 "name": r.name, "in_flight": r.in_flight, "sent": r.sent, "errors": r.errors,
                 "estimated_prefix_hits": r.prefix_hits, "prefix_blocks_held": len(r.held),
+                "prefix_blocks_bound": r.held_bound,
                 "reported": None if r.reading is None else {
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,

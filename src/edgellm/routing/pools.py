@@ -10,7 +10,7 @@ it updates are plain per-isolate data (`RoutingState.pools`), as the breaker is.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from ..deps import Deps
@@ -18,7 +18,7 @@ from ..generation import Event, Finish, GenerationRequest, Token, ToolCallDelta
 from ..stream import owns
 from .config import OriginConfig, PoolConfig
 from .counting import render_chat
-from .fleet import PoolView
+from .fleet import Expected, PoolView
 from .probe import refresh
 from .router import ask_router, report
 from .scheduler import CHARS_PER_TOKEN, Ask, prefix_blocks
@@ -63,6 +63,7 @@ class Choice:
     view: PoolView | None = None
     ask: Ask | None = None
     lease: str | None = None  # the pool's object counts this request under it (the first pick only)
+    expected: Expected | None = None  # what the isolate's view expected the replica to reuse, once sent
 
 
 async def order(deps: Deps, gen_request: GenerationRequest, origins: tuple[OriginConfig, ...],
@@ -102,15 +103,25 @@ async def _picks(deps: Deps, view: PoolView, members: list[OriginConfig], ask: A
     return view.choose(ask, deps.clock.now()), None
 
 
-def dispatched(choice: Choice, reason: str) -> None:
+def dispatched(choice: Choice, reason: str) -> Choice:
+    """`choice` is being sent: the view counts it in flight; the choice returned carries what the
+    view expected of the replica, for `finished` to hold the answer against."""
     if choice.view is not None and choice.ask is not None:
-        choice.view.dispatched(choice.origin.name, choice.ask, reason)
+        return replace(choice, expected=choice.view.dispatched(choice.origin.name, choice.ask, reason))
+    return choice
+
+
+def abandoned(deps: Deps, choice: Choice) -> None:
+    """The request sent on `choice` ended with no verdict on the replica (the client left, or the
+    request itself was refused)."""
+    if choice.view is not None:
+        choice.view.finished(choice.origin.name, deps.clock.now(), None, expected=choice.expected)
 
 
 def failed(deps: Deps, choice: Choice) -> None:
     """The replica refused or could not be reached before answering."""
     if choice.view is not None:
-        choice.view.finished(choice.origin.name, deps.clock.now(), ok=False)
+        choice.view.finished(choice.origin.name, deps.clock.now(), ok=False, expected=choice.expected)
         report(deps, choice, ok=False)
 
 
@@ -163,7 +174,8 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
         itl = None if outcome.first is None or outcome.last is None or outcome.tokens < 2 else \
             (outcome.last - outcome.first) / (outcome.tokens - 1)
         total = None if outcome.last is None else outcome.last - outcome.started
-        view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total)
+        view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total,
+                      expected=choice.expected)
         report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt,
                total_s=total)
 

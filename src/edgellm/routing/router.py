@@ -29,7 +29,7 @@ from typing import Any
 
 from ..deps import Deps
 from ..http import Request, Response, json_response
-from .fleet import PoolView
+from .fleet import Expected, PoolView
 from .probe import refresh
 from .scheduler import Ask, Pick
 
@@ -45,7 +45,8 @@ class RouterObject:
 
     deps: Deps
     views: dict[str, PoolView] = field(default_factory=dict)
-    leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # request id -> (replica, when)
+    # request id -> (replica, when, what the view expected the replica to reuse)
+    leases: dict[str, tuple[str, float, Expected]] = field(default_factory=dict)
     probing: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
 
     def _view(self, name: str) -> PoolView | None:
@@ -78,15 +79,15 @@ class RouterObject:
                 return json_response({"error": "not an ask"}, 400)
             picks = view.choose(ask, now)
             if picks:
-                view.dispatched(picks[0].name, ask, picks[0].reason)
-                self.leases[str(data.get("id", ""))] = (picks[0].name, now)
+                expected = view.dispatched(picks[0].name, ask, picks[0].reason)
+                self.leases[str(data.get("id", ""))] = (picks[0].name, now, expected)
             return json_response({"picks": [[p.name, p.reason] for p in picks]})
         if request.path == "/done":
             lease = self.leases.pop(str(data.get("id", "")), None)
             name = data.get("name")
             if lease is not None and (name is None or lease[0] == name):  # name None: the Worker gave up waiting
                 view.finished(lease[0], now, data.get("ok"), data.get("ttft_s"), data.get("itl_s"),
-                              data.get("cached_tokens"), data.get("prompt_tokens"), data.get("total_s"))
+                              data.get("cached_tokens"), data.get("prompt_tokens"), data.get("total_s"), expected=lease[2])
             elif name in view.replicas and data.get("ok") is False:  # a failover's failure: the breaker still hears it
                 view.replicas[name].breaker.failure(now)
             return json_response({"ok": True})
@@ -96,12 +97,12 @@ class RouterObject:
 
     def _expire(self, view: PoolView, now: float) -> None:
         routing = self.deps.config.routing
-        for key, (name, at) in list(self.leases.items()):
+        for key, (name, at, expected) in list(self.leases.items()):
             origin = routing.origin(name)
             if origin is None or now - at > origin.total_ms / 1000:
                 del self.leases[key]
                 if name in view.replicas:
-                    view.finished(name, now, None)
+                    view.finished(name, now, None, expected=expected)
 
     def _refresh_in_background(self, view: PoolView) -> None:
         """The object probes stale replicas on its own time: a pick never waits for a probe."""

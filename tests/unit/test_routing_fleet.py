@@ -1,0 +1,232 @@
+"""How many prefix blocks a pool's view takes a replica to keep: learned from what the replica
+says it reused (`usage.prompt_tokens_details.cached_tokens`) against what the view expected.
+
+A replica's KV cache holds a few prompts, not every prompt it was ever sent; a view that
+remembered them all would take every replica to hold every application's prompt once each had
+seen it, and prefix locality would steer nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgellm.routing.config import PoolConfig
+from edgellm.routing.fleet import BLOCK_TOKENS, GROWTH, HELD_BLOCKS, MIN_HELD_BLOCKS, Expected, PoolView
+from edgellm.routing.scheduler import BLOCK_CHARS, Ask
+
+BLOCKS = 20  # blocks a prompt (5 KiB: a long system prompt)
+
+
+def prompt(app: int, blocks: int = BLOCKS) -> Ask:
+    """An application's prompt: its own chained blocks (numbers standing for hashes), counted tokens."""
+    return Ask(tuple(app * 1000 + i for i in range(blocks)), blocks * BLOCK_TOKENS, blocks * BLOCK_CHARS)
+
+
+def serve(view: PoolView, name: str, ask: Ask, cached: int) -> Expected:
+    """One request sent to `name` and answered, the replica saying it reused `cached` tokens."""
+    expected = view.dispatched(name, ask, "load")
+    view.finished(name, 1.0, True, 0.5, 0.05, cached, int(ask.prompt_tokens), 1.0, expected=expected)
+    return expected
+
+
+def one_replica() -> PoolView:
+    return PoolView(PoolConfig("gpu", ("a", "b")))
+
+
+def test_what_a_view_expects_of_a_replica() -> None:
+    view = one_replica()
+    for app in range(4):
+        serve(view, "a", prompt(app), 0)
+    expected = view.dispatched("a", prompt(1), "load")
+    # app 1 was followed by apps 2 and 3: 40 blocks remembered since its last one
+    assert expected == Expected(prompt(1).blocks, BLOCKS, 2 * BLOCKS, BLOCKS * BLOCK_TOKENS, False, False)
+    assert view.dispatched("b", prompt(1), "load") == Expected(prompt(1).blocks)  # b never saw it
+
+
+def test_a_prompt_the_replica_let_go_brings_the_bound_down_to_its_depth() -> None:
+    """Apps 0..3 served; the replica reuses nothing of app 0 (three prompts, 60 blocks, came
+    after it): it keeps fewer than 60 blocks, so app 1 (further back than 60 now) is forgotten,
+    and the two prompts since, and app 0 itself, are still taken as held."""
+    view = one_replica()
+    for app in range(4):
+        serve(view, "a", prompt(app), 0)
+    replica = view.replicas["a"]
+    assert replica.holds(prompt(1).blocks) == BLOCKS and replica.held_bound == HELD_BLOCKS
+    serve(view, "a", prompt(0), 0)
+    assert replica.held_bound == 3 * BLOCKS
+    assert replica.holds(prompt(1).blocks) == 0
+    assert [replica.holds(prompt(app).blocks) for app in (2, 3, 0)] == [BLOCKS] * 3
+    assert view.to_json(1.0)["replicas"][0]["prefix_blocks_bound"] == 3 * BLOCKS
+
+
+def test_a_prompt_it_kept_leaves_the_bound_alone() -> None:
+    view = one_replica()
+    for app in range(4):
+        serve(view, "a", prompt(app), 0)
+    half = int(BLOCKS * BLOCK_TOKENS / 2)  # half of what was expected: still a hit (a template may differ)
+    serve(view, "a", prompt(0), half)
+    assert view.replicas["a"].held_bound == HELD_BLOCKS
+    serve(view, "a", prompt(1), half - 1)  # just under half: let go
+    assert view.replicas["a"].held_bound == 3 * BLOCKS
+
+
+def test_the_bound_never_falls_below_its_floor_nor_rises_on_a_miss() -> None:
+    view = one_replica()
+    serve(view, "a", prompt(0), 0)
+    serve(view, "a", prompt(0), 0)  # let go at once (a restarted replica): depth 0
+    replica = view.replicas["a"]
+    assert replica.held_bound == MIN_HELD_BLOCKS
+    assert len(replica.held) == MIN_HELD_BLOCKS
+    for app in range(1, 3):
+        serve(view, "a", prompt(app, 4), 0)
+    serve(view, "a", prompt(1, 4), 0)  # a miss deeper than the bound learned: it does not come back up
+    assert replica.held_bound == MIN_HELD_BLOCKS
+
+
+def test_a_replica_that_reused_more_than_remembered_grows_the_bound() -> None:
+    view = one_replica()
+    replica = view.replicas["a"]
+    serve(view, "a", prompt(0), 0)
+    serve(view, "a", prompt(0), 0)
+    assert replica.held_bound == MIN_HELD_BLOCKS
+    serve(view, "a", prompt(1), 0)  # app 0 is forgotten here (20 blocks since, bound 16) ...
+    assert replica.holds(prompt(0).blocks) == 0
+    serve(view, "a", prompt(0), int(2 * BLOCK_TOKENS) - 1)  # ... a reuse under two blocks is the template's
+    assert replica.held_bound == MIN_HELD_BLOCKS
+    serve(view, "a", prompt(2), 0)
+    serve(view, "a", prompt(0), int(2 * BLOCK_TOKENS))  # ... two blocks it kept that the view had forgotten
+    assert replica.held_bound == round(MIN_HELD_BLOCKS * GROWTH)
+    for _ in range(10):  # two prompts taking turns, both kept: it grows until both are remembered, no further
+        serve(view, "a", prompt(3), int(prompt(3).prompt_tokens))
+        serve(view, "a", prompt(4), int(prompt(4).prompt_tokens))
+    assert 2 * BLOCKS <= replica.held_bound < 2 * BLOCKS * GROWTH
+    for app in range(10, 100):  # a replica that keeps everything: never past the most remembered
+        serve(view, "a", prompt(app), int(prompt(app).prompt_tokens))
+    assert replica.held_bound == HELD_BLOCKS
+
+
+def test_a_miss_beside_the_same_prompt_in_flight_says_nothing_of_the_bound() -> None:
+    """llama.cpp serves a second request on a prompt in another slot, which prefills it again
+    while the first still holds it: no sign the cache let it go."""
+    view = one_replica()
+    for app in range(4):
+        serve(view, "a", prompt(app), 0)
+    first = view.dispatched("a", prompt(0), "load")
+    second = view.dispatched("a", prompt(0), "load")
+    assert (first.concurrent, second.concurrent) == (False, True)
+    view.finished("a", 1.0, True, 0.5, 0.05, 0, int(prompt(0).prompt_tokens), 1.0, expected=second)
+    assert view.replicas["a"].held_bound == HELD_BLOCKS
+    view.finished("a", 1.0, True, 0.5, 0.05, 0, int(prompt(0).prompt_tokens), 1.0, expected=first)
+    assert view.replicas["a"].held_bound == 3 * BLOCKS  # the first had it to itself: that miss counts
+    assert not view.replicas["a"].serving and view.replicas["a"].in_flight == 0
+
+
+def test_what_is_in_flight_comes_off_whatever_the_end() -> None:
+    view = one_replica()
+    replica = view.replicas["a"]
+    for ok in (True, False, None):
+        expected = view.dispatched("a", prompt(0), "load")
+        other = view.dispatched("a", prompt(1), "load")
+        view.finished("a", 1.0, ok, expected=expected)
+        assert set(replica.serving) == set(prompt(1).blocks)
+        view.finished("a", 1.0, ok, expected=other)
+        assert not replica.serving
+    view.dispatched("a", prompt(2), "load")
+    view.finished("a", 1.0, None)  # a report without its expectation (an object's lease lost): cleared once idle
+    assert not replica.serving
+
+
+@pytest.mark.parametrize("ok, cached", [(False, 0), (None, 0), (True, None), (True, -1)])
+def test_only_an_answer_with_a_count_teaches(ok: bool | None, cached: int | None) -> None:
+    view = one_replica()
+    for app in range(4):
+        serve(view, "a", prompt(app), 0)
+    expected = view.dispatched("a", prompt(0), "load")
+    view.finished("a", 1.0, ok, 0.5, 0.05, cached, int(prompt(0).prompt_tokens), 1.0, expected=expected)
+    assert view.replicas["a"].held_bound == HELD_BLOCKS
+
+
+def test_a_conversations_next_turn_reusing_its_last_answer_is_no_sign_of_room() -> None:
+    """A later turn's prompt holds the last answer, which the replica keeps and the view never
+    saw: reusing more than expected there says nothing of the bound; a first turn does."""
+    view = one_replica()
+    replica = view.replicas["a"]
+    serve(view, "a", prompt(0), 0)
+    serve(view, "a", prompt(0), 0)
+    assert replica.held_bound == MIN_HELD_BLOCKS
+    turn = Ask(prompt(5).blocks, prompt(5).prompt_tokens, prompt(5).prompt_chars, session="s1")
+    expected = serve(view, "a", turn, 0)
+    assert not expected.continued
+    later = Ask(prompt(6).blocks, prompt(6).prompt_tokens, prompt(6).prompt_chars, session="s1")
+    assert serve(view, "a", later, int(later.prompt_tokens)).continued
+    assert replica.held_bound == MIN_HELD_BLOCKS
+    first = Ask(prompt(7).blocks, prompt(7).prompt_tokens, prompt(7).prompt_chars, session="s2")
+    serve(view, "a", first, int(first.prompt_tokens))
+    assert replica.held_bound == round(MIN_HELD_BLOCKS * GROWTH)
+
+
+def test_a_bounded_replica_stops_looking_warm_for_every_prompt() -> None:
+    """Eight applications, a replica that keeps three prompts (a least-recently-used cache of 60
+    blocks, as the fleet benchmark's replicas are sized): once the view has learned its bound,
+    what it takes the replica to hold is what the replica holds, for nearly every request."""
+    from collections import OrderedDict
+
+    view = one_replica()
+    cache: OrderedDict[int, None] = OrderedDict()
+
+    def replica_reuses(ask: Ask) -> int:
+        held = 0
+        while held < len(ask.blocks) and ask.blocks[held] in cache:
+            held += 1
+        for block in ask.blocks:
+            cache[block] = None
+            cache.move_to_end(block)
+        while len(cache) > 3 * BLOCKS:
+            cache.popitem(last=False)
+        return int(held * BLOCK_TOKENS)
+
+    import random
+    rng = random.Random(5)
+    right, right_remembering_all, seen = [], [], set()
+    for i in range(400):
+        ask = prompt(rng.randrange(8))
+        said = view.replicas["a"].holds(ask.blocks) == len(ask.blocks)
+        reused = replica_reuses(ask)
+        expected = view.dispatched("a", ask, "load")
+        view.finished("a", 1.0, True, 0.5, 0.05, reused, int(ask.prompt_tokens), 1.0, expected=expected)
+        right.append(said == (reused > 0))
+        right_remembering_all.append((ask.blocks[0] in seen) == (reused > 0))
+        seen.add(ask.blocks[0])
+    assert sum(right_remembering_all[100:]) < 150  # wrong whenever the replica let one go: most of the time
+    assert sum(right[100:]) >= 295, sum(right[100:])
+    assert 2 * BLOCKS <= view.replicas["a"].held_bound <= 4 * BLOCKS
+
+
+def test_the_pool_object_learns_from_the_done_report() -> None:
+    """On Cloudflare the pool's Durable Object keeps the expectation under the request's lease
+    and holds `/done`'s count against it, as an isolate's own view does."""
+    import asyncio
+
+    from edgellm.config import Config
+    from edgellm.deps import Deps
+    from edgellm.http import Request
+    from edgellm.routing.router import RouterObject
+
+    config = Config.from_env({"ORIGINS": json.dumps([{"pool": "gpu", "replicas": ["http://a:1"]}])})
+    router = RouterObject(Deps(config=config, ai=None))  # type: ignore[arg-type]
+
+    async def call(path: str, body: dict) -> dict:  # type: ignore[type-arg]
+        response = await router.fetch(Request("POST", "https://router.internal" + path, {}, json.dumps({"pool": "gpu", **body}).encode()))
+        return json.loads(response.body)  # type: ignore[no-any-return]
+
+    async def run() -> None:
+        for i, app in enumerate([0, 1, 2, 3, 0]):
+            ask = prompt(app)
+            picks = await call("/pick", {"blocks": list(ask.blocks), "tokens": ask.prompt_tokens, "chars": ask.prompt_chars, "id": f"r{i}"})
+            await call("/done", {"id": f"r{i}", "name": picks["picks"][0][0], "ok": True, "cached_tokens": 0,
+                                 "prompt_tokens": int(ask.prompt_tokens)})
+        stats = await call("/stats", {})
+        assert stats["replicas"][0]["prefix_blocks_bound"] == 3 * BLOCKS
+
+    asyncio.run(run())

@@ -10,6 +10,9 @@ prompt no workload uses (weights paged in, nothing of the workload cached):
   (a) shared  eight applications, each with its own system prompt (`--system-tokens`, ~1,000 by
               default), short user questions, Poisson arrivals at `--load` (70%) of the fleet's
               capacity for this workload, measured just before its cells;
+  (a') saturated  (a)'s requests from `CLIENTS` clients that each send the next as soon as the
+              last is answered: the fleet at full load, where a policy's throughput can differ
+              (at 70% every policy carries the arrivals, and answers a second are the arrival rate);
   (b) turns   multi-turn conversations (x-session-affinity) over the same applications, each
               turn extending the last, at 70% of the capacity measured for it;
   (c) unique  nothing shared: prompts of varied length (the control);
@@ -58,7 +61,8 @@ from bench.fleet_replicas import Replica, pool_origins
 from edgellm_local.llama.model_file import default_model_path
 
 POLICIES = ("round-robin", "least-in-flight", "session", "scheduler")
-WORKLOADS = ("shared", "turns", "unique", "slowed")
+WORKLOADS = ("shared", "saturated", "turns", "unique", "slowed")
+CLIENTS = 6  # (a) at saturation: requests kept in flight, one a slot of the three replicas' two
 UNIQUE_LENGTHS = (150, 400, 800, 1200)  # (c)'s prompt lengths in tokens (their mean is (a)'s system prompt)
 WORDS = ("river", "lamp", "orbit", "cedar", "ledger", "harbor", "signal", "meadow", "copper", "violet", "engine", "quartz",
          "willow", "beacon", "saddle", "prism", "thistle", "anchor", "marble", "falcon")
@@ -197,6 +201,19 @@ async def run_cell(url: str, workload: str, n: int, rate: float, apps: list[str]
                 starts.append(at)
             results = await asyncio.gather(*(conversation(c, s) for c, s in enumerate(starts)))
             return [o for r in results for o in r], time.monotonic() - t0
+        if workload == "saturated":
+            bodies = [{"messages": [{"role": "system", "content": rng.choice(apps)},
+                                    {"role": "user", "content": f"User {rng.randrange(10_000)} asks about {rng.choice(WORDS)}."}]}
+                      for _ in range(n)]
+
+            async def client_loop() -> list[Outcome]:
+                out = []
+                while bodies:
+                    out.append(await one(client, {**bodies.pop(0), "max_tokens": max_tokens, "temperature": 0}, {}, t0))
+                return out
+
+            results = await asyncio.gather(*(client_loop() for _ in range(CLIENTS)))
+            return [o for r in results for o in r], time.monotonic() - t0
         at = 0.0
         for i in range(n):
             at += rng.expovariate(rate) if rate else 0
@@ -306,6 +323,10 @@ def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool
         if new and lif:
             ratio = new["ttft_p99_ms"] / lif["ttft_p99_ms"]
             out.append((f"({workload}) TTFT p99 <= 0.7x least-in-flight", ratio <= 0.7, f"{ratio:.2f}x"))
+    new, rr = get("scheduler", "saturated"), get("round-robin", "saturated")
+    if new and rr and rr["throughput_rps"]:
+        ratio = new["throughput_rps"] / rr["throughput_rps"]
+        out.append(("(saturated) throughput >= 1.2x round-robin", ratio >= 1.2, f"{ratio:.2f}x"))
     new, lif = get("scheduler", "unique"), get("least-in-flight", "unique")
     if new and lif:
         for p in ("p50", "p99"):
@@ -342,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = Path(args.model or default_model_path())
     n = 4 if args.quick else args.requests
-    system_tokens = 120 if args.quick else args.system_tokens
+    system_tokens = min(120, args.system_tokens) if args.quick else args.system_tokens
     apps = [system_prompt(app, system_tokens) for app in range(8)]
     policies = [p for p in args.policies.split(",") if p]
     slowed_policies = [p for p in (args.slowed_policies or args.policies).split(",") if p]
@@ -354,12 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     for workload in workloads:
         # (d) runs at (a)'s rate, so its p99 compares with (a)'s undisturbed run
         measured_as = "shared" if workload == "slowed" else workload
-        if measured_as not in rates:
+        if measured_as not in rates and workload != "saturated":  # a closed loop needs no arrival rate
             service = calibrate(model, measured_as, apps, args.max_tokens, cache_mib)
             rates[measured_as] = args.load / service  # the fleet's capacity: one request per `service` seconds
             print(f"({measured_as}) the fleet's capacity: one request per {service * 1000:.0f} ms; arrivals at "
                   f"{rates[measured_as]:.3f}/s ({args.load:.0%}); load average {load_average():.1f} on {os.cpu_count()} cores", flush=True)
-        rate = rates[measured_as]
+        rate = rates.get(measured_as, 0.0)
         count = max(n, round(n * args.slowed_factor)) if workload == "slowed" else n
         for policy in slowed_policies if workload == "slowed" else policies:
             result = cell(model, policy, workload, count, rate, apps, args.max_tokens, seed=7, cache_mib=cache_mib)

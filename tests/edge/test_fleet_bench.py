@@ -15,10 +15,10 @@ from bench import bench_fleet, sim_fleet
 def test_the_fleet_benchmark_runs_every_policy(tiny_model: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "cells.json"
     code = bench_fleet.main(["--quick", "--model", str(tiny_model), "--system-tokens", "20", "--max-tokens", "4",
-                             "--workloads", "shared,slowed", "--json", str(out)])
+                             "--workloads", "shared,saturated,slowed", "--json", str(out)])
     cells = json.loads(out.read_text())
     assert code == 0, capsys.readouterr().out
-    assert {(c["policy"], c["workload"]) for c in cells} == {(p, w) for p in bench_fleet.POLICIES for w in ("shared", "slowed")}
+    assert {(c["policy"], c["workload"]) for c in cells} == {(p, w) for p in bench_fleet.POLICIES for w in ("shared", "saturated", "slowed")}
     assert all(c["ok"] == c["n"] > 0 and sum(c["shares"].values()) == c["ok"] for c in cells)
     assert all(set(c["shares"]) <= {"gpu-a", "gpu-b", "gpu-c"} and 0 <= c["prefix_hit_rate"] <= 1 for c in cells)
     assert all("slowed_share_before" in c for c in cells if c["workload"] == "slowed")

@@ -220,3 +220,28 @@ def test_metrics_name_replicas_from_the_configuration(fleet: Callable[..., httpx
     lines = [line for line in text.splitlines() if line.startswith(("edgellm_routed_replica", "edgellm_replica_in_flight"))]
     assert len(lines) == 6 and sum(float(line.rsplit(" ", 1)[1]) for line in lines if "routed" in line) == 1
     assert {json.loads('"' + line.split('replica="')[1].split('"')[0] + '"') for line in lines} == {r.name for r in replicas}
+
+
+def test_what_a_replica_keeps_is_learned_from_its_own_counts(fleet: Callable[..., httpx.Client], tiny_model: Path) -> None:
+    """A real replica with one slot and no RAM prompt cache keeps one prompt: the one it served
+    last. Its answers' `cached_tokens` teach the edge so: after it let a prompt go, the edge's
+    bound for it comes down from the 8,192 blocks it starts at, and what the edge takes it to
+    hold of the prompts before falls with it."""
+    replica = Replica.start(tiny_model, "gpu-one", parallel=1, cache_ram_mib=0)
+    try:
+        client = fleet([replica])
+        apps = [" ".join(f"{name} says keep answers short and kind" for _ in range(14)) for name in ("alpha", "bravo", "charlie")]
+        for system in apps:
+            route(client.post("/v1/chat/completions", json=chat("hello", system=system)))
+        seen = stats(client)["gpu-one"]
+        assert seen["prefix_blocks_bound"] == 8192 and seen["prefix_blocks_held"] >= 6
+        cached_before = replica.metrics()["llamacpp:prompt_tokens_cached_total"]
+        route(client.post("/v1/chat/completions", json=chat("hello again", system=apps[0])))
+        # the replica itself says it reused next to nothing (its one slot held the third prompt) ...
+        assert replica.metrics()["llamacpp:prompt_tokens_cached_total"] - cached_before < 20
+        seen = stats(client)["gpu-one"]
+        # ... so the edge's bound came down to the floor (the depth, 4+ blocks, is under it)
+        assert seen["prefix_blocks_bound"] == 16 and seen["prefix_blocks_held"] <= 16
+        assert seen["in_flight"] == 0
+    finally:
+        replica.stop()

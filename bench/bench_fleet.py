@@ -62,6 +62,7 @@ from edgellm_local.llama.model_file import default_model_path
 
 POLICIES = ("round-robin", "least-in-flight", "session", "scheduler")
 WORKLOADS = ("shared", "saturated", "turns", "unique", "slowed")
+ADMIN = "bench-fleet"  # the edge's admin token, for its routing stats
 CLIENTS = 6  # (a) at saturation: requests kept in flight, one a slot of the three replicas' two
 UNIQUE_LENGTHS = (150, 400, 800, 1200)  # (c)'s prompt lengths in tokens (their mean is (a)'s system prompt)
 WORDS = ("river", "lamp", "orbit", "cedar", "ledger", "harbor", "signal", "meadow", "copper", "violet", "engine", "quartz",
@@ -113,6 +114,7 @@ class Cell:
     prompt: float = 0.0
     slowed_at: float | None = None
     slowed: str | None = None
+    view: dict[str, Any] = field(default_factory=dict)  # the edge's /admin/routing/stats per replica at the end
 
     def ok(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.ok]
@@ -127,7 +129,7 @@ class Cell:
                "ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
                "throughput_rps": len(ok) / self.span_s if self.span_s else 0.0,
                "prefix_hit_rate": self.cached / self.prompt if self.prompt else 0.0, "shares": shares,
-               "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3]}
+               "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3], "view": self.view}
         if self.slowed_at is not None and self.slowed:
             def share(sent: list[Outcome]) -> float:
                 return sum(o.replica == self.slowed for o in sent) / len(sent) if sent else float("nan")
@@ -285,7 +287,8 @@ def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: lis
         # a replica's first token may take a minute on a starved core: budgets far above that
         origins = pool_origins(replicas, policy=policy, probe_ms=500, context_window=8192, timeout_ms=600_000, total_ms=1_200_000)
         warm(replicas)
-        with running_edge(default_model_path(), extra=["--var", f"ORIGINS={origins}", "--threads", "1"]) as url:
+        with running_edge(default_model_path(), extra=["--var", f"ORIGINS={origins}", "--var", f"ADMIN_TOKEN={ADMIN}",
+                                                       "--threads", "1"]) as url:
             # the edge's own first request (its imports, its connections) is not timed either; it
             # goes to a replica on a prompt no workload uses
             httpx.post(url + "/v1/chat/completions", timeout=600, headers={"cf-aig-skip-cache": "true"}, json={
@@ -296,6 +299,7 @@ def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: lis
 
             outcomes, span = asyncio.run(run_cell(url, "shared" if workload == "slowed" else workload, n, rate, apps, max_tokens,
                                                   random.Random(seed), slow if workload == "slowed" else None))
+            result.view = routing_view(url)
         replicas[0].unslow()
         result.outcomes, result.span_s = outcomes, span
         for replica in replicas:
@@ -306,6 +310,16 @@ def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: lis
         for replica in replicas:
             replica.stop()
     return result
+
+
+def routing_view(url: str) -> dict[str, Any]:
+    """What the edge's view of the pool ended at, per replica: requests sent, those it sent for a
+    held prefix, the prefix blocks it takes the replica to hold and the bound it learned for them,
+    and the replica's own reused and prompt tokens as its answers said."""
+    data = httpx.get(url + "/admin/routing/stats", headers={"authorization": f"Bearer {ADMIN}"}, timeout=60).json()
+    return {r["name"]: {"sent": r["sent"], "prefix": r["estimated_prefix_hits"], "held": r["prefix_blocks_held"],
+                        "bound": r.get("prefix_blocks_bound"), "cached": r["replica_cached_tokens"], "prompt": r["replica_prompt_tokens"]}
+            for pool in data["pools"] for r in pool["replicas"]}
 
 
 def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool, str]]:
@@ -392,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{workload:>7} {policy:>16}: ok {row['ok']}/{row['n']}  TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 "
                   f"{row['ttft_p99_ms']:7.0f} ms  {row['throughput_rps']:.2f} answers/s  prefix hits {row['prefix_hit_rate']:.0%}  "
                   f"shares {row['shares']}{extra}  (load {load_average():.1f})", flush=True)
+            print("        the edge's view: " + "  ".join(
+                f"{name} sent {v['sent']} (prefix {v['prefix']}) held {v['held']}/{v['bound']} blocks, reused "
+                f"{v['cached'] / v['prompt'] if v['prompt'] else 0:.0%}" for name, v in sorted(row["view"].items())), flush=True)
     if not args.quick:
         for name, met, figure in targets(rows):
             print(f"  [{'met   ' if met else 'missed'}] {name}: {figure}")

@@ -374,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speedup", type=float, default=1000.0,
                         help="replicas this much faster than the measured one (a GPU replica; the ratios are what matter)")
     parser.add_argument("--measure", action="store_true", help="measure prefill and decode costs on a real replica first")
+    parser.add_argument("--slots", type=int, default=4, help="requests a replica serves at once")
+    parser.add_argument("--cache-tokens", type=int, default=32_768,
+                        help="prompt tokens a replica's KV cache keeps (32,768: every application's prompt on every replica "
+                             "at 64 replicas; 3,200: three of them, as bench_fleet's replicas)")
+    parser.add_argument("--load-bound", type=float, default=1.0)
     parser.add_argument("--quick", action="store_true", help="8 replicas, 2 s: the plumbing only")
     args = parser.parse_args(argv)
     prefill_s, decode_s = measure() if args.measure else (args.prefill_s, args.decode_s)
@@ -392,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                 for placement in placements:
                     started = time.perf_counter()
                     sim = Sim(size, args.isolates, policy, placement, rate, seconds, workload, 1, prefill_s, decode_s,
-                              args.object_rtt_ms, args.object_call_ms, args.router_ms, args.probe_rtt_ms)
+                              args.object_rtt_ms, args.object_call_ms, args.router_ms, args.probe_rtt_ms, args.slots,
+                              args.cache_tokens, args.load_bound)
                     row = sim.run()
                     extra = ""
                     if "slowed_share_after" in row:

@@ -22,6 +22,9 @@ def test_the_fleet_benchmark_runs_every_policy(tiny_model: Path, tmp_path: Path,
     assert all(c["ok"] == c["n"] > 0 and sum(c["shares"].values()) == c["ok"] for c in cells)
     assert all(set(c["shares"]) <= {"gpu-a", "gpu-b", "gpu-c"} and 0 <= c["prefix_hit_rate"] <= 1 for c in cells)
     assert all("slowed_share_before" in c for c in cells if c["workload"] == "slowed")
+    # the edge's own view at the end of each cell: every replica, every request sent (and the warm-up)
+    assert all(set(c["view"]) == {"gpu-a", "gpu-b", "gpu-c"} and sum(v["sent"] for v in c["view"].values()) == c["n"] + 1
+               and all(v["bound"] >= 16 for v in c["view"].values()) for c in cells)
 
 
 def test_the_simulator_runs_the_gateways_own_policies(capsys) -> None:  # type: ignore[no-untyped-def]

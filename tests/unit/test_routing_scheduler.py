@@ -3,6 +3,7 @@ bound, the order, pools from config, the load probe's parser and its verdict on 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,8 +13,8 @@ from edgellm.config import Config
 from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
-from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, ReplicaView, over_bound, predicted_ttft,
-                                      prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
+from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, Pick, Rates, ReplicaView, load_cap, median,
+                                      over_bound, predicted_ttft, prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
 
 
 @pytest.mark.parametrize("new, queue, mean_new, slowdown, expected", [
@@ -421,3 +422,45 @@ def test_a_fast_replica_is_not_held_back_from_a_conversations_first_turn() -> No
     for i in range(30):
         session = f"conv-{i}"
         assert schedule(ask(session=session), replicas, 1.0)[0].name == max("abc", key=lambda n: rendezvous(session, n))
+
+
+# The cost functions one input at a time, each figure worked by hand: every clamp, band edge,
+# prior and constant on its own (the rows above mostly move several at once).
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([], None),
+    ([None, 0.0, -1.0, math.nan, math.inf], None),  # nothing sane measured: no median
+    ([5.0], 5.0),
+    ([4.0, 2.0], 3.0),                               # an even count: the mean of the middle two
+    ([8.0, 1.0, 2.0], 2.0),
+    ([8.0, 1.0, 4.0, 2.0], 3.0),
+    ([16.0, 1.0, 4.0, 2.0, 8.0], 4.0),
+    ([32.0, 1.0, 16.0, 2.0, 8.0, 4.0], 6.0),
+    ([0.0, 2.0, 4.0], 3.0),                          # zero is no measurement
+    ([-0.5, 2.0, 4.0], 3.0),                         # nor is a negative one
+    ([0.5, 2.0], 1.25),                              # a figure below 1 is one
+    ([math.inf, 1.0, 3.0], 2.0),                     # an infinite one is not
+    ([math.nan, 1.0, 3.0], 2.0),
+    ([None, 1.0, 3.0], 2.0),
+])
+def test_the_median_of_what_was_measured(values: list[float | None], expected: float | None) -> None:
+    assert median(values) == expected
+
+
+@pytest.mark.parametrize("measured, prefill_s, answer_s", [
+    ([{}, {}], 0.001, 0.256),                          # nothing measured: 1 ms a prompt token, an answer 256 of them
+    ([dict(prefill_s=0.0, answer_s=math.nan), dict(prefill_s=-1.0, answer_s=math.inf)], 0.001, 0.256),  # nonsense is no measurement
+    ([dict(answer_s=0.512), {}], 0.002, 0.512),        # only answers measured: a prompt token is 1/256 of one
+    ([dict(answer_s=0.2), dict(answer_s=0.6)], 0.0015625, 0.4),  # ... of their median
+    ([dict(prefill_s=0.002), {}], 0.002, 0.512),       # only prompts measured: an answer is 256 tokens' time
+    ([dict(prefill_s=0.003), dict(prefill_s=0.001, answer_s=0.9), dict(prefill_s=0.002, answer_s=0.1)], 0.002, 0.5),  # both: medians
+])
+def test_the_pools_rates_from_medians_and_the_prior(measured: list[dict[str, float]], prefill_s: float, answer_s: float) -> None:
+    pool = rates([ReplicaView(f"r{i}", **m) for i, m in enumerate(measured)])
+    assert (pool.prefill_s, pool.answer_s) == pytest.approx((prefill_s, answer_s))
+
+
+def test_the_pools_rates_carry_each_replicas_slowdown_by_name() -> None:
+    pool = rates([ReplicaView("a", decode_s=0.03), ReplicaView("b", decode_s=0.03), ReplicaView("c", decode_s=0.09), ReplicaView("d")])
+    assert pool.slowdown == pytest.approx({"a": 1.0, "b": 1.0, "c": 2.0, "d": 1.0})  # c 3x the median counts 2x; d unmeasured

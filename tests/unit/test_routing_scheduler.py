@@ -464,3 +464,24 @@ def test_the_pools_rates_from_medians_and_the_prior(measured: list[dict[str, flo
 def test_the_pools_rates_carry_each_replicas_slowdown_by_name() -> None:
     pool = rates([ReplicaView("a", decode_s=0.03), ReplicaView("b", decode_s=0.03), ReplicaView("c", decode_s=0.09), ReplicaView("d")])
     assert pool.slowdown == pytest.approx({"a": 1.0, "b": 1.0, "c": 2.0, "d": 1.0})  # c 3x the median counts 2x; d unmeasured
+
+
+@pytest.mark.parametrize("new, queue, mean_new, prefill_s, answer_s, slowdown, expected", [
+    (99, 1, 100, 0.001, 0.3, 1, 0.5),        # (99 + 1 + 1 x 100) x 0.001 + 1 x 0.3
+    (99, -2, 100, 0.001, 0.3, 1, 0.1),       # a negative queue: nothing ahead, only this prompt's 100 tokens
+    (99, 2, -50, 0.001, 0.3, 1, 0.7),        # a negative size queued: what is queued costs its answers only
+    (-50, 0, 100, 0.001, 0.3, 1, 0.001),     # negative new tokens: the one always recomputed
+    (99, 1, 100, -0.001, 0.3, 1, 0.3),       # a negative prefill rate: the answer ahead only
+    (99, 1, 100, 0.001, -0.3, 1, 0.2),       # a negative answer rate: the prefill only
+    (99, 1, 100, 0.001, 0.3, -2, 0.0),       # a negative slowdown: nothing
+    (99, 1, 100, 0.001, 0.3, 0.5, 0.25),     # a replica counted twice as fast: half
+    (0.5, 0.5, 10, 0.001, 0.3, 1, 0.1565),   # fractions count as they are: (0.5 + 1 + 0.5 x 10) x 0.001 + 0.5 x 0.3
+    (0, 0, 0, 0.002, 5, 1, 0.002),           # idle, all cached: the one token at the pool's prefill rate
+])
+def test_predicted_ttft_clamps_each_nonsense_input_alone(new: float, queue: float, mean_new: float, prefill_s: float,
+                                                         answer_s: float, slowdown: float, expected: float) -> None:
+    assert predicted_ttft(new, queue, mean_new, prefill_s, answer_s, slowdown) == pytest.approx(expected)
+
+
+def test_predicted_ttft_without_a_slowdown_is_at_the_pools_speed() -> None:
+    assert predicted_ttft(99, 1, 100, 0.001, 0.3) == pytest.approx(0.5)

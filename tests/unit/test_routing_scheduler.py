@@ -485,3 +485,20 @@ def test_predicted_ttft_clamps_each_nonsense_input_alone(new: float, queue: floa
 
 def test_predicted_ttft_without_a_slowdown_is_at_the_pools_speed() -> None:
     assert predicted_ttft(99, 1, 100, 0.001, 0.3) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("measured, expected", [
+    ([1.0, 1.0, 1.5], [1.0, 1.0, 1.0]),             # exactly 1.5x the median: still none
+    ([1.0, 1.0, 1.8], [1.0, 1.0, 1.2]),             # just over: only the excess, 1.8 / 1.5
+    ([3.0, 3.0, 2.0], [1.0, 1.0, 1.0]),             # exactly the median / 1.5: none
+    ([3.0, 3.0, 1.9], [1.0, 1.0, 0.95]),            # just under: 1.9 / 3 x 1.5
+    ([1.0, 1.0, 16.0], [1.0, 1.0, 16 / 1.5]),       # at the cap
+    ([1.0, 1.0, 0.01], [1.0, 1.0, 1.5 / 16]),       # a wild fast figure is capped too: 1/16 of the median, x 1.5
+    ([1.0, 1.0, 1 / 16], [1.0, 1.0, 1.5 / 16]),     # ... as one at that cap
+    ([1.0, 1.0, math.inf], [1.0, 1.0, 1.0]),        # an infinite figure is nonsense, not a slow replica
+    ([math.nan, 0.0, -1.0, None], [1.0, 1.0, 1.0, 1.0]),  # nothing sane measured
+    ([None, 2.0], [1.0, 1.0]),                      # one measured: it is the median
+    ([1.0, 2.0, 4.0, 8.0], [0.5, 1.0, 1.0, 8 / 3 / 1.5]),  # an even count: against the mean of the middle two, 3
+])
+def test_slowdowns_at_the_band_edges_and_the_caps(measured: list[float | None], expected: list[float]) -> None:
+    assert slowdowns(measured) == pytest.approx(expected)

@@ -502,3 +502,40 @@ def test_predicted_ttft_without_a_slowdown_is_at_the_pools_speed() -> None:
 ])
 def test_slowdowns_at_the_band_edges_and_the_caps(measured: list[float | None], expected: list[float]) -> None:
     assert slowdowns(measured) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mean_new, expected", [
+    (40.0, 40.0), (0.5, 0.5),
+    (0.0, 0.0),                  # measured as nothing new: what it queues was all cached
+    (None, 60.0),                # unmeasured: as this request would be there
+    (math.nan, 60.0), (math.inf, 60.0), (-0.5, 60.0), (-5.0, 60.0),  # nonsense: the same
+])
+def test_what_is_queued_is_sized_by_the_replicas_measured_mean(mean_new: float | None, expected: float) -> None:
+    assert queued_size(ReplicaView("a", mean_new=mean_new), 60.0) == expected
+
+
+@pytest.mark.parametrize("queues, bound, cap", [
+    ([0, 0, 0], 0.25, 1),       # mean with this request 1/3: ceil(0.42)
+    ([2], 0.0, 3),              # a lone replica: its queue and this request
+    ([1, 0], 0.0, 1),           # strict balance, the mean exactly 1: 1, not 2
+    ([3, 1, 1], 1.0, 4),        # mean 2, x 2: exactly 4
+    ([5, 4, 4, 4], 0.25, 6),    # mean 4.5 x 1.25 = 5.625
+    ([9, 5, 5], 0.35, 9),       # 1.35 x 20/3 is 9, computed as 9.000000000000002: not rounded up to 10
+    ([1, -3, 0], 1.0, 2),       # a negative queue counts as none: mean 2/3, x 2, ceil(1.33)
+    ([-3], 0.25, 2),            # ... alone too: mean 1, ceil(1.25)
+])
+def test_load_cap(queues: list[float], bound: float, cap: int) -> None:
+    assert load_cap(queues, bound) == cap
+
+
+@pytest.mark.parametrize("queue, queues, bound, over", [
+    (0, [], 0.25, False),          # no pool to compare with: nothing is over
+    (1, [1, 0], 0.0, True),        # strict balance: one ahead of an idle replica takes no more (cap 1)
+    (0, [0, 1], 0.0, False),       # ... and the idle one takes it
+    (9, [9, 5, 5], 0.35, True),    # cap 9: a tenth is one too many
+    (8, [8, 6, 5], 0.35, False),   # cap 9: a ninth fits
+    (1, [1, -3, 0], 1.0, False),   # cap 2, the negative queue as none: a second fits
+    (-2, [-2, 0], 0.0, False),     # a negative queue is an idle replica
+])
+def test_load_bound_edges(queue: float, queues: list[float], bound: float, over: bool) -> None:
+    assert over_bound(queue, queues, bound) is over

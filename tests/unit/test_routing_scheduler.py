@@ -539,3 +539,32 @@ def test_load_cap(queues: list[float], bound: float, cap: int) -> None:
 ])
 def test_load_bound_edges(queue: float, queues: list[float], bound: float, over: bool) -> None:
     assert over_bound(queue, queues, bound) is over
+
+
+@pytest.mark.parametrize("chars, block_chars, blocks", [
+    (255, None, 0),            # less than a block (256 characters): nothing to match
+    (256, None, 1),            # exactly one block
+    (511, None, 1),
+    (512, None, 2),
+    (256 * 256, None, 256),    # the first 256 blocks (64 Ki characters) ...
+    (256 * 300 + 7, None, 256),  # ... and no more
+    (10, 5, 2), (9, 5, 1),     # another block size
+    (5000, 4, 256),            # the cap counts blocks, whatever their size
+])
+def test_prefix_blocks_are_whole_blocks_up_to_the_cap(chars: int, block_chars: int | None, blocks: int) -> None:
+    text = "x" * chars
+    assert len(prefix_blocks(text) if block_chars is None else prefix_blocks(text, block_chars)) == blocks
+
+
+def test_prefix_hashes_are_equal_exactly_as_far_as_the_text_is() -> None:
+    base = "".join(chr(ord("a") + i) * 256 for i in range(6))  # six different blocks
+    for differs_at in range(6):  # one character changed inside block `differs_at`
+        at = differs_at * 256 + 100
+        mine, other = prefix_blocks(base), prefix_blocks(base[:at] + "!" + base[at + 1:])
+        assert len(mine) == len(other) == 6
+        assert [m == o for m, o in zip(mine, other)] == [i < differs_at for i in range(6)], differs_at
+    assert len(set(prefix_blocks("x" * 256 * 4))) == 4  # the same block again hashes anew: it covers the blocks before it
+    # a partial last block, and anything past the cap, is not hashed
+    assert prefix_blocks(base + "tail") == prefix_blocks(base + "other tail")
+    assert prefix_blocks("z" * 256 * 256 + "a" * 256) == prefix_blocks("z" * 256 * 256 + "b" * 256)
+    assert len(prefix_blocks("\ud800" * 256)) == 1  # a lone surrogate (JSON can carry one) hashes rather than raising

@@ -568,3 +568,49 @@ def test_prefix_hashes_are_equal_exactly_as_far_as_the_text_is() -> None:
     assert prefix_blocks(base + "tail") == prefix_blocks(base + "other tail")
     assert prefix_blocks("z" * 256 * 256 + "a" * 256) == prefix_blocks("z" * 256 * 256 + "b" * 256)
     assert len(prefix_blocks("\ud800" * 256)) == 1  # a lone surrogate (JSON can carry one) hashes rather than raising
+
+
+@pytest.mark.parametrize("blocks, session, key", [
+    ((7, 8), "s1", 7),      # the prompt's first block
+    ((), "s1", "s1"),       # no whole block: the session, so its requests still go alike
+    ((), None, ""),         # neither: nothing shared
+])
+def test_what_rendezvous_ranks_on(blocks: tuple[int, ...], session: str | None, key: str | int) -> None:
+    assert Ask(blocks, 10, 40, session).key == key
+
+
+@pytest.mark.parametrize("value, field", [
+    (ReplicaView("a"), "queue"), (Ask((), 1, 4), "prompt_tokens"), (Pick("a", "load", 0.0), "cost"), (Rates(0.001, 0.256, {}), "prefill_s"),
+])
+def test_a_decisions_values_cannot_change_under_it(value: object, field: str) -> None:
+    """The pool's view keeps an Ask and hands out Picks and views: one changed later would change
+    a decision already made, or the view's record of it."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, field, 1)
+
+
+def test_a_replica_known_only_by_name_is_idle_unmeasured_and_healthy() -> None:
+    r = ReplicaView("a")
+    assert (r.queue, r.held, r.prefill_s, r.answer_s, r.decode_s, r.mean_new, r.healthy, r.down) == (0.0, 0, None, None, None, None, True, False)
+
+
+def test_round_robin_without_a_turn_starts_at_the_first_replica() -> None:
+    assert names(schedule(ask(), [ReplicaView("a", 2), ReplicaView("b", 0), ReplicaView("c", 1)], 0.25, "round-robin")) == ["a", "b", "c"]
+
+
+def test_a_conversations_first_turn_avoids_a_replica_slowed_only_a_little_past_the_tolerance() -> None:
+    """c measured 2.4x the median counts 1.6x: measurably slow, so no first turn starts there,
+    though rendezvous on the session would put about a third of them on it."""
+    replicas = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.072)]
+    assert sum(max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) == "c" for i in range(30)) >= 5
+    assert {schedule(ask(session=f"conv-{i}"), replicas, 1.0)[0].name for i in range(30)} == {"a", "b"}
+
+
+def test_an_uncounted_prompt_is_taken_as_four_characters_a_token() -> None:
+    from edgellm.generation import GenerationRequest
+    from edgellm.routing.pools import ask_for
+
+    raw = GenerationRequest("@cf/a", {"prompt": "x" * 600, "raw": True})
+    estimated = ask_for(raw, None)
+    assert (estimated.prompt_tokens, estimated.prompt_chars, len(estimated.blocks)) == (150.0, 600, 2)
+    assert ask_for(raw, 7).prompt_tokens == 7.0  # counted: the count

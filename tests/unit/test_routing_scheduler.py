@@ -3,6 +3,7 @@ bound, the order, pools from config, the load probe's parser and its verdict on 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,8 +13,8 @@ from edgellm.config import Config
 from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
-from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, ReplicaView, over_bound, predicted_ttft,
-                                      prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
+from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, Pick, Rates, ReplicaView, load_cap, median,
+                                      over_bound, predicted_ttft, prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
 
 
 @pytest.mark.parametrize("new, queue, mean_new, slowdown, expected", [
@@ -421,3 +422,197 @@ def test_a_fast_replica_is_not_held_back_from_a_conversations_first_turn() -> No
     for i in range(30):
         session = f"conv-{i}"
         assert schedule(ask(session=session), replicas, 1.0)[0].name == max("abc", key=lambda n: rendezvous(session, n))
+
+
+# The cost functions one input at a time, each figure worked by hand: every clamp, band edge,
+# prior and constant on its own (the rows above mostly move several at once).
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([], None),
+    ([None, 0.0, -1.0, math.nan, math.inf], None),  # nothing sane measured: no median
+    ([5.0], 5.0),
+    ([4.0, 2.0], 3.0),                               # an even count: the mean of the middle two
+    ([8.0, 1.0, 2.0], 2.0),
+    ([8.0, 1.0, 4.0, 2.0], 3.0),
+    ([16.0, 1.0, 4.0, 2.0, 8.0], 4.0),
+    ([32.0, 1.0, 16.0, 2.0, 8.0, 4.0], 6.0),
+    ([0.0, 2.0, 4.0], 3.0),                          # zero is no measurement
+    ([-0.5, 2.0, 4.0], 3.0),                         # nor is a negative one
+    ([0.5, 2.0], 1.25),                              # a figure below 1 is one
+    ([math.inf, 1.0, 3.0], 2.0),                     # an infinite one is not
+    ([math.nan, 1.0, 3.0], 2.0),
+    ([None, 1.0, 3.0], 2.0),
+])
+def test_the_median_of_what_was_measured(values: list[float | None], expected: float | None) -> None:
+    assert median(values) == expected
+
+
+@pytest.mark.parametrize("measured, prefill_s, answer_s", [
+    ([{}, {}], 0.001, 0.256),                          # nothing measured: 1 ms a prompt token, an answer 256 of them
+    ([dict(prefill_s=0.0, answer_s=math.nan), dict(prefill_s=-1.0, answer_s=math.inf)], 0.001, 0.256),  # nonsense is no measurement
+    ([dict(answer_s=0.512), {}], 0.002, 0.512),        # only answers measured: a prompt token is 1/256 of one
+    ([dict(answer_s=0.2), dict(answer_s=0.6)], 0.0015625, 0.4),  # ... of their median
+    ([dict(prefill_s=0.002), {}], 0.002, 0.512),       # only prompts measured: an answer is 256 tokens' time
+    ([dict(prefill_s=0.003), dict(prefill_s=0.001, answer_s=0.9), dict(prefill_s=0.002, answer_s=0.1)], 0.002, 0.5),  # both: medians
+])
+def test_the_pools_rates_from_medians_and_the_prior(measured: list[dict[str, float]], prefill_s: float, answer_s: float) -> None:
+    pool = rates([ReplicaView(f"r{i}", **m) for i, m in enumerate(measured)])
+    assert (pool.prefill_s, pool.answer_s) == pytest.approx((prefill_s, answer_s))
+
+
+def test_the_pools_rates_carry_each_replicas_slowdown_by_name() -> None:
+    pool = rates([ReplicaView("a", decode_s=0.03), ReplicaView("b", decode_s=0.03), ReplicaView("c", decode_s=0.09), ReplicaView("d")])
+    assert pool.slowdown == pytest.approx({"a": 1.0, "b": 1.0, "c": 2.0, "d": 1.0})  # c 3x the median counts 2x; d unmeasured
+
+
+@pytest.mark.parametrize("new, queue, mean_new, prefill_s, answer_s, slowdown, expected", [
+    (99, 1, 100, 0.001, 0.3, 1, 0.5),        # (99 + 1 + 1 x 100) x 0.001 + 1 x 0.3
+    (99, -2, 100, 0.001, 0.3, 1, 0.1),       # a negative queue: nothing ahead, only this prompt's 100 tokens
+    (99, 2, -50, 0.001, 0.3, 1, 0.7),        # a negative size queued: what is queued costs its answers only
+    (-50, 0, 100, 0.001, 0.3, 1, 0.001),     # negative new tokens: the one always recomputed
+    (99, 1, 100, -0.001, 0.3, 1, 0.3),       # a negative prefill rate: the answer ahead only
+    (99, 1, 100, 0.001, -0.3, 1, 0.2),       # a negative answer rate: the prefill only
+    (99, 1, 100, 0.001, 0.3, -2, 0.0),       # a negative slowdown: nothing
+    (99, 1, 100, 0.001, 0.3, 0.5, 0.25),     # a replica counted twice as fast: half
+    (0.5, 0.5, 10, 0.001, 0.3, 1, 0.1565),   # fractions count as they are: (0.5 + 1 + 0.5 x 10) x 0.001 + 0.5 x 0.3
+    (0, 0, 0, 0.002, 5, 1, 0.002),           # idle, all cached: the one token at the pool's prefill rate
+])
+def test_predicted_ttft_clamps_each_nonsense_input_alone(new: float, queue: float, mean_new: float, prefill_s: float,
+                                                         answer_s: float, slowdown: float, expected: float) -> None:
+    assert predicted_ttft(new, queue, mean_new, prefill_s, answer_s, slowdown) == pytest.approx(expected)
+
+
+def test_predicted_ttft_without_a_slowdown_is_at_the_pools_speed() -> None:
+    assert predicted_ttft(99, 1, 100, 0.001, 0.3) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("measured, expected", [
+    ([1.0, 1.0, 1.5], [1.0, 1.0, 1.0]),             # exactly 1.5x the median: still none
+    ([1.0, 1.0, 1.8], [1.0, 1.0, 1.2]),             # just over: only the excess, 1.8 / 1.5
+    ([3.0, 3.0, 2.0], [1.0, 1.0, 1.0]),             # exactly the median / 1.5: none
+    ([3.0, 3.0, 1.9], [1.0, 1.0, 0.95]),            # just under: 1.9 / 3 x 1.5
+    ([1.0, 1.0, 16.0], [1.0, 1.0, 16 / 1.5]),       # at the cap
+    ([1.0, 1.0, 0.01], [1.0, 1.0, 1.5 / 16]),       # a wild fast figure is capped too: 1/16 of the median, x 1.5
+    ([1.0, 1.0, 1 / 16], [1.0, 1.0, 1.5 / 16]),     # ... as one at that cap
+    ([1.0, 1.0, math.inf], [1.0, 1.0, 1.0]),        # an infinite figure is nonsense, not a slow replica
+    ([math.nan, 0.0, -1.0, None], [1.0, 1.0, 1.0, 1.0]),  # nothing sane measured
+    ([None, 2.0], [1.0, 1.0]),                      # one measured: it is the median
+    ([1.0, 2.0, 4.0, 8.0], [0.5, 1.0, 1.0, 8 / 3 / 1.5]),  # an even count: against the mean of the middle two, 3
+])
+def test_slowdowns_at_the_band_edges_and_the_caps(measured: list[float | None], expected: list[float]) -> None:
+    assert slowdowns(measured) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mean_new, expected", [
+    (40.0, 40.0), (0.5, 0.5),
+    (0.0, 0.0),                  # measured as nothing new: what it queues was all cached
+    (None, 60.0),                # unmeasured: as this request would be there
+    (math.nan, 60.0), (math.inf, 60.0), (-0.5, 60.0), (-5.0, 60.0),  # nonsense: the same
+])
+def test_what_is_queued_is_sized_by_the_replicas_measured_mean(mean_new: float | None, expected: float) -> None:
+    assert queued_size(ReplicaView("a", mean_new=mean_new), 60.0) == expected
+
+
+@pytest.mark.parametrize("queues, bound, cap", [
+    ([0, 0, 0], 0.25, 1),       # mean with this request 1/3: ceil(0.42)
+    ([2], 0.0, 3),              # a lone replica: its queue and this request
+    ([1, 0], 0.0, 1),           # strict balance, the mean exactly 1: 1, not 2
+    ([3, 1, 1], 1.0, 4),        # mean 2, x 2: exactly 4
+    ([5, 4, 4, 4], 0.25, 6),    # mean 4.5 x 1.25 = 5.625
+    ([9, 5, 5], 0.35, 9),       # 1.35 x 20/3 is 9, computed as 9.000000000000002: not rounded up to 10
+    ([1, -3, 0], 1.0, 2),       # a negative queue counts as none: mean 2/3, x 2, ceil(1.33)
+    ([-3], 0.25, 2),            # ... alone too: mean 1, ceil(1.25)
+])
+def test_load_cap(queues: list[float], bound: float, cap: int) -> None:
+    assert load_cap(queues, bound) == cap
+
+
+@pytest.mark.parametrize("queue, queues, bound, over", [
+    (0, [], 0.25, False),          # no pool to compare with: nothing is over
+    (1, [1, 0], 0.0, True),        # strict balance: one ahead of an idle replica takes no more (cap 1)
+    (0, [0, 1], 0.0, False),       # ... and the idle one takes it
+    (9, [9, 5, 5], 0.35, True),    # cap 9: a tenth is one too many
+    (8, [8, 6, 5], 0.35, False),   # cap 9: a ninth fits
+    (1, [1, -3, 0], 1.0, False),   # cap 2, the negative queue as none: a second fits
+    (-2, [-2, 0], 0.0, False),     # a negative queue is an idle replica
+])
+def test_load_bound_edges(queue: float, queues: list[float], bound: float, over: bool) -> None:
+    assert over_bound(queue, queues, bound) is over
+
+
+@pytest.mark.parametrize("chars, block_chars, blocks", [
+    (255, None, 0),            # less than a block (256 characters): nothing to match
+    (256, None, 1),            # exactly one block
+    (511, None, 1),
+    (512, None, 2),
+    (256 * 256, None, 256),    # the first 256 blocks (64 Ki characters) ...
+    (256 * 300 + 7, None, 256),  # ... and no more
+    (10, 5, 2), (9, 5, 1),     # another block size
+    (5000, 4, 256),            # the cap counts blocks, whatever their size
+])
+def test_prefix_blocks_are_whole_blocks_up_to_the_cap(chars: int, block_chars: int | None, blocks: int) -> None:
+    text = "x" * chars
+    assert len(prefix_blocks(text) if block_chars is None else prefix_blocks(text, block_chars)) == blocks
+
+
+def test_prefix_hashes_are_equal_exactly_as_far_as_the_text_is() -> None:
+    base = "".join(chr(ord("a") + i) * 256 for i in range(6))  # six different blocks
+    for differs_at in range(6):  # one character changed inside block `differs_at`
+        at = differs_at * 256 + 100
+        mine, other = prefix_blocks(base), prefix_blocks(base[:at] + "!" + base[at + 1:])
+        assert len(mine) == len(other) == 6
+        assert [m == o for m, o in zip(mine, other)] == [i < differs_at for i in range(6)], differs_at
+    assert len(set(prefix_blocks("x" * 256 * 4))) == 4  # the same block again hashes anew: it covers the blocks before it
+    # a partial last block, and anything past the cap, is not hashed
+    assert prefix_blocks(base + "tail") == prefix_blocks(base + "other tail")
+    assert prefix_blocks("z" * 256 * 256 + "a" * 256) == prefix_blocks("z" * 256 * 256 + "b" * 256)
+    assert len(prefix_blocks("\ud800" * 256)) == 1  # a lone surrogate (JSON can carry one) hashes rather than raising
+
+
+@pytest.mark.parametrize("blocks, session, key", [
+    ((7, 8), "s1", 7),      # the prompt's first block
+    ((), "s1", "s1"),       # no whole block: the session, so its requests still go alike
+    ((), None, ""),         # neither: nothing shared
+])
+def test_what_rendezvous_ranks_on(blocks: tuple[int, ...], session: str | None, key: str | int) -> None:
+    assert Ask(blocks, 10, 40, session).key == key
+
+
+@pytest.mark.parametrize("value, field", [
+    (ReplicaView("a"), "queue"), (Ask((), 1, 4), "prompt_tokens"),
+    (Pick("a", "load", 0.0), "cost"), (Rates(0.001, 0.256, {}), "prefill_s"),
+])
+def test_a_decisions_values_cannot_change_under_it(value: object, field: str) -> None:
+    """The pool's view keeps an Ask and hands out Picks and views: one changed later would change
+    a decision already made, or the view's record of it."""
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, field, 1)
+
+
+def test_a_replica_known_only_by_name_is_idle_unmeasured_and_healthy() -> None:
+    r = ReplicaView("a")
+    assert (r.queue, r.held, r.healthy, r.down) == (0.0, 0, True, False)
+    assert (r.prefill_s, r.answer_s, r.decode_s, r.mean_new) == (None, None, None, None)
+
+
+def test_round_robin_without_a_turn_starts_at_the_first_replica() -> None:
+    assert names(schedule(ask(), [ReplicaView("a", 2), ReplicaView("b", 0), ReplicaView("c", 1)], 0.25, "round-robin")) == ["a", "b", "c"]
+
+
+def test_a_conversations_first_turn_avoids_a_replica_slowed_only_a_little_past_the_tolerance() -> None:
+    """c measured 2.4x the median counts 1.6x: measurably slow, so no first turn starts there,
+    though rendezvous on the session would put about a third of them on it."""
+    replicas = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.072)]
+    assert sum(max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) == "c" for i in range(30)) >= 5
+    assert {schedule(ask(session=f"conv-{i}"), replicas, 1.0)[0].name for i in range(30)} == {"a", "b"}
+
+
+def test_an_uncounted_prompt_is_taken_as_four_characters_a_token() -> None:
+    from edgellm.generation import GenerationRequest
+    from edgellm.routing.pools import ask_for
+
+    raw = GenerationRequest("@cf/a", {"prompt": "x" * 600, "raw": True})
+    estimated = ask_for(raw, None)
+    assert (estimated.prompt_tokens, estimated.prompt_chars, len(estimated.blocks)) == (150.0, 600, 2)
+    assert ask_for(raw, 7).prompt_tokens == 7.0  # counted: the count

@@ -13,7 +13,7 @@ from edgellm.config import Config
 from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
-from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, Pick, Rates, ReplicaView, load_cap, median,
+from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, Pick, Rates, ReplicaView, imposed, load_cap, median,
                                       over_bound, predicted_ttft, prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
 
 
@@ -616,3 +616,67 @@ def test_an_uncounted_prompt_is_taken_as_four_characters_a_token() -> None:
     estimated = ask_for(raw, None)
     assert (estimated.prompt_tokens, estimated.prompt_chars, len(estimated.blocks)) == (150.0, 600, 2)
     assert ask_for(raw, 7).prompt_tokens == 7.0  # counted: the count
+
+
+@pytest.mark.parametrize("behind, new, prefill_s, answer_s, slowdown, expected", [
+    (0.0, 1000, 0.001, 0.3, 1.0, 0.0),  # an idle pool: nothing waits behind it
+    (2.0, 1000, 0.001, 0.3, 1.0, 2.6),  # two waiting, a whole prefill (1 s) and an answer (0.3 s) each
+    (2.0, 40, 0.001, 0.3, 1.0, 0.68),  # a held prompt: its 40 new tokens and the answer
+    (2.0, 40, 0.001, 0.3, 4.0, 2.72),  # at a quarter of the pool's speed
+    (-1.0, 1000, 0.001, 0.3, 1.0, 0.0), (2.0, -5, 0.001, 0.3, 1.0, 0.6), (2.0, 10, -0.001, 0.3, 1.0, 0.6),
+    (2.0, 10, 0.001, -0.3, 1.0, 0.02), (2.0, 10, 0.001, 0.3, -1.0, 0.0),  # nonsense counts as none
+])
+def test_the_delay_a_request_adds_for_those_behind_it(behind: float, new: float, prefill_s: float, answer_s: float, slowdown: float,
+                                                      expected: float) -> None:
+    assert imposed(behind, new, prefill_s, answer_s, slowdown) == pytest.approx(expected)
+
+
+def test_in_an_idle_pool_the_first_token_alone_decides() -> None:
+    replicas = [ReplicaView("a", held=HELD, **MEASURED, mean_new=40), ReplicaView("b", **MEASURED, mean_new=1000)]
+    picks = schedule(ask(), replicas, 1.0)
+    assert [p.cost for p in picks] == [pytest.approx((40 + 1) * 0.001), pytest.approx((1000 + 1) * 0.001)]
+
+
+@pytest.mark.parametrize("holder_queue, others_queue, holder_keeps", [
+    # one cold request ahead on the holder, none elsewhere, the pool nearly idle: its first token is
+    # sooner elsewhere (1.0 s against 1.34 s), and the prefill elsewhere delays a third of a request
+    (1, 0, False),
+    # the pool loaded (2-3 queued on every replica): elsewhere is still 0.34 s sooner for this
+    # request, but its whole prefill there holds up the two or so queued behind it for 1.3 s each;
+    # the holder keeps it
+    (3, 2, True),
+])
+def test_under_load_a_held_prompt_outweighs_a_slightly_shorter_queue(holder_queue: int, others_queue: int, holder_keeps: bool) -> None:
+    replicas = [ReplicaView("a", holder_queue, HELD, **MEASURED, mean_new=1000)] + \
+        [ReplicaView(n, others_queue, **MEASURED, mean_new=1000) for n in "bc"]
+    assert (first(replicas) == "a") is holder_keeps
+    ttft = {p.name: predicted_ttft(ask().new_prefill(HELD if p.name == "a" else 0), holder_queue if p.name == "a" else others_queue,
+                                   1000, 0.001, 0.3) for p in schedule(ask(), replicas, 1.0)}
+    assert ttft["a"] > ttft["b"]  # by the first token alone, elsewhere
+
+
+def test_a_prompt_no_replica_is_known_to_hold_goes_home_unless_its_queue_costs_more_than_the_prefill() -> None:
+    """Every isolate that has not seen a prompt sends it to the replica rendezvous ranks first for
+    it (its home), so that is where it will be held: a view taking the home to hold it keeps
+    isolates that share nothing from scattering the prompt over the replicas each saw idle."""
+    a = ask()
+    names = ["r0", "r1", "r2"]
+    home = max(names, key=lambda n: rendezvous(a.key, n))
+    idle = [ReplicaView(n, 1 if n == home else 0, **MEASURED, mean_new=40 if n == home else 1000) for n in names]
+    assert first(idle, a) == home  # one request ahead there, which it served from its cache: less than a whole prefill elsewhere
+    busy = [ReplicaView(n, 2 if n == home else 0, **MEASURED, mean_new=1000) for n in names]
+    assert first(busy, a) != home  # two ahead: more than the prefill
+    # what a view knows outweighs the home: a replica known to hold the prompt is where it goes
+    other = next(n for n in names if n != home)
+    known = [ReplicaView(n, 1 if n == home else 0, HELD if n == other else 0, **MEASURED, mean_new=40 if n == home else 1000) for n in names]
+    assert first(known, a) == other
+    assert schedule(a, idle, 1.0)[0].reason == "load"  # the home is a guess, not a held prefix
+
+
+def test_a_slowed_home_is_no_home() -> None:
+    """A prompt nobody holds is not taken to be held by a measurably slow replica (it would look
+    nearly free there, at any slowdown): the home is the first of the others."""
+    a = ask()
+    names = sorted(["r0", "r1", "r2"], key=lambda n: rendezvous(a.key, n), reverse=True)
+    replicas = [ReplicaView(n, 0, **{**MEASURED, "decode_s": 0.15 if n == names[0] else 0.03}, mean_new=1000) for n in names]
+    assert first(replicas, a) == names[1]

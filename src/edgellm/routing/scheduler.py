@@ -1,12 +1,14 @@
-"""Which replica of a pool takes a request: a predicted time to first token per replica, a load
-bound, a session's pin.
+"""Which replica of a pool takes a request: a predicted time to first token per replica and the
+delay its work adds for the requests behind it, a load bound, a session's pin.
 
 Pure functions over values, shared by the Worker (each isolate's own view), the pool's Durable
 Object (the pool's whole view) and the fleet simulator (`bench/sim_fleet.py`), so the three run
 the same decisions.
 
-    predicted TTFT(replica) = its slowdown x (prefill ahead of the request and its own + answers ahead)
-                            = slowdown x ((new prefill tokens + 1 + queue x its mean new tokens) x P + queue x A)
+    cost(replica) = predicted TTFT + the delay its work there adds for the requests behind it
+    predicted TTFT = its slowdown x (prefill ahead of the request and its own + answers ahead)
+                   = slowdown x ((new prefill tokens + 1 + queue x its mean new tokens) x P + queue x A)
+    added delay    = the pool's mean queue x slowdown x (new prefill tokens x P + A)
 
 in seconds, from what the replicas were measured doing (llm-d's predicted-latency scorer ranks
 replicas on the same kind of prediction; the "prefill x batch" view: what a request waits for is
@@ -22,6 +24,12 @@ the prefill work queued ahead of it, not the number of requests):
   requests cost: its mean new prefill tokens (what it prefilled of their prompts, as it reported)
   and an answer. A replica serving prompts it holds has cheap requests queued; one prefilling
   cold prompts has dear ones.
+- *the added delay*: a prompt prefilled again where it is not held is work that every request
+  queued behind it there waits for; about as many will queue there as wait on a replica of the
+  pool now. In an idle pool it is nothing and the first token alone decides; as queues build,
+  placing by the first token alone gives up held prefixes for a slightly shorter queue, each
+  such move costs the fleet a whole prefill, and the fleet serves less (measured in the fleet
+  simulator past saturation).
 - *P* and *A*: the pool's prefill time a token and answer time (first to last token), the
   medians of its replicas' smoothed measurements (`fleet.PoolView.finished`); *slowdown*: the
   replica's time between tokens against the pool's median, measured on every answer whatever
@@ -42,7 +50,11 @@ over the bound; a session's first turn is placed by rendezvous on its id among t
 within the bound and not measurably slow, so conversations spread by session rather than gather
 on the replica holding their shared system prompt (their later turns, most of their work, follow
 them). Ties, and replicas nobody has a view of, are broken by rendezvous hashing on the prompt's
-first block, so isolates that share nothing still send the same new prefix to the same replica.
+first block, so isolates that share nothing still send the same new prefix to the same replica;
+and a prompt no replica is known (to this view) to hold is taken to be held by that replica, its
+home (the first not measurably slow), since every isolate that knows no better sends it there: its prefill elsewhere has to save
+more than the home's queue costs. Without that, an isolate's own partial record of where it sent a
+prompt (other isolates send it elsewhere) scatters each prompt over more replicas than it needs.
 """
 
 from __future__ import annotations
@@ -85,6 +97,16 @@ def predicted_ttft(new_prefill_tokens: float, queue: float, mean_new: float, pre
     queue = max(0.0, queue)
     ahead = queue * max(0.0, mean_new)
     return max(0.0, slowdown) * ((max(0.0, new_prefill_tokens) + 1.0 + ahead) * max(0.0, prefill_s) + queue * max(0.0, answer_s))
+
+
+def imposed(behind: float, new_prefill_tokens: float, prefill_s: float, answer_s: float, slowdown: float = 1.0) -> float:
+    """Seconds this request's own work on a replica (its new prefill and its answer, at the
+    replica's speed) adds to the waits of the requests that will queue behind it there: about as
+    many as wait on a replica of the pool now (`behind`, the pool's mean queue). Nothing in an idle
+    pool, where the predicted first token alone decides; in a loaded one, a prompt prefilled again
+    elsewhere is work every later request waits for, which the request's own first token does not
+    count (greedy placement by first token alone gives up the held prefixes as queues build)."""
+    return max(0.0, behind) * max(0.0, slowdown) * (max(0.0, new_prefill_tokens) * max(0.0, prefill_s) + max(0.0, answer_s))
 
 
 def median(values: Sequence[float | None]) -> float | None:
@@ -230,9 +252,12 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     cap = load_cap(queues, load_bound)
     bounded = {r.name for r in up if max(0.0, r.queue) + 1.0 > cap}
     pool = rates(up)
-    new = {r.name: ask.new_prefill(r.held) for r in up}
-    predicted = {r.name: predicted_ttft(new[r.name], r.queue, queued_size(r, new[r.name]), pool.prefill_s, pool.answer_s,
-                                        pool.slowdown[r.name]) for r in up}
+    home = None if any(r.held for r in up) else \
+        max((r for r in up if r.healthy and pool.slowdown[r.name] <= 1.0), key=lambda r: rendezvous(ask.key, r.name), default=None)
+    new = {r.name: ask.new_prefill(len(ask.blocks) if home is not None and r.name == home.name else r.held) for r in up}
+    behind = sum(max(0.0, q) for q in queues) / len(queues)
+    predicted = {r.name: predicted_ttft(new[r.name], r.queue, queued_size(r, new[r.name]), pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
+                 + imposed(behind, new[r.name], pool.prefill_s, pool.answer_s, pool.slowdown[r.name]) for r in up}
     scored = sorted(up, key=lambda r: (r.name in bounded, predicted[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)
     picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", predicted[r.name]) for r in scored]

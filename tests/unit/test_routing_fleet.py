@@ -230,3 +230,45 @@ def test_the_pool_object_learns_from_the_done_report() -> None:
         assert stats["replicas"][0]["prefix_blocks_bound"] == 3 * BLOCKS
 
     asyncio.run(run())
+
+
+def test_a_prompt_stays_in_flight_until_its_last_request_ends() -> None:
+    view = one_replica()
+    for app in range(4):
+        serve(view, "a", prompt(app), 0)
+    first = view.dispatched("a", prompt(0), "load")
+    second = view.dispatched("a", prompt(0), "load")
+    view.finished("a", 1.0, True, 0.5, 0.05, 0, int(prompt(0).prompt_tokens), 1.0, expected=second)
+    assert view.replicas["a"].serving[prompt(0).blocks[0]] == 1
+    assert view.dispatched("a", prompt(0), "load").concurrent  # the first is still being served
+    assert not first.concurrent
+
+
+@pytest.mark.parametrize("ttft, total, cached, prompt_tokens, prefill_s, answer_s, mean_new", [
+    (1.1, 1.5, 0, 1099, 0.001, 0.4, 1099),  # a cold prompt: its first token over its tokens and the one recomputed
+    (1.1, 1.5, 1000, 1099, 0.011, 0.4, 99),  # 99 new tokens: timed over those
+    (0.52, 1.5, 1099, 1163, 0.008, 0.98, 64),  # exactly a block (64 tokens) new: the least that is timed
+    (0.5, 1.5, 1100, 1163, None, 1.0, 63),  # under a block new: mostly overhead, not timed
+    (0.5, 0.4, 0, 1099, 0.5 / 1100, None, 1099),  # a last token before the first: no answer time
+    (0.5, 1.5, 2000, 1099, None, 1.0, 0),  # reused more than the prompt (a report is data): nothing new
+])
+def test_what_an_answer_teaches_of_a_replicas_rates(ttft: float, total: float, cached: int, prompt_tokens: int,
+                                                   prefill_s: float | None, answer_s: float | None, mean_new: float) -> None:
+    view = one_replica()
+    view.dispatched("a", prompt(0), "load")
+    view.finished("a", 1.0, True, ttft, 0.05, cached, prompt_tokens, total)
+    replica = view.replicas["a"]
+    assert replica.prefill_s == (None if prefill_s is None else pytest.approx(prefill_s))
+    assert replica.answer_s == (None if answer_s is None else pytest.approx(answer_s))
+    assert replica.mean_new == mean_new and replica.itl_s == 0.05 and replica.ttft_s == ttft
+    assert (replica.cached_tokens, replica.prompt_tokens) == (cached, prompt_tokens)
+
+
+@pytest.mark.parametrize("ok", [None, False])
+def test_an_answer_that_did_not_finish_teaches_no_rates(ok: bool | None) -> None:
+    view = one_replica()
+    view.dispatched("a", prompt(0), "load")
+    view.finished("a", 1.0, ok, 1.1, 0.05, 0, 1099, 1.5)
+    replica = view.replicas["a"]
+    assert (replica.prefill_s, replica.answer_s, replica.mean_new) == (None, None, None)
+    assert replica.errors == (ok is False) and replica.in_flight == 0

@@ -118,7 +118,7 @@ class ReplicaState:
                 return depth
         return len(self.held)
 
-    def expect(self, ask: Ask, continued: bool = False) -> Expected:
+    def expect(self, ask: Ask, continued: bool) -> Expected:
         held = self.holds(ask.blocks)
         if not held:
             return Expected(ask.blocks, continued=continued)
@@ -139,8 +139,7 @@ class ReplicaState:
         """Hold what the replica said it reused against what was expected of it. Less than half:
         it had let the prompt go, so it keeps fewer blocks than were remembered after it (the
         bound comes down to that depth). At least two blocks more than expected: it keeps blocks
-        already forgotten here, so the bound grows. llm-d's approximate prefix scorer takes the
-        same least-recently-used bound as a setting per server; here it is measured."""
+        already forgotten here, so the bound grows."""
         if expected.held and cached_tokens < MISSED * expected.cached_tokens:
             if not expected.concurrent:
                 self.held_bound = max(MIN_HELD_BLOCKS, min(self.held_bound, expected.depth))

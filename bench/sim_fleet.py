@@ -127,7 +127,8 @@ def conversation_blocks(system_key: str, turns: list[tuple[str, int]]) -> tuple[
 class Sim:
     def __init__(self, replicas: int, isolates: int, policy: str, placement: str, rate: float, seconds: float, workload: str,  # noqa: PLR0913
                  seed: int, prefill_s: float, decode_s: float, object_rtt_ms: float, object_call_ms: float,
-                 router_ms: float, probe_rtt_ms: float, slots: int = 4, cache_tokens: int = 32_768, load_bound: float = 1.0) -> None:
+                 router_ms: float, probe_rtt_ms: float, slots: int = 4, cache_tokens: int = 32_768, load_bound: float = 1.0,
+                 apps: int | None = None, popularity: str = "zipf") -> None:
         self.rng = random.Random(seed)
         self.policy, self.placement, self.workload = policy, placement, workload
         self.rate, self.seconds = rate, seconds
@@ -145,8 +146,8 @@ class Sim:
         self.seq = itertools.count()
         self.jobs: list[Job] = []
         self.fallbacks = self.object_answers = self.probes = self.skips = 0
-        self.apps = max(8, replicas // 2)
-        self.zipf = [1 / (k + 1) for k in range(self.apps)]
+        self.apps = apps or max(8, replicas // 2)
+        self.zipf = [1 / (k + 1) if popularity == "zipf" else 1.0 for k in range(self.apps)]
         self.conversations: dict[int, list[tuple[str, int]]] = {}
         self.refreshed: dict[int, float] = {}
 
@@ -358,7 +359,7 @@ PLACEMENTS = ("isolates", "object", "object+fallback")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--replicas", default="64,512")
+    parser.add_argument("--replicas", default=None, help="pool sizes (default: 64,512; --quick: 8)")
     parser.add_argument("--isolates", type=int, default=64)
     parser.add_argument("--requests", type=int, default=10_000, help="requests per run (the run lasts as long as they take to arrive)")
     parser.add_argument("--load", type=float, default=0.7, help="arrivals as a fraction of the fleet's capacity for cold requests")
@@ -379,13 +380,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="prompt tokens a replica's KV cache keeps (32,768: every application's prompt on every replica "
                              "at 64 replicas; 3,200: three of them, as bench_fleet's replicas)")
     parser.add_argument("--load-bound", type=float, default=1.0)
-    parser.add_argument("--quick", action="store_true", help="8 replicas, 2 s: the plumbing only")
+    parser.add_argument("--apps", type=int, default=None, help="applications (system prompts) in (a) (default: half the replicas, at least 8)")
+    parser.add_argument("--popularity", choices=("zipf", "uniform"), default="zipf", help="how (a)'s requests spread over the applications")
+    parser.add_argument("--quick", action="store_true", help="300 requests (8 replicas unless --replicas): the plumbing only")
     args = parser.parse_args(argv)
     prefill_s, decode_s = measure() if args.measure else (args.prefill_s, args.decode_s)
     print(f"costs: {prefill_s * 1000:.2f} ms a prompt token, {decode_s * 1000:.1f} ms a generated token (measured), "
           f"replicas {args.speedup:g}x faster", flush=True)
     prefill_s, decode_s = prefill_s / args.speedup, decode_s / args.speedup
-    sizes = [8] if args.quick else [int(s) for s in args.replicas.split(",")]
+    sizes = [int(s) for s in (args.replicas or ("8" if args.quick else "64,512")).split(",")]
     requests = 300 if args.quick else args.requests
     cold = 1060 * prefill_s + 18.7 * decode_s  # a mean cold request of workload (a)
     for workload in args.workloads.split(","):
@@ -398,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                     started = time.perf_counter()
                     sim = Sim(size, args.isolates, policy, placement, rate, seconds, workload, 1, prefill_s, decode_s,
                               args.object_rtt_ms, args.object_call_ms, args.router_ms, args.probe_rtt_ms, args.slots,
-                              args.cache_tokens, args.load_bound)
+                              args.cache_tokens, args.load_bound, args.apps, args.popularity)
                     row = sim.run()
                     extra = ""
                     if "slowed_share_after" in row:

@@ -31,3 +31,12 @@ def test_the_simulator_runs_the_gateways_own_policies(capsys) -> None:  # type: 
     assert sim_fleet.main(["--quick", "--workloads", "shared,slowed"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "replicas" in line and "TTFT" in line]
     assert len(lines) == 2 * (3 + len(sim_fleet.PLACEMENTS))
+
+
+def test_the_simulator_runs_bounded_replica_caches(capsys) -> None:  # type: ignore[no-untyped-def]
+    """The configuration docs/benchmarks.md reports for bench_fleet's fleet: three replicas of two
+    slots keeping three of eight applications' prompts, one view."""
+    assert sim_fleet.main(["--quick", "--replicas", "3", "--isolates", "1", "--slots", "2", "--cache-tokens", "3200",
+                           "--apps", "8", "--popularity", "uniform", "--workloads", "shared", "--placements", "isolates"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "replicas" in line and "TTFT" in line]
+    assert len(lines) == 4 and all("hits" in line for line in lines)

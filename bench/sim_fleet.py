@@ -20,12 +20,14 @@ What is simulated is everything around them:
   isolate's view ("object+fallback", as the gateway does).
 - (d): one replica in eight runs 4x slower from the middle of the run.
 
-    .venv/bin/python -m bench.sim_fleet [--replicas 64,512] [--requests 10000] [--isolates 64] [--measure] [--quick]
+    .venv/bin/python -m bench.sim_fleet [--replicas 64,512] [--requests 10000] [--isolates 64] [--slots 4]
+        [--cache-tokens 32768] [--apps N] [--popularity zipf|uniform] [--load 0.7] [--measure] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import heapq
 import itertools
 import math
@@ -114,13 +116,18 @@ def blocks_of(key: str, tokens: int) -> tuple[int, ...]:
     """Chained block ids of a prompt of `tokens` tokens whose text is determined by `key`
     (stands in for `prefix_blocks` of real text: same prefix, same leading ids)."""
     n = int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS
-    return tuple(hash((key, i)) & 0xFFFFFFFFFFFF for i in range(n))
+    return tuple(block_id(key, i) for i in range(n))
+
+
+def block_id(*parts: object) -> int:
+    """A stable id for a block (not `hash`, which is salted per process: a run must repeat)."""
+    return int.from_bytes(hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=6).digest(), "big")
 
 
 def conversation_blocks(system_key: str, turns: list[tuple[str, int]]) -> tuple[int, ...]:
     out = list(blocks_of(system_key, 1000))
     for key, tokens in turns:
-        out.extend(hash((system_key, key, i)) & 0xFFFFFFFFFFFF for i in range(int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS))
+        out.extend(block_id(system_key, key, i) for i in range(int(tokens * CHARS_PER_TOKEN) // BLOCK_CHARS))
     return tuple(out)
 
 

@@ -678,5 +678,20 @@ def test_a_slowed_home_is_no_home() -> None:
     nearly free there, at any slowdown): the home is the first of the others."""
     a = ask()
     names = sorted(["r0", "r1", "r2"], key=lambda n: rendezvous(a.key, n), reverse=True)
-    replicas = [ReplicaView(n, 0, **{**MEASURED, "decode_s": 0.15 if n == names[0] else 0.03}, mean_new=1000) for n in names]
+    # twice the others' time between tokens: 2x counts as 1.33x, measurably slow
+    replicas = [ReplicaView(n, 0, **{**MEASURED, "decode_s": 0.06 if n == names[0] else 0.03}, mean_new=1000) for n in names]
     assert first(replicas, a) == names[1]
+    # a replica measured faster than the rest is no less a home
+    replicas = [ReplicaView(n, 0, **{**MEASURED, "decode_s": 0.01 if n == names[0] else 0.03}, mean_new=1000) for n in names]
+    assert first(replicas, a) == names[0]
+
+
+def test_a_picks_cost_is_its_predicted_first_token_and_the_delay_it_adds_at_the_pools_mean_queue() -> None:
+    """Queues 3, 2 and a nonsense -4 (counted as none): the mean queue behind is 5/3."""
+    replicas = [ReplicaView("a", 3, HELD, **MEASURED, mean_new=1000), ReplicaView("b", 2, **MEASURED, mean_new=1000),
+                ReplicaView("c", -4, **MEASURED, mean_new=1000)]
+    costs = {p.name: p.cost for p in schedule(ask(), replicas, 3.0)}
+    behind = 5 / 3
+    assert costs["a"] == pytest.approx((40 + 1 + 3 * 1000) * 0.001 + 3 * 0.3 + behind * (40 * 0.001 + 0.3))
+    assert costs["b"] == pytest.approx((1000 + 1 + 2 * 1000) * 0.001 + 2 * 0.3 + behind * (1000 * 0.001 + 0.3))
+    assert costs["c"] == pytest.approx((1000 + 1) * 0.001 + behind * (1000 * 0.001 + 0.3))

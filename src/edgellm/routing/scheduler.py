@@ -99,7 +99,7 @@ def predicted_ttft(new_prefill_tokens: float, queue: float, mean_new: float, pre
     return max(0.0, slowdown) * ((max(0.0, new_prefill_tokens) + 1.0 + ahead) * max(0.0, prefill_s) + queue * max(0.0, answer_s))
 
 
-def imposed(behind: float, new_prefill_tokens: float, prefill_s: float, answer_s: float, slowdown: float = 1.0) -> float:
+def imposed(behind: float, new_prefill_tokens: float, prefill_s: float, answer_s: float, slowdown: float) -> float:
     """Seconds this request's own work on a replica (its new prefill and its answer, at the
     replica's speed) adds to the waits of the requests that will queue behind it there: about as
     many as wait on a replica of the pool now (`behind`, the pool's mean queue). Nothing in an idle

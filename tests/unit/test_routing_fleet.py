@@ -40,8 +40,10 @@ def test_what_a_view_expects_of_a_replica() -> None:
         serve(view, "a", prompt(app), 0)
     expected = view.dispatched("a", prompt(1), "load")
     # app 1 was followed by apps 2 and 3: 40 blocks remembered since its last one
-    assert expected == Expected(prompt(1).blocks, BLOCKS, 2 * BLOCKS, BLOCKS * BLOCK_TOKENS, False, False)
-    assert view.dispatched("b", prompt(1), "load") == Expected(prompt(1).blocks)  # b never saw it
+    assert expected == Expected(prompt(1).blocks, BLOCKS, 2 * BLOCKS, BLOCKS * BLOCK_TOKENS, False, False,
+                                new_tokens=prompt(1).prompt_tokens - BLOCKS * BLOCK_TOKENS)
+    # b never saw it: the whole prompt is left to prefill there
+    assert view.dispatched("b", prompt(1), "load") == Expected(prompt(1).blocks, new_tokens=prompt(1).prompt_tokens)
 
 
 def test_a_prompt_the_replica_let_go_brings_the_bound_down_to_its_depth() -> None:
@@ -272,3 +274,33 @@ def test_an_answer_that_did_not_finish_teaches_no_rates(ok: bool | None) -> None
     replica = view.replicas["a"]
     assert (replica.prefill_s, replica.answer_s, replica.mean_new) == (None, None, None)
     assert replica.errors == (ok is False) and replica.in_flight == 0
+
+
+def test_the_prefill_a_view_sent_is_queued_work_until_each_request_ends() -> None:
+    view = one_replica()
+    serve(view, "a", prompt(0), 0)  # a holds app 0
+    hit = view.dispatched("a", prompt(0), "prefix")
+    cold = view.dispatched("a", prompt(1), "load")
+    assert (hit.new_tokens, cold.new_tokens) == (0.0, prompt(1).prompt_tokens)
+    [a, b] = view.views(prompt(2).blocks, 1.0)
+    assert (a.sent_queue, a.sent_new, b.sent_queue, b.sent_new) == (2.0, prompt(1).prompt_tokens, 0.0, 0.0)
+    view.finished("a", 2.0, True, 0.5, 0.05, 0, int(prompt(1).prompt_tokens), 1.0, expected=cold)
+    assert view.replicas["a"].sent_new == 0.0 and view.replicas["a"].in_flight == 1  # the hit's nothing is left
+    again = view.dispatched("a", prompt(3), "load")
+    view.finished("a", 3.0, None, expected=again)  # the client left: its work is off the replica too
+    view.finished("a", 3.0, True, 0.5, 0.05, int(prompt(0).prompt_tokens), int(prompt(0).prompt_tokens), 1.0, expected=hit)
+    assert (view.replicas["a"].sent_new, view.replicas["a"].in_flight) == (0.0, 0)
+
+
+def test_an_end_without_its_expectation_clears_the_queued_work_once_nothing_is_in_flight() -> None:
+    view = one_replica()
+    view.dispatched("a", prompt(1), "load")
+    view.finished("a", 1.0, None)  # a report that lost what was expected (the object's lease expired)
+    assert view.replicas["a"].sent_new == 0.0
+
+
+def test_a_one_token_answer_has_no_answer_time_to_teach() -> None:
+    view = one_replica()
+    view.dispatched("a", prompt(0), "load")
+    view.finished("a", 1.0, True, 0.5, None, 0, int(prompt(0).prompt_tokens), 0.5)  # first token was the last
+    assert view.replicas["a"].answer_s is None and view.replicas["a"].mean_new == prompt(0).prompt_tokens

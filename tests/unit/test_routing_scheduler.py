@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
 from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, Pick, Rates, ReplicaView, imposed, load_cap, median,
-                                      over_bound, predicted_ttft, prefix_blocks, queued_size, rates, rendezvous, schedule, slowdowns)
+                                      over_bound, predicted_ttft, prefix_blocks, queued_ahead, queued_size, rates, rendezvous, schedule, slowdowns)
 
 
 @pytest.mark.parametrize("new, queue, mean_new, slowdown, expected", [
@@ -664,3 +665,39 @@ def test_a_picks_cost_is_its_predicted_first_token_and_the_delay_it_adds_at_the_
     assert costs["a"] == pytest.approx((40 + 1 + 3 * 1000) * 0.001 + 3 * 0.3 + behind * (40 * 0.001 + 0.3))
     assert costs["b"] == pytest.approx((1000 + 1 + 2 * 1000) * 0.001 + 2 * 0.3 + behind * (1000 * 0.001 + 0.3))
     assert costs["c"] == pytest.approx((1000 + 1) * 0.001 + behind * (1000 * 0.001 + 0.3))
+
+
+@pytest.mark.parametrize("queue, sent_queue, sent_new, mean_new, expected", [
+    (0, 0, 0, 40, 0),  # nothing queued
+    (2, 2, 1200, 1, 1200),  # two cold prompts this view sent: their prefill, whatever the replica's past requests cost
+    (3, 2, 1200, 40, 1240),  # and a third request it reports that another view sent: at its measured mean
+    (3, 0, 0, 40, 120),  # only reported: the mean
+    (1, 2, 1200, 40, 1200),  # a report behind this view's own count: its own requests still count
+    (2, 0, 0, None, 2 * 600),  # only reported, nothing measured: sized as this request would be there (600)
+    (2, 2, -5, 40, 0), (2, 2, math.nan, 40, 0), (-1, 2, 1200, 40, 0), (2, -1, 1200, 40, 80),  # nonsense counts as none
+])
+def test_the_prefill_queued_ahead_is_what_was_sent_there_and_the_mean_for_the_rest(
+        queue: float, sent_queue: float, sent_new: float, mean_new: float | None, expected: float) -> None:
+    replica = ReplicaView("a", queue, mean_new=mean_new, sent_queue=sent_queue, sent_new=sent_new)
+    assert queued_ahead(replica, 600) == pytest.approx(expected)
+
+
+def test_a_replica_just_sent_cold_prompts_is_not_taken_as_idle_for_its_cheap_past() -> None:
+    """b's only measured request was a one-token prompt (mean 1 new token); it has since been
+    sent two cold 1,000-token prompts. A third cold prompt goes to a, whose one request in
+    flight is one cold prompt, not to b as its past would have it."""
+    replicas = [ReplicaView("a", 1, **MEASURED, mean_new=1000, sent_queue=1, sent_new=1000),
+                ReplicaView("b", 2, **MEASURED, mean_new=1, sent_queue=2, sent_new=2000)]
+    cold = ask(held_chars=0)
+    assert first(replicas, cold) == "a"
+    past_only = [replace(r, sent_queue=0.0, sent_new=0.0) for r in replicas]  # sized by the mean alone, b looked idle
+    assert first(past_only, cold) == "b"
+
+
+@pytest.mark.parametrize("ahead, expected", [
+    (None, 0.5),  # not given: the queue at its mean, (99 + 1 + 1 x 100) x 0.001 + 1 x 0.3
+    (300, 0.7),  # given: the tokens ahead as counted, not the mean
+    (-500, 0.4),  # nonsense: nothing ahead
+])
+def test_the_prefill_ahead_when_it_is_counted_replaces_the_queue_at_its_mean(ahead: float | None, expected: float) -> None:
+    assert predicted_ttft(99, 1, 100, 0.001, 0.3, ahead=ahead) == pytest.approx(expected)

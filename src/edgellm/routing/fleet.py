@@ -67,7 +67,9 @@ class Expected:
     flight there (`concurrent`: a replica serving a prompt in one slot may prefill it again in
     another, which says nothing of what it keeps); whether the prompt continues a conversation
     this view sent there before (`continued`: the replica also keeps that turn's answer, which
-    this view never saw, so its reusing more than expected says nothing either)."""
+    this view never saw, so its reusing more than expected says nothing either). `new_tokens`:
+    the prompt tokens it left to prefill there, counted as work queued on the replica until the
+    request ends."""
 
     blocks: tuple[int, ...] = ()
     held: int = 0
@@ -75,6 +77,7 @@ class Expected:
     cached_tokens: float = 0.0
     concurrent: bool = False
     continued: bool = False
+    new_tokens: float = 0.0
 
 
 @dataclass
@@ -98,6 +101,7 @@ class ReplicaState:
     # prompts, not all it was ever sent, so the bound is learned from its answers (`learn`)
     held_bound: int = HELD_BLOCKS
     serving: Counter[int] = field(default_factory=Counter)  # the blocks of the prompts in flight here
+    sent_new: float = 0.0  # new prefill tokens of the requests this view has in flight here, as estimated when sent
 
     def holds(self, blocks: tuple[int, ...]) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
@@ -120,10 +124,11 @@ class ReplicaState:
 
     def expect(self, ask: Ask, continued: bool) -> Expected:
         held = self.holds(ask.blocks)
+        new = max(0.0, ask.new_prefill(held))
         if not held:
-            return Expected(ask.blocks, continued=continued)
+            return Expected(ask.blocks, continued=continued, new_tokens=new)
         last = ask.blocks[held - 1]
-        return Expected(ask.blocks, held, self.depth(last), ask.prompt_tokens - ask.new_prefill(held), last in self.serving, continued)
+        return Expected(ask.blocks, held, self.depth(last), ask.prompt_tokens - new, last in self.serving, continued, new)
 
     def remember(self, blocks: tuple[int, ...]) -> None:
         for block in blocks:
@@ -148,7 +153,8 @@ class ReplicaState:
             self.held_bound = min(HELD_BLOCKS, math.ceil(self.held_bound * GROWTH))
 
     def served(self, expected: Expected) -> None:
-        """A request sent with `expected` ended: its blocks are no longer in flight here."""
+        """A request sent with `expected` ended: its blocks are no longer in flight here, nor its work."""
+        self.sent_new = max(0.0, self.sent_new - expected.new_tokens)
         self.serving.subtract(expected.blocks)
         for block in expected.blocks:
             if self.serving.get(block, 0) <= 0:
@@ -191,7 +197,7 @@ class PoolView:
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
             out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.itl_s, r.mean_new,
-                                   healthy=admitted and sane, down=not admitted))
+                                   healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new))
         return out
 
     def choose(self, ask: Ask, now: float) -> list[Pick]:
@@ -212,6 +218,7 @@ class PoolView:
         expected = replica.expect(ask, continued=bool(ask.session) and self.sessions.get(ask.session or "") == name)
         replica.remember(ask.blocks)
         replica.serving.update(ask.blocks)
+        replica.sent_new += expected.new_tokens
         if ask.session:
             self.sessions[ask.session] = name
             self.sessions.move_to_end(ask.session)
@@ -225,7 +232,8 @@ class PoolView:
         """A request sent to `name` ended: `ok` True (answered), False (failed: the breaker hears
         it), None (the client left: no verdict). An answer's timings feed the replica's measured
         rates: time between tokens (its speed, whatever was cached), first to last token (`total_s`
-        is dispatch to last), the new tokens it prefilled (the prompt less what it said it
+        is dispatch to last; only with a time between tokens: a one-token answer has no answer
+        time), the new tokens it prefilled (the prompt less what it said it
         reused), and time to first token over those when they were at least a block (a nearly
         cached prompt's first token times mostly overhead). With what `dispatched` `expected`,
         the replica's own count of reused tokens teaches the view how much it keeps."""
@@ -235,6 +243,7 @@ class PoolView:
             replica.served(expected)
         if replica.in_flight == 0:
             replica.serving.clear()  # whatever a report without its expectation left behind
+            replica.sent_new = 0.0
         if ok is True:
             replica.breaker.success(now)
         elif ok is False:
@@ -257,7 +266,8 @@ class PoolView:
                 replica.mean_new = _smooth(replica.mean_new, new)
                 if _seconds(ttft_s) and new >= MIN_PREFILL_SAMPLE:
                     replica.prefill_s = _smooth(replica.prefill_s, ttft_s / (new + 1))
-        if ok is True and _seconds(total_s) and _seconds(ttft_s) and total_s >= ttft_s:
+        if ok is True and _seconds(total_s) and _seconds(ttft_s) and total_s >= ttft_s and _seconds(itl_s):
+            # an answer of one token (no time between tokens) has no answer time to measure
             replica.answer_s = _smooth(replica.answer_s, total_s - ttft_s)
 
     def admit(self, name: str, now: float) -> bool:

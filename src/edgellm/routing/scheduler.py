@@ -7,7 +7,7 @@ the same decisions.
 
     cost(replica) = predicted TTFT + the delay its work there adds for the requests behind it
     predicted TTFT = its slowdown x (prefill ahead of the request and its own + answers ahead)
-                   = slowdown x ((new prefill tokens + 1 + queue x its mean new tokens) x P + queue x A)
+                   = slowdown x ((new prefill tokens + 1 + new tokens queued ahead) x P + queue x A)
     added delay    = the pool's mean queue x slowdown x (new prefill tokens x P + A)
 
 in seconds, from what the replicas were measured doing (llm-d's predicted-latency scorer ranks
@@ -20,16 +20,21 @@ the prefill work queued ahead of it, not the number of requests):
   hit (llm-d's approximate prefix scorer does this over the same kind of chained block hashes).
 - *queue*: what is running or waiting there: the larger of what this gateway has in flight there
   and what the replica itself last reported (llama.cpp: requests processing + deferred; vLLM:
-  running + waiting), when that report is fresh and sane. Each costs what the replica's recent
-  requests cost: its mean new prefill tokens (what it prefilled of their prompts, as it reported)
-  and an answer. A replica serving prompts it holds has cheap requests queued; one prefilling
-  cold prompts has dear ones.
+  running + waiting), when that report is fresh and sane. Each costs its new prefill tokens and
+  an answer: for the requests this gateway sent there and has in flight, the new tokens it
+  estimated for each when it sent it (a replica just sent three cold prompts has their prefill
+  ahead, though its past requests were cheap); for the rest of the queue (other isolates'
+  requests, seen in the replica's report), the replica's recent mean (what it prefilled of their
+  prompts, as it reported). A replica serving prompts it holds has cheap requests queued; one
+  prefilling cold prompts has dear ones.
 - *the added delay*: a prompt prefilled again where it is not held is work that every request
   queued behind it there waits for; about as many will queue there as wait on a replica of the
   pool now. In an idle pool it is nothing and the first token alone decides; as queues build,
-  it weighs the whole prefill a move costs the fleet against a slightly shorter queue. (The fleet
-  simulator measured no gain from it with one view, and a small loss at p99 with many partial
-  views; the real fleet's figures were measured with it: docs/benchmarks.md.)
+  it weighs the whole prefill a move costs the fleet against a slightly shorter queue. (On the
+  real fleet with one replica slowed it kept 74% of prompt tokens cached against 54%, and cut
+  p99 by 40%; with every replica well it made no measurable difference; simulated at twice the
+  fleet's capacity it kept 86% against 69% and cut p99 by two thirds, and it cost 4% at p99 with
+  many partial views: docs/edge-and-origin.md.)
 - *P* and *A*: the pool's prefill time a token and answer time (first to last token), the
   medians of its replicas' smoothed measurements (`fleet.PoolView.finished`); *slowdown*: the
   replica's time between tokens against the pool's median, measured on every answer whatever
@@ -86,12 +91,12 @@ def rendezvous(key: str | int, name: str) -> int:
 
 
 def predicted_ttft(new_prefill_tokens: float, queue: float, mean_new: float, prefill_s: float, answer_s: float,
-                   slowdown: float = 1.0) -> float:
+                   slowdown: float = 1.0, ahead: float | None = None) -> float:
     """Seconds until this replica's first token for the request: the prefill of what is queued
-    there (at its recent mean) and of this request's new tokens (and the one always recomputed),
-    and the answers queued ahead, all at the replica's speed."""
+    there (`ahead` tokens, else the queue at its recent mean) and of this request's new tokens
+    (and the one always recomputed), and the answers queued ahead, all at the replica's speed."""
     queue = max(0.0, queue)
-    ahead = queue * max(0.0, mean_new)
+    ahead = queue * max(0.0, mean_new) if ahead is None else max(0.0, ahead)
     return max(0.0, slowdown) * ((max(0.0, new_prefill_tokens) + 1.0 + ahead) * max(0.0, prefill_s) + queue * max(0.0, answer_s))
 
 
@@ -150,6 +155,16 @@ def rates(replicas: Sequence["ReplicaView"]) -> Rates:
     return Rates(prefill, answer, dict(zip((r.name for r in replicas), slowdowns([r.decode_s for r in replicas]))))
 
 
+def queued_ahead(replica: "ReplicaView", new_here: float) -> float:
+    """New prefill tokens queued on `replica` ahead of a request: what this view sent there and
+    knows (each request's own estimate when it was sent: a replica just sent three cold prompts
+    has their prefill ahead, whatever its past requests cost), and for the rest of its queue
+    (what other views sent, as its report shows) its measured mean a request."""
+    known = min(max(0.0, replica.sent_queue), max(0.0, replica.queue))
+    sent_new = replica.sent_new if replica.sent_new > 0 and math.isfinite(replica.sent_new) else 0.0
+    return (sent_new if known else 0.0) + (max(0.0, replica.queue) - known) * queued_size(replica, new_here)
+
+
 def queued_size(replica: "ReplicaView", new_here: float) -> float:
     """New prefill tokens a request queued on `replica` is taken to have: its measured mean, else
     what this request would have there (before anything is known, what is queued on a replica
@@ -177,7 +192,9 @@ class ReplicaView:
     last report sane; `down`: its breaker is open (never chosen). Its measurements, None before
     any: `prefill_s` seconds a new prompt token, `answer_s` seconds from first to last token,
     `decode_s` seconds between tokens, `mean_new` new prefill tokens a request (what it reported
-    it did not take from its cache)."""
+    it did not take from its cache). Of its queue, `sent_queue` requests are ones this view sent
+    and has in flight there, with `sent_new` new prefill tokens between them, as estimated when
+    each was sent."""
 
     name: str
     queue: float = 0.0
@@ -188,6 +205,8 @@ class ReplicaView:
     mean_new: float | None = None
     healthy: bool = True
     down: bool = False
+    sent_queue: float = 0.0
+    sent_new: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -250,7 +269,8 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     pool = rates(up)
     new = {r.name: ask.new_prefill(r.held) for r in up}
     behind = sum(max(0.0, q) for q in queues) / len(queues)
-    cost = {r.name: predicted_ttft(new[r.name], r.queue, queued_size(r, new[r.name]), pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
+    cost = {r.name: predicted_ttft(new[r.name], r.queue, 0.0, pool.prefill_s, pool.answer_s, pool.slowdown[r.name],
+                                   ahead=queued_ahead(r, new[r.name]))
             + imposed(behind, new[r.name], pool.prefill_s, pool.answer_s, pool.slowdown[r.name]) for r in up}
     scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)

@@ -27,7 +27,7 @@ from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_P
     (-5, -2, -9, -1, 0.0),       # nonsense inputs are clamped, never negative
 ])
 def test_predicted_ttft(new: float, queue: float, mean_new: float, slowdown: float, expected: float) -> None:
-    assert predicted_ttft(new, queue, mean_new, 0.001, 0.3, slowdown) == pytest.approx(expected)
+    assert predicted_ttft(new, queue, queue * mean_new, 0.001, 0.3, slowdown) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("measured, expected", [
@@ -481,7 +481,7 @@ def test_the_pools_rates_carry_each_replicas_slowdown_by_name() -> None:
 ])
 def test_predicted_ttft_clamps_each_nonsense_input_alone(new: float, queue: float, mean_new: float, prefill_s: float,
                                                          answer_s: float, slowdown: float, expected: float) -> None:
-    assert predicted_ttft(new, queue, mean_new, prefill_s, answer_s, slowdown) == pytest.approx(expected)
+    assert predicted_ttft(new, queue, queue * mean_new, prefill_s, answer_s, slowdown) == pytest.approx(expected)
 
 
 def test_predicted_ttft_without_a_slowdown_is_at_the_pools_speed() -> None:
@@ -651,8 +651,8 @@ def test_under_load_a_held_prompt_outweighs_a_slightly_shorter_queue(holder_queu
     replicas = [ReplicaView("a", holder_queue, HELD, **MEASURED, mean_new=1000)] + \
         [ReplicaView(n, others_queue, **MEASURED, mean_new=1000) for n in "bc"]
     assert (first(replicas) == "a") is holder_keeps
-    ttft = {p.name: predicted_ttft(ask().new_prefill(HELD if p.name == "a" else 0), holder_queue if p.name == "a" else others_queue,
-                                   1000, 0.001, 0.3) for p in schedule(ask(), replicas, 1.0)}
+    queue = {p.name: holder_queue if p.name == "a" else others_queue for p in schedule(ask(), replicas, 1.0)}
+    ttft = {name: predicted_ttft(ask().new_prefill(HELD if name == "a" else 0), q, q * 1000, 0.001, 0.3) for name, q in queue.items()}
     assert ttft["a"] > ttft["b"]  # by the first token alone, elsewhere
 
 
@@ -693,11 +693,3 @@ def test_a_replica_just_sent_cold_prompts_is_not_taken_as_idle_for_its_cheap_pas
     past_only = [replace(r, sent_queue=0.0, sent_new=0.0) for r in replicas]  # sized by the mean alone, b looked idle
     assert first(past_only, cold) == "b"
 
-
-@pytest.mark.parametrize("ahead, expected", [
-    (None, 0.5),  # not given: the queue at its mean, (99 + 1 + 1 x 100) x 0.001 + 1 x 0.3
-    (300, 0.7),  # given: the tokens ahead as counted, not the mean
-    (-500, 0.4),  # nonsense: nothing ahead
-])
-def test_the_prefill_ahead_when_it_is_counted_replaces_the_queue_at_its_mean(ahead: float | None, expected: float) -> None:
-    assert predicted_ttft(99, 1, 100, 0.001, 0.3, ahead=ahead) == pytest.approx(expected)

@@ -90,14 +90,13 @@ def rendezvous(key: str | int, name: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}\0{name}".encode(), digest_size=8).digest(), "big")
 
 
-def predicted_ttft(new_prefill_tokens: float, queue: float, mean_new: float, prefill_s: float, answer_s: float,
-                   slowdown: float = 1.0, ahead: float | None = None) -> float:
-    """Seconds until this replica's first token for the request: the prefill of what is queued
-    there (`ahead` tokens, else the queue at its recent mean) and of this request's new tokens
-    (and the one always recomputed), and the answers queued ahead, all at the replica's speed."""
-    queue = max(0.0, queue)
-    ahead = queue * max(0.0, mean_new) if ahead is None else max(0.0, ahead)
-    return max(0.0, slowdown) * ((max(0.0, new_prefill_tokens) + 1.0 + ahead) * max(0.0, prefill_s) + queue * max(0.0, answer_s))
+def predicted_ttft(new_prefill_tokens: float, queue: float, ahead: float, prefill_s: float, answer_s: float,
+                   slowdown: float = 1.0) -> float:
+    """Seconds until this replica's first token for the request: the prefill queued there
+    (`ahead` new tokens, `queued_ahead`) and this request's new tokens (and the one always
+    recomputed), and the `queue` answers ahead, all at the replica's speed."""
+    return max(0.0, slowdown) * ((max(0.0, new_prefill_tokens) + 1.0 + max(0.0, ahead)) * max(0.0, prefill_s)
+                                 + max(0.0, queue) * max(0.0, answer_s))
 
 
 def imposed(behind: float, new_prefill_tokens: float, prefill_s: float, answer_s: float, slowdown: float) -> float:
@@ -269,8 +268,7 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     pool = rates(up)
     new = {r.name: ask.new_prefill(r.held) for r in up}
     behind = sum(max(0.0, q) for q in queues) / len(queues)
-    cost = {r.name: predicted_ttft(new[r.name], r.queue, 0.0, pool.prefill_s, pool.answer_s, pool.slowdown[r.name],
-                                   ahead=queued_ahead(r, new[r.name]))
+    cost = {r.name: predicted_ttft(new[r.name], r.queue, queued_ahead(r, new[r.name]), pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
             + imposed(behind, new[r.name], pool.prefill_s, pool.answer_s, pool.slowdown[r.name]) for r in up}
     scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)

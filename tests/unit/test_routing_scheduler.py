@@ -693,3 +693,40 @@ def test_a_replica_just_sent_cold_prompts_is_not_taken_as_idle_for_its_cheap_pas
     past_only = [replace(r, sent_queue=0.0, sent_new=0.0) for r in replicas]  # sized by the mean alone, b looked idle
     assert first(past_only, cold) == "b"
 
+
+
+@pytest.mark.parametrize("gaps, expected", [
+    ([], None),                                   # one token: no gap
+    ([0.03, 0.03, 0.03], 0.03),                   # steady
+    ([0.03, 0.03, 4.0, 0.03, 0.03], 0.03),        # another request's prefill between two tokens: not this replica's speed
+    ([0.03, 4.0], 0.03),                          # of two gaps the lower is typical
+    ([0.03, 0.12], 0.075),                        # a wobble within the stall factor counts
+    ([0.03, 0.03, 0.12, 0.121], 0.06),            # a gap at exactly the stall factor counts, past it not
+    ([0.12, 0.12, 0.48], 0.24),                   # 4x the typical gap is still this answer's
+    ([0.0, 0.0, 0.0, 0.12] * 3, 0.03),            # tokens batched four to a chunk: the chunk's gap shared among them
+    ([0.0, 0.0, 0.0, 0.12] * 3 + [5.0], 0.03),    # batched, and a stall
+    ([0.2, 0.25, 0.3], 0.25),                     # a slowed replica is slow at every token
+    ([0.0, 0.0], None),                           # every token at once: nothing to measure
+    ([0.03, math.nan, -1.0, math.inf, 0.03], 0.03),  # nonsense gaps are left out
+])
+def test_time_between_tokens(gaps: list[float], expected: float | None) -> None:
+    from edgellm.routing.pools import time_between_tokens
+
+    got = time_between_tokens(gaps)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_an_answer_stalled_by_a_neighbours_prefill_teaches_its_steady_speed() -> None:
+    """The gaps an answer's tokens are seen with, as `followed` hands them to the view: tokens
+    30 ms apart but for one stall (the replica prefilling another request) measure 30 ms."""
+    from edgellm.generation import Finish, Token, Usage
+    from edgellm.routing.pools import _Outcome, time_between_tokens
+
+    times = iter([10.0, 10.03, 10.06, 14.06, 14.09, 14.12])
+    outcome = _Outcome(9.0, clock=lambda: next(times))
+    for word in "a stalled answer of six tokens".split():
+        outcome.see(Token(word))
+    outcome.see(Finish("stop", Usage(3, 6, cached_tokens=0)))
+    assert outcome.gaps == pytest.approx([0.03, 0.03, 4.0, 0.03, 0.03])
+    assert (outcome.first, outcome.last, outcome.tokens, outcome.ok) == (10.0, 14.12, 6, True)
+    assert time_between_tokens(outcome.gaps) == pytest.approx(0.03)

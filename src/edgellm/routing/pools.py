@@ -9,9 +9,10 @@ it updates are plain per-isolate data (`RoutingState.pools`), as the breaker is.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from ..deps import Deps
 from ..generation import Event, Finish, GenerationRequest, Token, ToolCallDelta
@@ -125,6 +126,28 @@ def failed(deps: Deps, choice: Choice) -> None:
         report(deps, choice, ok=False)
 
 
+STALL = 4.0  # a gap this many times an answer's typical one is another request's work, not this one's
+SAME_CHUNK_S = 0.001  # tokens closer than this arrived together (a proxy or the network batched them)
+MAX_GAPS = 1024  # an answer's first gaps measure its speed as well as all of them would
+
+
+def time_between_tokens(gaps: Sequence[float]) -> float | None:
+    """A replica's own speed, from the gaps between an answer's tokens: their mean, leaving out
+    stalls (a gap over `STALL` times the typical one, the lower median of the gaps between chunks).
+    A replica that batches requests stops decoding this answer while it prefills another's prompt
+    (llama.cpp takes a prompt's batch between two of this answer's tokens; vLLM a chunk of it), so
+    a plain mean counts a neighbour's cold prompt as this replica's slowness. A replica slowed
+    down is slow at every token, and its typical gap shows it. Tokens that arrived together count
+    at their chunk's gap shared among them. None without a gap, or when every gap is nothing."""
+    usable = [g for g in gaps if math.isfinite(g) and g >= 0]
+    chunks = sorted(g for g in usable if g >= SAME_CHUNK_S)
+    if not chunks:
+        return None
+    typical = chunks[(len(chunks) - 1) // 2]
+    steady = [g for g in usable if g <= STALL * typical]
+    return sum(steady) / len(steady)
+
+
 @dataclass
 class _Outcome:
     """What a replica's answer showed, gathered as it passes: token times, its usage, whether it
@@ -137,10 +160,14 @@ class _Outcome:
     ok: bool | None = None
     cached: int | None = None
     prompt: int | None = None
+    gaps: list[float] = field(default_factory=list)  # seconds between consecutive tokens, the first `MAX_GAPS`
+    clock: Callable[[], float] = time.monotonic
 
     def see(self, event: Event) -> None:
         if isinstance(event, (Token, ToolCallDelta)):
-            now = time.monotonic()
+            now = self.clock()
+            if self.last is not None and len(self.gaps) < MAX_GAPS:
+                self.gaps.append(now - self.last)
             self.first = now if self.first is None else self.first
             self.last = now
             self.tokens += 1
@@ -171,8 +198,7 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
         view = choice.view
         assert view is not None
         ttft = None if outcome.first is None else outcome.first - outcome.started
-        itl = None if outcome.first is None or outcome.last is None or outcome.tokens < 2 else \
-            (outcome.last - outcome.first) / (outcome.tokens - 1)
+        itl = time_between_tokens(outcome.gaps)
         total = None if outcome.last is None else outcome.last - outcome.started
         view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total,
                       expected=choice.expected)

@@ -11,9 +11,10 @@ What is simulated is everything around them:
   output tokens x decode cost), costs measured on this machine (`--measure`, or the defaults
   below, measured with SmolLM2-135M on one thread); its KV cache holds `cache_tokens` tokens of
   prompt blocks, least recently used evicted; what it reuses is what it really holds.
-- isolates: each request lands on a random isolate; an isolate sees its own dispatches and
-  probes a replica's queue when its reading is older than the probe age (the probe's round trip
-  is added to the request); its view is otherwise blind to the other isolates.
+- isolates: each request lands on a random isolate; an isolate sees its own dispatches, their
+  first tokens and the gaps between their tokens as they stream (`LiveGaps`), and probes a
+  replica's queue when its reading is older than the probe age (the probe's round trip is added
+  to the request); its view is otherwise blind to the other isolates.
 - the pool's Durable Object ("object"): one view for the pool, reached with a round trip of
   `--object-rtt-ms` (log-normal), serving one call at a time at `--object-call-ms` each (picks
   and done reports); a request whose pick has not come back within `router_ms` decides from its
@@ -36,10 +37,10 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from edgellm.routing.config import PoolConfig
-from edgellm.routing.fleet import PoolView, sane_reading
+from edgellm.routing.fleet import LIVE_GAPS, PoolView, sane_reading
 from edgellm.routing.scheduler import BLOCK_CHARS, Ask
 
 # Measured on this machine (`--measure`: a bench_fleet replica, SmolLM2-135M Q4_1 on llama.cpp, one
@@ -72,6 +73,7 @@ class Job:
     decider: Any = None  # the view that decided (to report `finished` to)
     also: list[Any] = field(default_factory=list)
     expected: dict[int, Any] = field(default_factory=dict)  # id(view) -> what that view expected of the replica
+    live: Any = None  # its `LiveGaps` once it streams
 
 
 @dataclass
@@ -110,6 +112,29 @@ class SimReplica:
         limit = self.cache_tokens // (BLOCK_CHARS // int(CHARS_PER_TOKEN))
         while len(self.cache) > limit:
             self.cache.pop(next(iter(self.cache)))
+
+
+class LiveGaps(Sequence[float]):
+    """A streaming answer's latest gaps between tokens, as the isolates that sent it see them: a
+    replica shares its compute among its active requests, so each of its tokens now comes the
+    decode cost x its active requests / its speed apart; as many gaps as tokens since the first
+    (up to the `LIVE_GAPS` a view reads)."""
+
+    def __init__(self, sim: "Sim", job: Job) -> None:
+        self.sim, self.job = sim, job
+
+    def gap(self) -> float:
+        r = self.sim.replicas[self.job.replica]
+        return self.sim.decode_s * max(1, len(r.active)) / r.speed
+
+    def __len__(self) -> int:
+        assert self.job.first_at is not None
+        return min(LIVE_GAPS, max(0, int((self.sim.now - self.job.first_at) / self.gap())))
+
+    def __getitem__(self, i: int) -> float:  # type: ignore[override]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.gap()
 
 
 def blocks_of(key: str, tokens: int) -> tuple[int, ...]:
@@ -157,6 +182,7 @@ class Sim:
         self.zipf = [1 / (k + 1) if popularity == "zipf" else 1.0 for k in range(self.apps)]
         self.conversations: dict[int, list[tuple[str, int]]] = {}
         self.refreshed: dict[int, float] = {}
+        self.now = 0.0
 
     def push(self, at: float, kind: str, data: Any) -> None:
         heapq.heappush(self.events, (at, next(self.seq), kind, data))
@@ -270,6 +296,7 @@ class Sim:
         for job in list(r.active):
             if job.first_at is None and job.done_work >= job.work_first - eps:
                 job.first_at = now
+                self.first_token(job, now)
             if job.done_work >= job.work_total - eps:
                 job.end = now
                 r.active.remove(job)
@@ -277,6 +304,16 @@ class Sim:
         while r.waiting and len(r.active) < r.slots:
             self.begin(r, r.waiting.pop(0), now)
         self.schedule(r, now)
+
+    def first_token(self, job: Job, now: float) -> None:
+        """The isolates that sent `job` see its first token as it streams through them (the pool's
+        object hears of a request only when it ends)."""
+        name = self.replicas[job.replica].name
+        job.live = LiveGaps(self, job)
+        for view in [job.decider, *job.also]:
+            if view is not self.object and id(view) in job.expected:
+                view.prefilled(name, job.expected[id(view)])
+                view.watch(name, job.live)
 
     def finish(self, job: Job, now: float) -> None:
         name = self.replicas[job.replica].name
@@ -288,7 +325,8 @@ class Sim:
             self.object.finished(name, now + self.object_rtt / 2, True, *seen, expected=job.expected.get(id(self.object)))
         for view in [job.decider, *job.also]:
             if view is not self.object:
-                view.finished(name, now, True, *seen, expected=job.expected.get(id(view)))
+                view.unwatch(name, job.live)
+                view.finished(name, now, True, *seen, expected=job.expected.get(id(view)), prefilled=True)
 
     # --- the run ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -302,6 +340,7 @@ class Sim:
         self.slowed_at: float | None = None
         while self.events:
             now, _, kind, data = heapq.heappop(self.events)
+            self.now = now
             if kind == "arrive":
                 job = self.new_job(now, data)
                 self.jobs.append(job)

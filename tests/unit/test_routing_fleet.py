@@ -304,3 +304,74 @@ def test_a_one_token_answer_has_no_answer_time_to_teach() -> None:
     view.dispatched("a", prompt(0), "load")
     view.finished("a", 1.0, True, 0.5, None, 0, int(prompt(0).prompt_tokens), 0.5)  # first token was the last
     assert view.replicas["a"].answer_s is None and view.replicas["a"].mean_new == prompt(0).prompt_tokens
+
+
+def test_a_streaming_answer_shows_its_replica_slower_at_once() -> None:
+    """What the decision reads as a replica's time between tokens: its smoothed past, or what its
+    streaming answers show now when they are slower; too few gaps say nothing; an answer that ended
+    shows nothing more."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
+    for name in "abc":
+        serve(view, name, prompt(0), 0)  # every replica answered at 50 ms between tokens
+    decode = lambda: {v.name: v.decode_s for v in view.views((), 2.0)}  # noqa: E731
+    assert decode() == {"a": 0.05, "b": 0.05, "c": 0.05}
+    slow: list[float] = [0.2] * 7
+    fast: list[float] = [0.01] * 30
+    view.watch("a", slow)
+    view.watch("b", fast)
+    assert decode() == {"a": 0.05, "b": 0.05, "c": 0.05}  # seven gaps are too few; a faster one moves nothing
+    slow.append(0.2)
+    assert decode()["a"] == pytest.approx(0.2)
+    steady: list[float] = [0.05] * 8
+    view.watch("a", steady)
+    assert decode()["a"] == pytest.approx(0.2)  # the slowest of its streaming answers
+    assert view.to_json(2.0)["replicas"][0]["live_itl_s"] == pytest.approx(0.2)
+    view.unwatch("a", slow)
+    view.unwatch("a", slow)  # twice is harmless
+    assert decode() == {"a": 0.05, "b": 0.05, "c": 0.05} and view.replicas["a"].answering == [steady]
+    twin = list(fast)  # another answer's gaps, equal so far
+    view.watch("b", twin)
+    view.unwatch("b", twin)
+    assert len(view.replicas["b"].answering) == 1 and view.replicas["b"].answering[0] is fast
+
+
+def test_a_replica_slowed_mid_answer_loses_the_prefix_it_holds_before_that_answer_ends() -> None:
+    """a holds the prompt and is streaming one answer; b and c are idle and cold. At 50 ms a
+    token the prompt goes to a; once a's answer shows 10x slower tokens, it goes elsewhere."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
+    for name in "abc":
+        serve(view, name, prompt(9), 0)
+    view.finished("a", 1.0, True, 2.0, 0.05, 0, int(prompt(1).prompt_tokens), 3.0)  # rates: a cold prompt's prefill
+    expected = view.dispatched("a", prompt(1), "load")  # a now holds the prompt
+    assert view.choose(prompt(1), 2.0)[0].name != "a"  # while it prefills it, its cold prefill is queued there
+    view.prefilled("a", expected)  # and now it is answering it
+    gaps: list[float] = [0.05] * 8
+    view.watch("a", gaps)
+    assert view.choose(prompt(1), 2.0)[0].name == "a"
+    gaps[:] = [0.5] * 8
+    assert view.choose(prompt(1), 2.0)[0].name != "a"
+
+
+def test_a_requests_prefill_comes_off_the_queued_work_at_its_first_token_once() -> None:
+    view = one_replica()
+    one, two = view.dispatched("a", prompt(1), "load"), view.dispatched("a", prompt(2), "load")
+    assert view.replicas["a"].sent_new == 2 * prompt(1).prompt_tokens
+    view.prefilled("a", one)
+    assert view.replicas["a"].sent_new == prompt(2).prompt_tokens
+    view.finished("a", 1.0, True, expected=one, prefilled=True)  # not twice
+    assert view.replicas["a"].sent_new == prompt(2).prompt_tokens
+    view.dispatched("a", prompt(3), "load")
+    view.finished("a", 1.0, None, expected=two)  # no first token: it comes off at the end
+    assert view.replicas["a"].sent_new == prompt(3).prompt_tokens
+
+
+def test_a_streaming_answers_stall_counts_unless_the_replica_serves_others() -> None:
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
+    for name in "abc":
+        serve(view, name, prompt(0), 0)
+    stalled = [0.05] * 15 + [4.05]
+    view.dispatched("a", prompt(1), "load")
+    view.watch("a", stalled)
+    assert view.replicas["a"].live_itl() == pytest.approx(0.3)  # alone: the replica paused
+    view.dispatched("a", prompt(2), "load")
+    assert view.replicas["a"].live_itl() == pytest.approx(0.05)  # beside another: its prefill

@@ -706,13 +706,31 @@ def test_a_replica_just_sent_cold_prompts_is_not_taken_as_idle_for_its_cheap_pas
     ([0.0, 0.0, 0.0, 0.12] * 3, 0.03),            # tokens batched four to a chunk: the chunk's gap shared among them
     ([0.0, 0.0, 0.0, 0.12] * 3 + [5.0], 0.03),    # batched, and a stall
     ([0.2, 0.25, 0.3], 0.25),                     # a slowed replica is slow at every token
+    ([0.003, 0.003, 0.003, 0.043] * 6, 0.013),    # or pauses at every turn (throttled): too many stalls to be neighbours
+    ([0.03] * 14 + [4.0, 4.0], 0.03),             # two neighbours in sixteen gaps: within one in eight
+    ([0.03] * 13 + [4.0, 4.0], 8.39 / 15),            # two in fifteen: more than one in eight, so they count
     ([0.0, 0.0], None),                           # every token at once: nothing to measure
     ([0.03, math.nan, -1.0, math.inf, 0.03], 0.03),  # nonsense gaps are left out
+    ([math.inf, math.inf, 0.03], 0.03),           # even when most of them are
 ])
 def test_time_between_tokens(gaps: list[float], expected: float | None) -> None:
-    from edgellm.routing.pools import time_between_tokens
+    """Gaps of an answer that shared its replica with other requests."""
+    from edgellm.routing.fleet import time_between_tokens
 
-    got = time_between_tokens(gaps)
+    got = time_between_tokens(gaps, shared=True)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+@pytest.mark.parametrize("gaps, expected", [
+    ([0.03, 0.03, 4.0, 0.03, 0.03], 4.12 / 5),      # alone on its replica, a stall is the replica's own
+    ([0.0003] * 47 + [0.041], (47 * 0.0003 + 0.041) / 48),  # a fast replica paused once while it answered
+    ([0.0, 0.0], None),
+    ([], None),
+])
+def test_time_between_tokens_of_an_answer_alone(gaps: list[float], expected: float | None) -> None:
+    from edgellm.routing.fleet import time_between_tokens
+
+    got = time_between_tokens(gaps, shared=False)
     assert got == (None if expected is None else pytest.approx(expected))
 
 
@@ -720,7 +738,8 @@ def test_an_answer_stalled_by_a_neighbours_prefill_teaches_its_steady_speed() ->
     """The gaps an answer's tokens are seen with, as `followed` hands them to the view: tokens
     30 ms apart but for one stall (the replica prefilling another request) measure 30 ms."""
     from edgellm.generation import Finish, Token, Usage
-    from edgellm.routing.pools import _Outcome, time_between_tokens
+    from edgellm.routing.fleet import time_between_tokens
+    from edgellm.routing.pools import _Outcome
 
     times = iter([10.0, 10.03, 10.06, 14.06, 14.09, 14.12])
     outcome = _Outcome(9.0, clock=lambda: next(times))
@@ -730,3 +749,83 @@ def test_an_answer_stalled_by_a_neighbours_prefill_teaches_its_steady_speed() ->
     assert outcome.gaps == pytest.approx([0.03, 0.03, 4.0, 0.03, 0.03])
     assert (outcome.first, outcome.last, outcome.tokens, outcome.ok) == (10.0, 14.12, 6, True)
     assert time_between_tokens(outcome.gaps) == pytest.approx(0.03)
+
+
+async def test_a_followed_answer_is_watched_while_it_streams_and_its_prefill_comes_off_at_its_first_token() -> None:
+    from edgellm.config import Config as _Config
+    from edgellm.deps import Deps
+    from edgellm.generation import Finish, Token, Usage
+    from edgellm.routing.pools import Choice, dispatched, followed
+
+    async def answer():  # type: ignore[no-untyped-def]
+        yield Token("a")
+        yield Token("b")
+        yield Finish("stop", Usage(3, 2, cached_tokens=0))
+
+    config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
+    deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
+    view = PoolView(config.routing.pools["gpu"])
+    replica = view.replicas["gpu-1"]
+    other = view.dispatched("gpu-1", ask(), "load")  # another request, still prefilling there
+    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask()), "load")
+    assert choice.expected is not None and replica.sent_new == other.new_tokens + choice.expected.new_tokens > other.new_tokens
+    stream = followed(deps, choice, answer(), 0.0)
+    assert len(replica.answering) == 1
+    seen = []
+    async for event in stream:
+        seen.append((type(event).__name__, replica.sent_new))
+    assert seen == [("Token", other.new_tokens), ("Token", other.new_tokens), ("Finish", other.new_tokens)]
+    assert replica.answering == [] and replica.sent_new == other.new_tokens and replica.in_flight == 1
+
+
+def test_an_answer_keeps_its_first_gaps_for_its_speed_and_its_latest_for_now() -> None:
+    from edgellm.generation import Token
+    from edgellm.routing.fleet import LIVE_GAPS, MAX_GAPS
+    from edgellm.routing.pools import _Outcome
+
+    times = iter([i * 0.01 for i in range(MAX_GAPS + 1)] + [MAX_GAPS * 0.01 + 0.5 * i for i in range(1, 101)])
+    outcome = _Outcome(0.0, clock=lambda: next(times))
+    for _ in range(MAX_GAPS + 101):
+        outcome.see(Token("t"))
+    assert len(outcome.gaps) == MAX_GAPS and outcome.gaps[-1] == pytest.approx(0.01)
+    assert list(outcome.recent) == pytest.approx([0.5] * LIVE_GAPS) and outcome.tokens == MAX_GAPS + 101
+
+
+@pytest.mark.parametrize("neighbour, itl", [
+    (None, 4.12 / 5),         # alone on the replica: the stall was the replica's own
+    ("before", 0.03),         # another request was in flight there when it started (and ended before it)
+    ("during", 0.03),         # another was sent there while it streamed (and ended before it)
+    ("still", 0.03),          # another was sent there while it streamed, and is still in flight
+    ("reported", 0.03),       # the replica itself reports others (another isolate's)
+])
+async def test_a_stall_is_left_out_only_when_the_replica_had_a_neighbour(neighbour: str | None, itl: float) -> None:
+    from edgellm.config import Config as _Config
+    from edgellm.deps import Deps
+    from edgellm.generation import Finish, Token, Usage
+    from edgellm.routing.pools import Choice, dispatched, followed
+
+    view: PoolView
+    times = iter([10.0, 10.03, 10.06, 14.06, 14.09, 14.12])
+
+    other = []
+
+    async def answer():  # type: ignore[no-untyped-def]
+        for i in range(6):
+            if i == 3 and neighbour in ("during", "still"):
+                other.append(view.dispatched("gpu-1", ask(8000), "load"))
+            if i == 4 and neighbour != "still" and other:
+                view.finished("gpu-1", 1.0, None, expected=other[0])
+            yield Token("t")
+        yield Finish("stop", Usage(3, 6, cached_tokens=0))
+
+    config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
+    deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
+    view = PoolView(config.routing.pools["gpu"])
+    if neighbour == "before":
+        other.append(view.dispatched("gpu-1", ask(8000), "load"))
+    if neighbour == "reported":
+        view.replicas["gpu-1"].reading = sane_reading(deps.clock.now(), 2, 0)
+    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask()), "load")
+    async for _ in followed(deps, choice, answer(), 9.0, clock=lambda: next(times)):
+        pass
+    assert view.replicas["gpu-1"].itl_s == pytest.approx(itl)

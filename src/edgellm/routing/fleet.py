@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from .breaker import CircuitBreaker
 from .config import BreakerConfig, PoolConfig
@@ -26,6 +26,35 @@ EWMA = 0.3
 BLOCK_TOKENS = BLOCK_CHARS / CHARS_PER_TOKEN
 MIN_PREFILL_SAMPLE = BLOCK_TOKENS  # new tokens an answer must have prefilled to time the prefill
 MAX_QUEUE = 100_000.0  # a reported queue above this is not a count
+STALL = 4.0  # a gap this many times an answer's typical one is another request's work, not this one's
+STALL_SHARE = 8  # more stalls than one gap in this many (or than one) are the replica's own pace
+SAME_CHUNK_S = 0.001  # tokens closer than this arrived together (a proxy or the network batched them)
+MAX_GAPS = 1024  # an answer's first gaps measure its speed as well as all of them would
+LIVE_GAPS = 32  # the gaps of a streaming answer that say how fast its replica is now
+MIN_LIVE_GAPS = 8  # fewer say too little
+
+
+def time_between_tokens(gaps: Sequence[float], shared: bool = True) -> float | None:
+    """A replica's own speed, from the gaps between an answer's tokens: their mean, leaving out a
+    few stalls when the replica was `shared` with other requests (gaps over `STALL` times the
+    typical one, the lower median of the gaps between chunks). A replica that batches requests
+    stops decoding this answer while it prefills another's prompt (llama.cpp takes a prompt's
+    batch between two of this answer's tokens; vLLM a chunk of it), so a plain mean counts a
+    neighbour's cold prompt as this replica's slowness. Without a neighbour a stall is the
+    replica's own (paused, throttled), and so is a pause at every turn (more stalls than one gap
+    in `STALL_SHARE`): they count. Tokens that arrived together count at their chunk's gap shared
+    among them. None without a gap, or when every gap is nothing."""
+    usable = [g for g in gaps if math.isfinite(g) and g >= 0]
+    chunks = sorted(g for g in usable if g >= SAME_CHUNK_S)
+    if not usable or not sum(usable) > 0:
+        return None
+    steady = usable
+    if shared and chunks:
+        typical = chunks[(len(chunks) - 1) // 2]
+        below = [g for g in usable if g <= STALL * typical]
+        if len(usable) - len(below) <= max(1, len(usable) // STALL_SHARE):
+            steady = below
+    return sum(steady) / len(steady)
 
 
 @dataclass(frozen=True)
@@ -102,6 +131,25 @@ class ReplicaState:
     held_bound: int = HELD_BLOCKS
     serving: Counter[int] = field(default_factory=Counter)  # the blocks of the prompts in flight here
     sent_new: float = 0.0  # new prefill tokens of the requests this view has in flight here, as estimated when sent
+    answering: list[Sequence[float]] = field(default_factory=list)  # the latest gaps of each answer streaming from here
+
+    def live_itl(self) -> float | None:
+        """The time between tokens its streaming answers show now, the slowest of them (each
+        measured as `time_between_tokens`, over its last `LIVE_GAPS` gaps, when it has at least
+        `MIN_LIVE_GAPS`; shared with the other answers when there are others): a replica slowed
+        down shows it at its next tokens, long before an answer of it ends and is averaged into
+        `itl_s`."""
+        shared = self.in_flight > 1
+        measured = [time_between_tokens(gaps, shared) for gaps in self.answering if len(gaps) >= MIN_LIVE_GAPS]
+        known = [m for m in measured if m is not None]
+        return max(known) if known else None
+
+    def decode_s(self) -> float | None:
+        """Its time between tokens as a decision reads it: the smoothed past, or what its streaming
+        answers show now when that is slower (quick to see a slowdown, slow to forget one, as a
+        peak-EWMA balancer reads latency)."""
+        live = self.live_itl()
+        return self.itl_s if live is None or (self.itl_s is not None and self.itl_s >= live) else live
 
     def holds(self, blocks: tuple[int, ...]) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
@@ -152,9 +200,11 @@ class ReplicaState:
         elif cached_tokens >= expected.cached_tokens + 2 * BLOCK_TOKENS and not expected.continued:
             self.held_bound = min(HELD_BLOCKS, math.ceil(self.held_bound * GROWTH))
 
-    def served(self, expected: Expected) -> None:
-        """A request sent with `expected` ended: its blocks are no longer in flight here, nor its work."""
-        self.sent_new = max(0.0, self.sent_new - expected.new_tokens)
+    def served(self, expected: Expected, prefilled: bool = False) -> None:
+        """A request sent with `expected` ended: its blocks are no longer in flight here, nor its
+        work (its prefill already came off at its first token when `prefilled`)."""
+        if not prefilled:
+            self.sent_new = max(0.0, self.sent_new - expected.new_tokens)
         self.serving.subtract(expected.blocks)
         for block in expected.blocks:
             if self.serving.get(block, 0) <= 0:
@@ -196,7 +246,7 @@ class PoolView:
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.itl_s, r.mean_new,
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(), r.mean_new,
                                    healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new))
         return out
 
@@ -226,9 +276,15 @@ class PoolView:
                 self.sessions.popitem(last=False)
         return expected
 
+    def prefilled(self, name: str, expected: Expected) -> None:
+        """The request sent with `expected` has its first token: its prompt is prefilled, so its
+        new tokens are no longer work queued ahead of the next request there (its answer is)."""
+        replica = self.replicas[name]
+        replica.sent_new = max(0.0, replica.sent_new - expected.new_tokens)
+
     def finished(self, name: str, now: float, ok: bool | None, ttft_s: float | None = None, itl_s: float | None = None,
                  cached_tokens: int | None = None, prompt_tokens: int | None = None, total_s: float | None = None,
-                 expected: Expected | None = None) -> None:
+                 expected: Expected | None = None, prefilled: bool = False) -> None:
         """A request sent to `name` ended: `ok` True (answered), False (failed: the breaker hears
         it), None (the client left: no verdict). An answer's timings feed the replica's measured
         rates: time between tokens (its speed, whatever was cached), first to last token (`total_s`
@@ -236,11 +292,12 @@ class PoolView:
         time), the new tokens it prefilled (the prompt less what it said it
         reused), and time to first token over those when they were at least a block (a nearly
         cached prompt's first token times mostly overhead). With what `dispatched` `expected`,
-        the replica's own count of reused tokens teaches the view how much it keeps."""
+        the replica's own count of reused tokens teaches the view how much it keeps. `prefilled`:
+        its new tokens already came off the queued work at its first token (`PoolView.prefilled`)."""
         replica = self.replicas[name]
         replica.in_flight = max(0, replica.in_flight - 1)
         if expected is not None:
-            replica.served(expected)
+            replica.served(expected, prefilled)
         if replica.in_flight == 0:
             replica.serving.clear()  # whatever a report without its expectation left behind
             replica.sent_new = 0.0
@@ -270,6 +327,18 @@ class PoolView:
             # an answer of one token (no time between tokens) has no answer time to measure
             replica.answer_s = _smooth(replica.answer_s, total_s - ttft_s)
 
+    def watch(self, name: str, gaps: Sequence[float]) -> None:
+        """An answer is streaming from `name`: `gaps` (kept up to date by whoever reads the stream)
+        show how fast the replica is now, until `unwatch`."""
+        self.replicas[name].answering.append(gaps)
+
+    def unwatch(self, name: str, gaps: Sequence[float]) -> None:
+        answering = self.replicas[name].answering
+        for i, watched in enumerate(answering):
+            if watched is gaps:
+                del answering[i]
+                return
+
     def admit(self, name: str, now: float) -> bool:
         """The replica's breaker lets this request through (a half-open one, once)."""
         return self.replicas[name].breaker.admit(now) != "skip"
@@ -287,7 +356,7 @@ class PoolView:
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
                     **({"why": r.reading.why} if r.reading.why else {})},
-                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
+                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(), "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
                 "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
                 "breaker": r.breaker.to_json(now),
             })

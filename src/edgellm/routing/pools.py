@@ -9,17 +9,17 @@ it updates are plain per-isolate data (`RoutingState.pools`), as the breaker is.
 
 from __future__ import annotations
 
-import math
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable
 
 from ..deps import Deps
 from ..generation import Event, Finish, GenerationRequest, Token, ToolCallDelta
 from ..stream import owns
 from .config import OriginConfig, PoolConfig
 from .counting import render_chat
-from .fleet import Expected, PoolView
+from .fleet import LIVE_GAPS, MAX_GAPS, Expected, PoolView, time_between_tokens
 from .probe import refresh
 from .router import ask_router, report
 from .scheduler import CHARS_PER_TOKEN, Ask, prefix_blocks
@@ -126,28 +126,6 @@ def failed(deps: Deps, choice: Choice) -> None:
         report(deps, choice, ok=False)
 
 
-STALL = 4.0  # a gap this many times an answer's typical one is another request's work, not this one's
-SAME_CHUNK_S = 0.001  # tokens closer than this arrived together (a proxy or the network batched them)
-MAX_GAPS = 1024  # an answer's first gaps measure its speed as well as all of them would
-
-
-def time_between_tokens(gaps: Sequence[float]) -> float | None:
-    """A replica's own speed, from the gaps between an answer's tokens: their mean, leaving out
-    stalls (a gap over `STALL` times the typical one, the lower median of the gaps between chunks).
-    A replica that batches requests stops decoding this answer while it prefills another's prompt
-    (llama.cpp takes a prompt's batch between two of this answer's tokens; vLLM a chunk of it), so
-    a plain mean counts a neighbour's cold prompt as this replica's slowness. A replica slowed
-    down is slow at every token, and its typical gap shows it. Tokens that arrived together count
-    at their chunk's gap shared among them. None without a gap, or when every gap is nothing."""
-    usable = [g for g in gaps if math.isfinite(g) and g >= 0]
-    chunks = sorted(g for g in usable if g >= SAME_CHUNK_S)
-    if not chunks:
-        return None
-    typical = chunks[(len(chunks) - 1) // 2]
-    steady = [g for g in usable if g <= STALL * typical]
-    return sum(steady) / len(steady)
-
-
 @dataclass
 class _Outcome:
     """What a replica's answer showed, gathered as it passes: token times, its usage, whether it
@@ -161,13 +139,16 @@ class _Outcome:
     cached: int | None = None
     prompt: int | None = None
     gaps: list[float] = field(default_factory=list)  # seconds between consecutive tokens, the first `MAX_GAPS`
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=LIVE_GAPS))  # the last ones, while it streams
     clock: Callable[[], float] = time.monotonic
 
     def see(self, event: Event) -> None:
         if isinstance(event, (Token, ToolCallDelta)):
             now = self.clock()
-            if self.last is not None and len(self.gaps) < MAX_GAPS:
-                self.gaps.append(now - self.last)
+            if self.last is not None:
+                if len(self.gaps) < MAX_GAPS:
+                    self.gaps.append(now - self.last)
+                self.recent.append(now - self.last)
             self.first = now if self.first is None else self.first
             self.last = now
             self.tokens += 1
@@ -186,26 +167,41 @@ async def _watched(events: AsyncIterator[Event], outcome: _Outcome) -> AsyncIter
         raise
 
 
-def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float) -> AsyncIterator[Event]:
-    """The replica's events, passed on; when they end, fail or are closed (even before their first
-    step), the pool's view hears how it went (time to first token, time between tokens, to the
-    last token, what the replica said it reused from its cache) and its in-flight count comes down."""
+def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float,
+             clock: Callable[[], float] = time.monotonic) -> AsyncIterator[Event]:
+    """The replica's events, passed on; while they stream, the pool's view can see the gaps between
+    their latest tokens (a replica slowed down shows it before any answer of it ends); when they
+    end, fail or are closed (even before their first step), the view hears how it went (time to
+    first token, time between tokens, to the last token, what the replica said it reused from its
+    cache) and its in-flight count comes down."""
     if choice.view is None:
         return events
-    outcome = _Outcome(started)
+    outcome = _Outcome(started, clock=clock)
+    choice.view.watch(choice.origin.name, outcome.recent)
+    replica = choice.view.replicas[choice.origin.name]
+    sent_before, alone = replica.sent, replica.in_flight <= 1
 
     def done() -> None:
         view = choice.view
         assert view is not None
+        view.unwatch(choice.origin.name, outcome.recent)
         ttft = None if outcome.first is None else outcome.first - outcome.started
-        itl = time_between_tokens(outcome.gaps)
+        reading = replica.fresh(deps.clock.now(), view.config.probe_age_ms / 1000)
+        shared = not alone or replica.sent > sent_before or replica.in_flight > 1 or (reading is not None and reading.ok and reading.queue > 1)
+        itl = time_between_tokens(outcome.gaps, shared)
         total = None if outcome.last is None else outcome.last - outcome.started
         view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total,
-                      expected=choice.expected)
+                      expected=choice.expected, prefilled=outcome.first is not None)
         report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt,
                total_s=total)
 
-    return _watched(events, outcome).tap(outcome.see).on_close(done)
+    def see(event: Event) -> None:
+        before = outcome.first
+        outcome.see(event)
+        if before is None and outcome.first is not None and choice.view is not None and choice.expected is not None:
+            choice.view.prefilled(choice.origin.name, choice.expected)
+
+    return _watched(events, outcome).tap(see).on_close(done)
 
 
 def route_text(choice: Choice, reason: str, why_not_edge: str) -> str:

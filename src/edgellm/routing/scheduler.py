@@ -22,8 +22,8 @@ the prefill work queued ahead of it, not the number of requests):
   and what the replica itself last reported (llama.cpp: requests processing + deferred; vLLM:
   running + waiting), when that report is fresh and sane. Each costs its new prefill tokens and
   an answer: for the requests this gateway sent there and has in flight, the new tokens it
-  estimated for each when it sent it (a replica just sent three cold prompts has their prefill
-  ahead, though its past requests were cheap); for the rest of the queue (other isolates'
+  estimated for each when it sent it, until that request's first token (a replica just sent
+  three cold prompts has their prefill ahead, though its past requests were cheap); for the rest of the queue (other isolates'
   requests, seen in the replica's report), the replica's recent mean (what it prefilled of their
   prompts, as it reported). A replica serving prompts it holds has cheap requests queued; one
   prefilling cold prompts has dear ones.
@@ -39,7 +39,11 @@ the prefill work queued ahead of it, not the number of requests):
   medians of its replicas' smoothed measurements (`fleet.PoolView.finished`); *slowdown*: the
   replica's time between tokens against the pool's median, measured on every answer whatever
   was cached, so a replica slowed down costs more for the prompts it holds too, and loses them
-  once its queue builds.
+  once its queue builds. The gaps in which a replica stopped an answer to prefill another
+  request's prompt are left out (`fleet.time_between_tokens`: a neighbour's cold prompt is not
+  this replica's slowness), and the answers streaming from it count as soon as they show it
+  slower than its past (`fleet.ReplicaState.decode_s`), so a replica slowed mid-run costs more
+  at its next tokens, not when its answers end.
 
 Measured rates are noisy (a shared machine's replicas wander), so a slowdown within `TOLERANCE`
 (1.5x either way) of the median counts as none, and beyond it only the excess counts; a replica

@@ -296,7 +296,7 @@ class Sim:
         for job in list(r.active):
             if job.first_at is None and job.done_work >= job.work_first - eps:
                 job.first_at = now
-                self.first_token(job, now)
+                self.first_token(job)
             if job.done_work >= job.work_total - eps:
                 job.end = now
                 r.active.remove(job)
@@ -305,7 +305,7 @@ class Sim:
             self.begin(r, r.waiting.pop(0), now)
         self.schedule(r, now)
 
-    def first_token(self, job: Job, now: float) -> None:
+    def first_token(self, job: Job) -> None:
         """The isolates that sent `job` see its first token as it streams through them (the pool's
         object hears of a request only when it ends)."""
         name = self.replicas[job.replica].name

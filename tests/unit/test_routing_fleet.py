@@ -12,7 +12,7 @@ import json
 import pytest
 
 from edgellm.routing.config import PoolConfig
-from edgellm.routing.fleet import BLOCK_TOKENS, GROWTH, HELD_BLOCKS, MIN_HELD_BLOCKS, Expected, PoolView
+from edgellm.routing.fleet import BLOCK_TOKENS, GROWTH, HELD_BLOCKS, MIN_HELD_BLOCKS, Expected, PoolView, sane_reading
 from edgellm.routing.scheduler import BLOCK_CHARS, Ask
 
 BLOCKS = 20  # blocks a prompt (5 KiB: a long system prompt)
@@ -366,12 +366,27 @@ def test_a_requests_prefill_comes_off_the_queued_work_at_its_first_token_once() 
 
 
 def test_a_streaming_answers_stall_counts_unless_the_replica_serves_others() -> None:
+    """The same neighbour rule as a finished answer's: others in flight there, or in its report."""
     view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
     for name in "abc":
         serve(view, name, prompt(0), 0)
+    decode = lambda: next(v.decode_s for v in view.views((), 2.0) if v.name == "a")  # noqa: E731
     stalled = [0.05] * 15 + [4.05]
     view.dispatched("a", prompt(1), "load")
     view.watch("a", stalled)
-    assert view.replicas["a"].live_itl() == pytest.approx(0.3)  # alone: the replica paused
+    assert decode() == pytest.approx(0.3)  # alone: the replica paused
+    view.replicas["a"].reading = sane_reading(2.0, 2, 0)
+    assert decode() == pytest.approx(0.05)  # its report shows another isolate's request: that one's prefill
+    view.replicas["a"].reading = None
     view.dispatched("a", prompt(2), "load")
-    assert view.replicas["a"].live_itl() == pytest.approx(0.05)  # beside another: its prefill
+    assert decode() == pytest.approx(0.05)  # beside another of this view's
+    view.finished("a", 3.0, None)
+    view.finished("a", 3.0, None)  # both ended, the stream never unwatched (never closed)
+    assert view.replicas["a"].answering == [] and decode() == 0.05
+
+
+def test_a_replica_with_no_past_reads_its_streaming_answer() -> None:
+    view = one_replica()
+    view.dispatched("a", prompt(1), "load")
+    view.watch("a", [0.2] * 8)
+    assert {v.name: v.decode_s for v in view.views((), 1.0)} == {"a": pytest.approx(0.2), "b": None}

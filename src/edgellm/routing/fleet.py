@@ -133,23 +133,29 @@ class ReplicaState:
     sent_new: float = 0.0  # new prefill tokens of the requests this view has in flight here, as estimated when sent
     answering: list[Sequence[float]] = field(default_factory=list)  # the latest gaps of each answer streaming from here
 
-    def live_itl(self) -> float | None:
+    def shared(self, now: float, max_age: float) -> bool:
+        """It is serving more than one request: this view has others in flight there, or its
+        fresh report says so (other isolates' requests)."""
+        reading = self.fresh(now, max_age)
+        return self.in_flight > 1 or (reading is not None and reading.ok and reading.queue > 1)
+
+    def live_itl(self, shared: bool) -> float | None:
         """The time between tokens its streaming answers show now, the slowest of them (each
         measured as `time_between_tokens`, over its last `LIVE_GAPS` gaps, when it has at least
-        `MIN_LIVE_GAPS`; shared with the other answers when there are others): a replica slowed
-        down shows it at its next tokens, long before an answer of it ends and is averaged into
-        `itl_s`."""
-        shared = self.in_flight > 1
+        `MIN_LIVE_GAPS`): a replica slowed down shows it at its next tokens, long before an answer
+        of it ends and is averaged into `itl_s`."""
         measured = [time_between_tokens(gaps, shared) for gaps in self.answering if len(gaps) >= MIN_LIVE_GAPS]
         known = [m for m in measured if m is not None]
         return max(known) if known else None
 
-    def decode_s(self) -> float | None:
+    def decode_s(self, shared: bool) -> float | None:
         """Its time between tokens as a decision reads it: the smoothed past, or what its streaming
         answers show now when that is slower (quick to see a slowdown, slow to forget one, as a
         peak-EWMA balancer reads latency)."""
-        live = self.live_itl()
-        return self.itl_s if live is None or (self.itl_s is not None and self.itl_s >= live) else live
+        live = self.live_itl(shared)
+        if live is None or self.itl_s is None:
+            return self.itl_s if live is None else live
+        return max(self.itl_s, live)
 
     def holds(self, blocks: tuple[int, ...]) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
@@ -246,7 +252,7 @@ class PoolView:
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(), r.mean_new,
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(r.shared(now, max_age)), r.mean_new,
                                    healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new))
         return out
 
@@ -301,6 +307,7 @@ class PoolView:
         if replica.in_flight == 0:
             replica.serving.clear()  # whatever a report without its expectation left behind
             replica.sent_new = 0.0
+            replica.answering.clear()  # a stream never closed must not stand for the replica's speed
         if ok is True:
             replica.breaker.success(now)
         elif ok is False:
@@ -356,7 +363,7 @@ class PoolView:
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
                     **({"why": r.reading.why} if r.reading.why else {})},
-                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(), "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
+                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(r.shared(now, max_age)), "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
                 "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
                 "breaker": r.breaker.to_json(now),
             })

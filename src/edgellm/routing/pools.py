@@ -176,18 +176,16 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
     cache) and its in-flight count comes down."""
     if choice.view is None:
         return events
+    view = choice.view
     outcome = _Outcome(started, clock=clock)
-    choice.view.watch(choice.origin.name, outcome.recent)
-    replica = choice.view.replicas[choice.origin.name]
+    view.watch(choice.origin.name, outcome.recent)
+    replica = view.replicas[choice.origin.name]
     sent_before, alone = replica.sent, replica.in_flight <= 1
 
     def done() -> None:
-        view = choice.view
-        assert view is not None
         view.unwatch(choice.origin.name, outcome.recent)
         ttft = None if outcome.first is None else outcome.first - outcome.started
-        reading = replica.fresh(deps.clock.now(), view.config.probe_age_ms / 1000)
-        shared = not alone or replica.sent > sent_before or replica.in_flight > 1 or (reading is not None and reading.ok and reading.queue > 1)
+        shared = not alone or replica.sent > sent_before or replica.shared(deps.clock.now(), view.config.probe_age_ms / 1000)
         itl = time_between_tokens(outcome.gaps, shared)
         total = None if outcome.last is None else outcome.last - outcome.started
         view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total,
@@ -198,8 +196,8 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
     def see(event: Event) -> None:
         before = outcome.first
         outcome.see(event)
-        if before is None and outcome.first is not None and choice.view is not None and choice.expected is not None:
-            choice.view.prefilled(choice.origin.name, choice.expected)
+        if before is None and outcome.first is not None and choice.expected is not None:
+            view.prefilled(choice.origin.name, choice.expected)
 
     return _watched(events, outcome).tap(see).on_close(done)
 

@@ -23,9 +23,9 @@ the prefill work queued ahead of it, not the number of requests):
   running + waiting), when that report is fresh and sane. Each costs its new prefill tokens and
   an answer: for the requests this gateway sent there and has in flight, the new tokens it
   estimated for each when it sent it, until that request's first token (a replica just sent
-  three cold prompts has their prefill ahead, though its past requests were cheap); for the rest of the queue (other isolates'
-  requests, seen in the replica's report), the replica's recent mean (what it prefilled of their
-  prompts, as it reported). A replica serving prompts it holds has cheap requests queued; one
+  three cold prompts has their prefill ahead, though its past requests were cheap); for the
+  rest of the queue (other isolates' requests, seen in the replica's report), the replica's
+  recent mean (what it prefilled of their prompts, as it reported). A replica serving prompts it holds has cheap requests queued; one
   prefilling cold prompts has dear ones.
 - *the added delay*: a prompt prefilled again where it is not held is work that every request
   queued behind it there waits for; about as many will queue there as wait on a replica of the

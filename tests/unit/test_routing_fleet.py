@@ -8,12 +8,13 @@ seen it, and prefix locality would steer nothing."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import BLOCK_TOKENS, GROWTH, HELD_BLOCKS, MIN_HELD_BLOCKS, Expected, PoolView, sane_reading
-from edgellm.routing.scheduler import BLOCK_CHARS, Ask
+from edgellm.routing.scheduler import BLOCK_CHARS, FORGET_S, Ask
 
 BLOCKS = 20  # blocks a prompt (5 KiB: a long system prompt)
 
@@ -350,6 +351,39 @@ def test_a_replica_slowed_mid_answer_loses_the_prefix_it_holds_before_that_answe
     assert view.choose(prompt(1), 2.0)[0].name == "a"
     gaps[:] = [0.5] * 8
     assert view.choose(prompt(1), 2.0)[0].name != "a"
+
+
+def test_a_replica_measured_slow_once_is_offered_requests_again_as_the_measurement_ages() -> None:
+    """One answer on a stalled for seconds (a passing fault): its time between tokens reads 8x the
+    others', and new prompts go elsewhere, even to replicas that are busy. With no request, nothing
+    would measure it again; the measurement fades, and a few decay times later it takes them."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
+    for name in "abc":
+        serve(view, name, prompt(9), 0)  # 50 ms between tokens, at t = 1
+    view.finished("a", 1.0, True, 2.0, 0.4, 0, int(prompt(1).prompt_tokens), 3.0)
+    assert view.replicas["a"].itl_at == 1.0 and view.to_json(1.0)["replicas"][0]["itl_age_s"] == 0.0
+    for name in "bc":
+        view.dispatched(name, prompt(2), "load")  # b and c are each busy with one request
+    assert view.choose(prompt(3), 1.0)[0].name != "a"
+    assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name == "a"
+    assert view.to_json(1.0 + 5 * FORGET_S)["replicas"][0]["itl_age_s"] == 5 * FORGET_S
+    gaps: list[float] = [0.4] * 8  # its next answer streams as slow: that is now, whatever the age
+    view.watch("a", gaps)
+    assert [v.decode_age for v in view.views((), 1.0 + 5 * FORGET_S)] == [0.0, 5 * FORGET_S, 5 * FORGET_S]
+    assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name != "a"
+
+
+@pytest.mark.parametrize("age, expected", [
+    (0.0, 0.7 * 0.4 + 0.3 * 0.05),                          # back to back: the usual smoothing
+    (FORGET_S, 0.7 / math.e * 0.4 + (1 - 0.7 / math.e) * 0.05),  # the past kept at e^-1 of its weight
+    (10 * FORGET_S, 0.05),                                   # after a quiet spell: the new answer
+    (-1.0, 0.7 * 0.4 + 0.3 * 0.05),                          # a clock gone back: as back to back
+])
+def test_an_answers_speed_outweighs_an_old_measurement(age: float, expected: float) -> None:
+    view = one_replica()
+    view.finished("a", 1.0, True, 0.5, 0.4, total_s=1.0)
+    view.finished("a", 1.0 + age, True, 0.5, 0.05, total_s=1.0)
+    assert view.replicas["a"].itl_s == pytest.approx(expected, rel=1e-3)
 
 
 def test_a_requests_prefill_comes_off_the_queued_work_at_its_first_token_once() -> None:

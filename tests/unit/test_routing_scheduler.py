@@ -14,7 +14,7 @@ from edgellm.config import Config
 from edgellm.routing.config import PoolConfig
 from edgellm.routing.fleet import PoolView, Reading, sane_reading
 from edgellm.routing.probe import parse_metrics, reading_from
-from edgellm.routing.scheduler import (BLOCK_CHARS, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, Pick, Rates, ReplicaView, imposed, load_cap, median,
+from edgellm.routing.scheduler import (BLOCK_CHARS, FORGET_S, PRIOR_ANSWER_TOKENS, PRIOR_PREFILL_S, Ask, Pick, Rates, ReplicaView, imposed, load_cap, median,
                                       over_bound, predicted_ttft, prefix_blocks, queued_ahead, queued_size, rates, rendezvous, schedule, slowdowns)
 
 
@@ -503,6 +503,25 @@ def test_predicted_ttft_without_a_slowdown_is_at_the_pools_speed() -> None:
 ])
 def test_slowdowns_at_the_band_edges_and_the_caps(measured: list[float | None], expected: list[float]) -> None:
     assert slowdowns(measured) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("ages, expected", [
+    ([0.0, 0.0, 0.0], [1.0, 1.0, 8 / 1.5]),                                   # fresh: the whole factor
+    ([0.0, 0.0, FORGET_S / 20], [1.0, 1.0, 8 ** math.exp(-1 / 20) / 1.5]),    # half a second: a little
+    ([0.0, 0.0, FORGET_S], [1.0, 1.0, 8 ** math.exp(-1) / 1.5]),              # one decay time: e^-1 of it (in log)
+    ([0.0, 0.0, 2 * FORGET_S], [1.0, 1.0, 1.0]),                              # 8^e^-2 = 1.32x: within the tolerance
+    ([0.0, 0.0, math.inf], [1.0, 1.0, 1.0]),                                  # forgotten
+    ([0.0, 0.0, -5.0], [1.0, 1.0, 8 / 1.5]),                                  # a clock gone back: taken as fresh
+    ([0.0, 0.0, math.nan], [1.0, 1.0, 8 / 1.5]),
+    ([0.0, 0.0], [1.0, 1.0, 8 / 1.5]),                                        # an age missing: fresh
+    ([3 * FORGET_S, 0.0, 0.0], [1.0, 1.0, 8 / 1.5]),                          # only a replica's own age fades it
+])
+def test_a_measured_slowdown_fades_with_its_age(ages: list[float], expected: list[float]) -> None:
+    """A replica measured slow gets no requests, so nothing measures it again: the measurement
+    fades, and within a few decay times it is offered requests again."""
+    assert slowdowns([0.03, 0.03, 0.24], ages) == pytest.approx(expected)
+    fast = slowdowns([0.03, 0.03, 0.003], [0.0, 0.0, FORGET_S])[2]  # a fast reading fades toward the median alike
+    assert fast == pytest.approx(0.1 ** math.exp(-1) * 1.5)
 
 
 @pytest.mark.parametrize("mean_new, expected", [

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .breaker import CircuitBreaker
 from .config import BreakerConfig, PoolConfig
-from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, Ask, Pick, ReplicaView, schedule
+from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, FORGET_S, Ask, Pick, ReplicaView, schedule
 
 HELD_BLOCKS = 8192  # prefix blocks remembered per replica at most (about 2 MiB of prompt at 256 characters a block)
 MIN_HELD_BLOCKS = 16  # the learned bound never goes below this (4 KiB of prompt: one long system prompt)
@@ -121,6 +121,7 @@ class ReplicaState:
     reading: Reading | None = None
     ttft_s: float | None = None
     itl_s: float | None = None
+    itl_at: float | None = None  # when `itl_s` was last measured
     prefill_s: float | None = None  # time to first token a new prompt token, smoothed
     answer_s: float | None = None  # time from first to last token, smoothed
     mean_new: float | None = None  # new prefill tokens a request (the prompt less what it reused), smoothed
@@ -156,6 +157,13 @@ class ReplicaState:
         if live is None or self.itl_s is None:
             return self.itl_s if live is None else live
         return max(self.itl_s, live)
+
+    def decode_age(self, now: float, shared: bool) -> float:
+        """Seconds since `decode_s` was measured: none while its streaming answers show it (a clock
+        gone back gives a negative age, which the scheduler reads as fresh)."""
+        if self.live_itl(shared) is not None or self.itl_at is None:
+            return 0.0
+        return now - self.itl_at
 
     def holds(self, blocks: tuple[int, ...]) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
@@ -252,8 +260,10 @@ class PoolView:
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(r.shared(now, max_age)), r.mean_new,
-                                   healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new))
+            shared = r.shared(now, max_age)
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(shared), r.mean_new,
+                                   healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new,
+                                   decode_age=r.decode_age(now, shared)))
         return out
 
     def choose(self, ask: Ask, now: float) -> list[Pick]:
@@ -318,7 +328,10 @@ class PoolView:
         if _seconds(ttft_s):
             replica.ttft_s = _smooth(replica.ttft_s, ttft_s)
         if _seconds(itl_s) and itl_s:
-            replica.itl_s = _smooth(replica.itl_s, itl_s)
+            # the past weighs less the older it is: after a quiet spell the new answer says most
+            age = 0.0 if replica.itl_at is None else now - replica.itl_at
+            replica.itl_s = _smooth(replica.itl_s, itl_s, age)
+            replica.itl_at = now
         if _count(prompt_tokens):
             cached = cached_tokens if _count(cached_tokens) else 0
             replica.cached_tokens += cached
@@ -363,7 +376,8 @@ class PoolView:
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
                     **({"why": r.reading.why} if r.reading.why else {})},
-                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(r.shared(now, max_age)), "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
+                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(r.shared(now, max_age)),
+                "itl_age_s": None if r.itl_at is None else round(max(0.0, now - r.itl_at), 3), "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
                 "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
                 "breaker": r.breaker.to_json(now),
             })
@@ -379,5 +393,10 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _smooth(old: float | None, sample: float) -> float:
-    return sample if old is None else (1 - EWMA) * old + EWMA * sample
+def _smooth(old: float | None, sample: float, age: float = 0.0) -> float:
+    """`EWMA` of the newest sample; the past, `age` seconds old, kept at e^(-age / `FORGET_S`)
+    of its weight (a time-weighted moving average, as a peak-EWMA balancer's)."""
+    if old is None:
+        return sample
+    keep = (1 - EWMA) * math.exp(-age / FORGET_S) if age > 0 else 1 - EWMA
+    return keep * old + (1 - keep) * sample

@@ -76,6 +76,7 @@ MAX_RATIO = 16.0  # a replica measured more than this far from the pool's median
 TOLERANCE = 1.5  # a speed within this factor of the pool's median counts as the median
 PRIOR_PREFILL_S = 0.001  # seconds a new prompt token, before anything was measured
 PRIOR_ANSWER_TOKENS = 256.0  # an answer in prompt tokens' time, before anything was measured
+FORGET_S = 10.0  # a replica's measured speed counts for e^-1 of itself this long after its last answer (Finagle's peak EWMA decay time)
 
 
 def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
@@ -122,17 +123,27 @@ def median(values: Sequence[float | None]) -> float | None:
     return known[middle] if len(known) % 2 else (known[middle - 1] + known[middle]) / 2
 
 
-def slowdowns(measured: Sequence[float | None]) -> list[float]:
+def slowdowns(measured: Sequence[float | None], ages: Sequence[float] | None = None) -> list[float]:
     """Each replica's time between tokens as a factor of the pool's median, as the decision reads
     it: within `TOLERANCE` of the median, 1 (noise does not move a request); beyond, only the
-    excess (1.5x counts as 1, 3x as 2, capped at `MAX_RATIO`); unmeasured (or nonsense), 1."""
+    excess (1.5x counts as 1, 3x as 2, capped at `MAX_RATIO`); unmeasured (or nonsense), 1.
+
+    A measurement fades with its age (`ages`, seconds since each was taken): the factor counts
+    as factor ** e^(-age / `FORGET_S`). A replica measured slow gets no requests, so nothing
+    would ever measure it again: one answer stalled by a passing fault (or a starved core) would
+    shut it out for good. Faded, it is offered a request again within seconds, and that answer
+    (and its streaming gaps) says whether it still is slow, as a peak-EWMA balancer lets an idle
+    endpoint's latency decay (Finagle, tower)."""
     middle = median(measured)
     out = []
-    for value in measured:
+    for i, value in enumerate(measured):
         if middle is None or value is None or not value > 0 or not math.isfinite(value):
             out.append(1.0)
             continue
         ratio = min(MAX_RATIO, max(1 / MAX_RATIO, value / middle))
+        age = ages[i] if ages is not None and i < len(ages) else 0.0
+        if age > 0:  # (NaN is not)
+            ratio **= math.exp(-age / FORGET_S)
         out.append(ratio / TOLERANCE if ratio > TOLERANCE else ratio * TOLERANCE if ratio < 1 / TOLERANCE else 1.0)
     return out
 
@@ -155,7 +166,8 @@ def rates(replicas: Sequence["ReplicaView"]) -> Rates:
         prefill = answer / PRIOR_ANSWER_TOKENS if answer is not None else PRIOR_PREFILL_S
     if answer is None:
         answer = prefill * PRIOR_ANSWER_TOKENS
-    return Rates(prefill, answer, dict(zip((r.name for r in replicas), slowdowns([r.decode_s for r in replicas]))))
+    return Rates(prefill, answer, dict(zip((r.name for r in replicas),
+                                           slowdowns([r.decode_s for r in replicas], [r.decode_age for r in replicas]))))
 
 
 def queued_ahead(replica: "ReplicaView", new_here: float) -> float:
@@ -195,7 +207,8 @@ class ReplicaView:
     last report sane; `down`: its breaker is open (never chosen). Its measurements, None before
     any: `prefill_s` seconds a new prompt token, `answer_s` seconds from first to last token,
     `decode_s` seconds between tokens, `mean_new` new prefill tokens a request (what it reported
-    it did not take from its cache). Of its queue, `sent_queue` requests are ones this view sent
+    it did not take from its cache), `decode_age` seconds since `decode_s` was measured (0 while
+    its streaming answers show it). Of its queue, `sent_queue` requests are ones this view sent
     and has in flight there, with `sent_new` new prefill tokens between them, as estimated when
     each was sent."""
 
@@ -210,6 +223,7 @@ class ReplicaView:
     down: bool = False
     sent_queue: float = 0.0
     sent_new: float = 0.0
+    decode_age: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -848,3 +848,78 @@ async def test_a_stall_is_left_out_only_when_the_replica_had_a_neighbour(neighbo
     async for _ in followed(deps, choice, answer(), 9.0, clock=lambda: next(times)):
         pass
     assert view.replicas["gpu-1"].itl_s == pytest.approx(itl)
+
+
+@pytest.mark.parametrize("gaps, shared, explained, expected", [
+    ([0.03] * 8 + [4.0] * 3, True, 12.01, 0.03),               # three stalls in eleven gaps, a neighbour's 12 s of prefill
+    ([0.03] * 8 + [4.0] * 3, True, 11.9, 12.24 / 11),          # more stall than the neighbours' prefill: the replica's own
+    ([0.03] * 8 + [4.0] * 3, True, 0.0, 12.24 / 11),           # nothing prefilled beside it: too many to be neighbours
+    ([0.03] * 8 + [4.0] * 3, False, 100.0, 12.24 / 11),        # alone, nothing explains a stall
+    ([0.03] * 16 + [4.0] * 2, True, 0.0, 0.03),                # few stalls need no explaining
+])
+def test_stalls_the_neighbours_prefill_explains_are_left_out(gaps: list[float], shared: bool, explained: float,
+                                                              expected: float) -> None:
+    """A short answer stalled three times by one long prompt prefilled a batch at a time (on the
+    real fleet, twelve tokens beside a 1,400-token prompt read 1.3 s between tokens, 8x its peers)."""
+    from edgellm.routing.fleet import time_between_tokens
+
+    assert time_between_tokens(gaps, shared, explained) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("prefill_s, neighbour, itl", [
+    (0.0121, "during", 0.03),          # sent while it streamed: its 1,000 tokens at 12.1 ms explain the 12 s of stalls
+    (0.0121, "waiting", 0.03),          # sent before, still waiting for its prefill at this answer's first token
+    (0.008, "during", 12.24 / 11),     # 8 s of prefill cannot explain 12 s of stalls
+    (None, "during", 12.24 / 11),      # the replica's prefill speed unknown: nothing is explained
+    (0.0121, "prefilled", 12.24 / 11),  # prefilled before this answer's first token: it stalled none of its tokens
+    (0.0121, None, 12.24 / 11),
+])
+async def test_an_answers_stalls_are_held_against_the_neighbours_prefilled_beside_it(prefill_s: float | None, neighbour: str | None,
+                                                                                     itl: float) -> None:
+    from edgellm.config import Config as _Config
+    from edgellm.deps import Deps
+    from edgellm.generation import Finish, Token, Usage
+    from edgellm.routing.pools import Choice, dispatched, followed
+
+    view: PoolView
+    times = iter([10.0 + t for t in (0, 0.03, 0.06, 4.06, 4.09, 8.09, 8.12, 12.12, 12.15, 12.18, 12.21, 12.24)])
+    other = []
+
+    async def answer():  # type: ignore[no-untyped-def]
+        for i in range(12):
+            if i == 1 and neighbour == "during":
+                other.append(view.dispatched("gpu-1", ask(8000), "load"))
+            yield Token("t")
+        yield Finish("stop", Usage(3, 12, cached_tokens=0))
+
+    config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
+    deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
+    view = PoolView(config.routing.pools["gpu"])
+    view.replicas["gpu-1"].prefill_s = prefill_s
+    if neighbour in ("waiting", "prefilled"):
+        other.append(view.dispatched("gpu-1", ask(8000), "load"))
+    if neighbour == "prefilled":
+        view.prefilled("gpu-1", other[0])
+    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask(0, tokens=10)), "load")
+    async for _ in followed(deps, choice, answer(), 9.0, clock=lambda: next(times)):
+        pass
+    assert view.replicas["gpu-1"].itl_s == pytest.approx(itl)
+
+
+async def test_an_answer_without_a_token_comes_off_its_replica_with_nothing_to_explain() -> None:
+    from edgellm.config import Config as _Config
+    from edgellm.deps import Deps
+    from edgellm.routing.pools import Choice, dispatched, followed
+
+    async def refused():  # type: ignore[no-untyped-def]
+        raise ConnectionError("the replica went away")
+        yield  # pragma: no cover
+
+    config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
+    view = PoolView(config.routing.pools["gpu"])
+    view.replicas["gpu-1"].prefill_s = 0.01
+    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask()), "load")
+    with pytest.raises(ConnectionError):
+        async for _ in followed(Deps(config=config, ai=None), choice, refused(), 9.0):  # type: ignore[arg-type]
+            pass
+    assert view.replicas["gpu-1"].in_flight == 0 and view.replicas["gpu-1"].errors == 1

@@ -34,16 +34,18 @@ LIVE_GAPS = 32  # the gaps of a streaming answer that say how fast its replica i
 MIN_LIVE_GAPS = 8  # fewer say too little
 
 
-def time_between_tokens(gaps: Sequence[float], shared: bool = True) -> float | None:
-    """A replica's own speed, from the gaps between an answer's tokens: their mean, leaving out a
-    few stalls when the replica was `shared` with other requests (gaps over `STALL` times the
-    typical one, the lower median of the gaps between chunks). A replica that batches requests
-    stops decoding this answer while it prefills another's prompt (llama.cpp takes a prompt's
-    batch between two of this answer's tokens; vLLM a chunk of it), so a plain mean counts a
+def time_between_tokens(gaps: Sequence[float], shared: bool = True, explained_s: float = 0.0) -> float | None:
+    """A replica's own speed, from the gaps between an answer's tokens: their mean, leaving out
+    stalls when the replica was `shared` with other requests (gaps over `STALL` times the typical
+    one, the lower median of the gaps between chunks). A replica that batches requests stops
+    decoding this answer while it prefills another's prompt (llama.cpp takes a prompt's batch
+    between two of this answer's tokens; vLLM a chunk of it), so a plain mean counts a
     neighbour's cold prompt as this replica's slowness. Without a neighbour a stall is the
-    replica's own (paused, throttled), and so is a pause at every turn (more stalls than one gap
-    in `STALL_SHARE`): they count. Tokens that arrived together count at their chunk's gap shared
-    among them. None without a gap, or when every gap is nothing."""
+    replica's own (paused, throttled), and so is a pause at every turn: stalls count when they
+    are more than one gap in `STALL_SHARE`, unless the neighbours' prompts prefilled there while
+    this answer streamed take at least as long (`explained_s`: a long prompt may stall a short
+    answer more than once, prefilled a batch at a time). Tokens that arrived together count at
+    their chunk's gap shared among them. None without a gap, or when every gap is nothing."""
     usable = [g for g in gaps if math.isfinite(g) and g >= 0]
     chunks = sorted(g for g in usable if g >= SAME_CHUNK_S)
     if not usable or not sum(usable) > 0:
@@ -52,7 +54,8 @@ def time_between_tokens(gaps: Sequence[float], shared: bool = True) -> float | N
     if shared and chunks:
         typical = chunks[(len(chunks) - 1) // 2]
         below = [g for g in usable if g <= STALL * typical]
-        if len(usable) - len(below) <= max(1, len(usable) // STALL_SHARE):
+        few = len(usable) - len(below) <= max(1, len(usable) // STALL_SHARE)
+        if few or sum(usable) - sum(below) <= explained_s:
             steady = below
     return sum(steady) / len(steady)
 
@@ -132,6 +135,7 @@ class ReplicaState:
     held_bound: int = HELD_BLOCKS
     serving: Counter[int] = field(default_factory=Counter)  # the blocks of the prompts in flight here
     sent_new: float = 0.0  # new prefill tokens of the requests this view has in flight here, as estimated when sent
+    dispatched_new: float = 0.0  # new prefill tokens of every request this view sent here (a running count)
     answering: list[Sequence[float]] = field(default_factory=list)  # the latest gaps of each answer streaming from here
 
     def shared(self, now: float, max_age: float) -> bool:
@@ -285,6 +289,7 @@ class PoolView:
         replica.remember(ask.blocks)
         replica.serving.update(ask.blocks)
         replica.sent_new += expected.new_tokens
+        replica.dispatched_new += expected.new_tokens
         if ask.session:
             self.sessions[ask.session] = name
             self.sessions.move_to_end(ask.session)

@@ -181,12 +181,18 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
     view.watch(choice.origin.name, outcome.recent)
     replica = view.replicas[choice.origin.name]
     sent_before, alone = replica.sent, replica.in_flight <= 1
+    # the neighbours' prompts prefilled there while the answer streams: those not yet prefilled at
+    # its first token, and those sent there after it (new tokens, as estimated when each was sent)
+    prefilling: list[float] = []
 
     def done() -> None:
         view.unwatch(choice.origin.name, outcome.recent)
         ttft = None if outcome.first is None else outcome.first - outcome.started
         shared = not alone or replica.sent > sent_before or replica.shared(deps.clock.now(), view.config.probe_age_ms / 1000)
-        itl = time_between_tokens(outcome.gaps, shared)
+        explained = 0.0
+        if prefilling and replica.prefill_s is not None:
+            explained = (prefilling[0] + replica.dispatched_new - prefilling[1]) * replica.prefill_s
+        itl = time_between_tokens(outcome.gaps, shared, explained)
         total = None if outcome.last is None else outcome.last - outcome.started
         view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total,
                       expected=choice.expected, prefilled=outcome.first is not None)
@@ -196,8 +202,10 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
     def see(event: Event) -> None:
         before = outcome.first
         outcome.see(event)
-        if before is None and outcome.first is not None and choice.expected is not None:
-            view.prefilled(choice.origin.name, choice.expected)
+        if before is None and outcome.first is not None:
+            if choice.expected is not None:
+                view.prefilled(choice.origin.name, choice.expected)
+            prefilling[:] = [replica.sent_new, replica.dispatched_new]
 
     return _watched(events, outcome).tap(see).on_close(done)
 

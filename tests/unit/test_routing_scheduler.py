@@ -851,8 +851,8 @@ async def test_a_stall_is_left_out_only_when_the_replica_had_a_neighbour(neighbo
 
 
 @pytest.mark.parametrize("gaps, shared, explained, expected", [
-    ([0.03] * 8 + [4.0] * 3, True, 12.01, 0.03),               # three stalls in eleven gaps, a neighbour's 12 s of prefill
-    ([0.03] * 8 + [4.0] * 3, True, 11.9, 12.24 / 11),          # more stall than the neighbours' prefill: the replica's own
+    ([0.03] * 8 + [4.0] * 3, True, 6.01, 0.03),                # three stalls in eleven gaps, a neighbour's 6 s of prefill (twice)
+    ([0.03] * 8 + [4.0] * 3, True, 5.9, 12.24 / 11),           # more than twice the neighbours' prefill: the replica's own
     ([0.03] * 8 + [4.0] * 3, True, 0.0, 12.24 / 11),           # nothing prefilled beside it: too many to be neighbours
     ([0.03] * 8 + [4.0] * 3, False, 100.0, 12.24 / 11),        # alone, nothing explains a stall
     ([0.03] * 16 + [4.0] * 2, True, 0.0, 0.03),                # few stalls need no explaining
@@ -867,12 +867,12 @@ def test_stalls_the_neighbours_prefill_explains_are_left_out(gaps: list[float], 
 
 
 @pytest.mark.parametrize("prefill_s, neighbour, itl", [
-    (0.0121, "during", 0.03),          # sent while it streamed: its 1,000 tokens at 12.1 ms explain the 12 s of stalls
-    (0.0121, "waiting", 0.03),          # sent before, still waiting for its prefill at this answer's first token
-    (0.008, "during", 12.24 / 11),     # 8 s of prefill cannot explain 12 s of stalls
+    (0.0061, "during", 0.03),          # sent while it streamed: its 1,000 tokens at 6.1 ms (twice) explain the 12 s of stalls
+    (0.0061, "waiting", 0.03),         # sent before, still waiting for its prefill at this answer's first token
+    (0.0059, "during", 12.24 / 11),    # twice 5.9 s of prefill cannot explain 12 s of stalls
     (None, "during", 12.24 / 11),      # the replica's prefill speed unknown: nothing is explained
-    (0.0121, "prefilled", 12.24 / 11),  # prefilled before this answer's first token: it stalled none of its tokens
-    (0.0121, None, 12.24 / 11),
+    (0.0061, "prefilled", 12.24 / 11),  # prefilled before this answer's first token: it stalled none of its tokens
+    (0.0061, None, 12.24 / 11),
 ])
 async def test_an_answers_stalls_are_held_against_the_neighbours_prefilled_beside_it(prefill_s: float | None, neighbour: str | None,
                                                                                      itl: float) -> None:

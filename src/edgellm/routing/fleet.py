@@ -29,6 +29,7 @@ MAX_QUEUE = 100_000.0  # a reported queue above this is not a count
 STALL = 4.0  # a gap this many times an answer's typical one is another request's work, not this one's
 STALL_SHARE = 8  # more stalls than one gap in this many (or than one) are the replica's own pace
 SAME_CHUNK_S = 0.001  # tokens closer than this arrived together (a proxy or the network batched them)
+PREFILL_SLACK = 2.0  # a neighbour's prompt may take this many times its measured prefill (longer prompts, a busier machine)
 MAX_GAPS = 1024  # an answer's first gaps measure its speed as well as all of them would
 LIVE_GAPS = 32  # the gaps of a streaming answer that say how fast its replica is now
 MIN_LIVE_GAPS = 8  # fewer say too little
@@ -43,8 +44,9 @@ def time_between_tokens(gaps: Sequence[float], shared: bool = True, explained_s:
     neighbour's cold prompt as this replica's slowness. Without a neighbour a stall is the
     replica's own (paused, throttled), and so is a pause at every turn: stalls count when they
     are more than one gap in `STALL_SHARE`, unless the neighbours' prompts prefilled there while
-    this answer streamed take at least as long (`explained_s`: a long prompt may stall a short
-    answer more than once, prefilled a batch at a time). Tokens that arrived together count at
+    this answer streamed could take as long (`explained_s`, at `PREFILL_SLACK` times their
+    measured prefill: a long prompt may stall a short answer more than once, prefilled a batch at
+    a time). Tokens that arrived together count at
     their chunk's gap shared among them. None without a gap, or when every gap is nothing."""
     usable = [g for g in gaps if math.isfinite(g) and g >= 0]
     chunks = sorted(g for g in usable if g >= SAME_CHUNK_S)
@@ -55,7 +57,7 @@ def time_between_tokens(gaps: Sequence[float], shared: bool = True, explained_s:
         typical = chunks[(len(chunks) - 1) // 2]
         below = [g for g in usable if g <= STALL * typical]
         few = len(usable) - len(below) <= max(1, len(usable) // STALL_SHARE)
-        if few or sum(usable) - sum(below) <= explained_s:
+        if few or sum(usable) - sum(below) <= PREFILL_SLACK * explained_s:
             steady = below
     return sum(steady) / len(steady)
 

@@ -369,8 +369,24 @@ def test_a_replica_measured_slow_once_is_offered_requests_again_as_the_measureme
     assert view.to_json(1.0 + 5 * FORGET_S)["replicas"][0]["itl_age_s"] == 5 * FORGET_S
     gaps: list[float] = [0.4] * 8  # its next answer streams as slow: that is now, whatever the age
     view.watch("a", gaps)
-    assert [v.decode_age for v in view.views((), 1.0 + 5 * FORGET_S)] == [0.0, 5 * FORGET_S, 5 * FORGET_S]
+    assert view.views((), 1.0 + 5 * FORGET_S)[0].decode_age == 0.0
     assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name != "a"
+
+
+def test_a_slow_replicas_measurement_does_not_fade_while_requests_wait_there() -> None:
+    """A slow replica with requests in flight (queued behind its slowness, no token yet) is not
+    thought faster for the wait: its measurement ages only from when it went idle."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
+    for name in "abc":
+        serve(view, name, prompt(9), 0)
+    view.finished("a", 1.0, True, 2.0, 0.4, 0, int(prompt(1).prompt_tokens), 3.0)  # slow, idle from t = 1
+    waiting = view.dispatched("a", prompt(1), "load")
+    later = 1.0 + 5 * FORGET_S
+    assert view.views((), later)[0].decode_age == 0.0
+    assert view.choose(prompt(1), later)[0].name != "a"  # it holds the prompt, but it is slow and busy
+    view.finished("a", later, None, expected=waiting)  # idle again from here, nothing measured
+    assert view.views((), later + FORGET_S)[0].decode_age == FORGET_S
+    assert view.views((), later + FORGET_S)[1].decode_age == 5 * FORGET_S + FORGET_S  # b: idle since its answer
 
 
 @pytest.mark.parametrize("age, expected", [

@@ -127,6 +127,7 @@ class ReplicaState:
     ttft_s: float | None = None
     itl_s: float | None = None
     itl_at: float | None = None  # when `itl_s` was last measured
+    idle_at: float | None = None  # when this view last had nothing in flight here
     prefill_s: float | None = None  # time to first token a new prompt token, smoothed
     answer_s: float | None = None  # time from first to last token, smoothed
     mean_new: float | None = None  # new prefill tokens a request (the prompt less what it reused), smoothed
@@ -165,11 +166,14 @@ class ReplicaState:
         return max(self.itl_s, live)
 
     def decode_age(self, now: float, shared: bool) -> float:
-        """Seconds since `decode_s` was measured: none while its streaming answers show it (a clock
-        gone back gives a negative age, which the scheduler reads as fresh)."""
-        if self.live_itl(shared) is not None or self.itl_at is None:
+        """Seconds `decode_s` has gone unchecked: since it was measured, or since the replica went
+        idle here if that was later. None while this view has requests in flight there (their
+        answers will measure it, and a slow replica's queue waiting for them is no reason to
+        think it faster) or its streaming answers show it. A clock gone back gives a negative
+        age, which the scheduler reads as fresh."""
+        if self.in_flight > 0 or self.live_itl(shared) is not None or self.itl_at is None:
             return 0.0
-        return now - self.itl_at
+        return now - max(self.itl_at, self.idle_at if self.idle_at is not None else self.itl_at)
 
     def holds(self, blocks: tuple[int, ...]) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
@@ -322,6 +326,7 @@ class PoolView:
         if expected is not None:
             replica.served(expected, prefilled)
         if replica.in_flight == 0:
+            replica.idle_at = now
             replica.serving.clear()  # whatever a report without its expectation left behind
             replica.sent_new = 0.0
             replica.answering.clear()  # a stream never closed must not stand for the replica's speed

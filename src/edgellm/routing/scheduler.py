@@ -76,7 +76,7 @@ MAX_RATIO = 16.0  # a replica measured more than this far from the pool's median
 TOLERANCE = 1.5  # a speed within this factor of the pool's median counts as the median
 PRIOR_PREFILL_S = 0.001  # seconds a new prompt token, before anything was measured
 PRIOR_ANSWER_TOKENS = 256.0  # an answer in prompt tokens' time, before anything was measured
-FORGET_S = 10.0  # a replica's measured speed counts for e^-1 of itself this long after its last answer (Finagle's peak EWMA decay time)
+FORGET_S = 10.0  # a replica's measured speed counts for e^-1 of itself after this long idle and unchecked (Finagle's peak EWMA decay time)
 
 
 def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
@@ -128,8 +128,9 @@ def slowdowns(measured: Sequence[float | None], ages: Sequence[float] | None = N
     it: within `TOLERANCE` of the median, 1 (noise does not move a request); beyond, only the
     excess (1.5x counts as 1, 3x as 2, capped at `MAX_RATIO`); unmeasured (or nonsense), 1.
 
-    A measurement fades with its age (`ages`, seconds since each was taken): the factor counts
-    as factor ** e^(-age / `FORGET_S`). A replica measured slow gets no requests, so nothing
+    A measurement fades with its age (`ages`, seconds it has gone unchecked while the replica
+    was idle: `fleet.ReplicaState.decode_age`): the factor counts as
+    factor ** e^(-age / `FORGET_S`). A replica measured slow gets no requests, so nothing
     would ever measure it again: one answer stalled by a passing fault (or a starved core) would
     shut it out for good. Faded, it is offered a request again within seconds, and that answer
     (and its streaming gaps) says whether it still is slow, as a peak-EWMA balancer lets an idle
@@ -207,10 +208,10 @@ class ReplicaView:
     last report sane; `down`: its breaker is open (never chosen). Its measurements, None before
     any: `prefill_s` seconds a new prompt token, `answer_s` seconds from first to last token,
     `decode_s` seconds between tokens, `mean_new` new prefill tokens a request (what it reported
-    it did not take from its cache), `decode_age` seconds since `decode_s` was measured (0 while
-    its streaming answers show it). Of its queue, `sent_queue` requests are ones this view sent
-    and has in flight there, with `sent_new` new prefill tokens between them, as estimated when
-    each was sent."""
+    it did not take from its cache), `decode_age` seconds `decode_s` has gone unchecked while the
+    replica was idle here (0 while requests are in flight there). Of its queue, `sent_queue`
+    requests are ones this view sent and has in flight there, with `sent_new` new prefill tokens
+    between them, as estimated when each was sent."""
 
     name: str
     queue: float = 0.0

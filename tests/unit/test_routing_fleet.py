@@ -367,9 +367,11 @@ def test_a_replica_measured_slow_once_is_offered_requests_again_as_the_measureme
     assert view.choose(prompt(3), 1.0)[0].name != "a"
     assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name == "a"
     assert view.to_json(1.0 + 5 * FORGET_S)["replicas"][0]["itl_age_s"] == 5 * FORGET_S
-    gaps: list[float] = [0.4] * 8  # its next answer streams as slow: that is now, whatever the age
+    view.prefilled("a", view.dispatched("a", prompt(3), "prefix"))  # it takes one, and answers it
+    gaps: list[float] = [0.4] * 8  # as slow as before: that is now, whatever the age
     view.watch("a", gaps)
     assert view.views((), 1.0 + 5 * FORGET_S)[0].decode_age == 0.0
+    assert view.views((), 1.0 + 5 * FORGET_S)[0].decode_s == pytest.approx(0.4)
     assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name != "a"
 
 

@@ -165,13 +165,13 @@ class ReplicaState:
             return self.itl_s if live is None else live
         return max(self.itl_s, live)
 
-    def decode_age(self, now: float, shared: bool) -> float:
+    def decode_age(self, now: float) -> float:
         """Seconds `decode_s` has gone unchecked: since it was measured, or since the replica went
         idle here if that was later. None while this view has requests in flight there (their
-        answers will measure it, and a slow replica's queue waiting for them is no reason to
-        think it faster) or its streaming answers show it. A clock gone back gives a negative
-        age, which the scheduler reads as fresh."""
-        if self.in_flight > 0 or self.live_itl(shared) is not None or self.itl_at is None:
+        answers will measure it, and streaming they already do; a slow replica's queue waiting
+        for them is no reason to think it faster). A clock gone back gives a negative age, which
+        the scheduler reads as fresh."""
+        if self.in_flight > 0 or self.itl_at is None:
             return 0.0
         return now - max(self.itl_at, self.idle_at if self.idle_at is not None else self.itl_at)
 
@@ -270,10 +270,9 @@ class PoolView:
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            shared = r.shared(now, max_age)
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(shared), r.mean_new,
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(r.shared(now, max_age)), r.mean_new,
                                    healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new,
-                                   decode_age=r.decode_age(now, shared)))
+                                   decode_age=r.decode_age(now)))
         return out
 
     def choose(self, ask: Ask, now: float) -> list[Pick]:

@@ -166,14 +166,15 @@ class ReplicaState:
         return max(self.itl_s, live)
 
     def decode_age(self, now: float) -> float:
-        """Seconds `decode_s` has gone unchecked: since it was measured, or since the replica went
-        idle here if that was later. None while this view has requests in flight there (their
-        answers will measure it, and streaming they already do; a slow replica's queue waiting
-        for them is no reason to think it faster). A clock gone back gives a negative age, which
-        the scheduler reads as fresh."""
-        if self.in_flight > 0 or self.itl_at is None:
+        """Seconds `decode_s` has gone unchecked: since the replica went idle here (the answer that
+        measured it last ended then or before). None while this view has requests in flight there
+        (their answers will measure it, and streaming they already do; a slow replica's queue
+        waiting for them is no reason to think it faster). A clock gone back gives a negative age,
+        which the scheduler reads as fresh. (Never measured, its age does not matter: it counts
+        as the pool's median.)"""
+        if self.in_flight > 0 or self.idle_at is None:
             return 0.0
-        return now - max(self.itl_at, self.idle_at if self.idle_at is not None else self.itl_at)
+        return now - self.idle_at
 
     def holds(self, blocks: tuple[int, ...]) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""

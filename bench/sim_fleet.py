@@ -61,6 +61,7 @@ class Job:
     prompt_tokens: int
     out_tokens: int
     session: str | None
+    continues: bool = False  # a later turn of its conversation
     replica: int = -1
     uncached: int = 0
     work_first: float = 0.0  # work until the first token
@@ -202,12 +203,12 @@ class Sim:
             if len(turns) > 12:
                 turns.clear()
             blocks = conversation_blocks(f"app{c % self.apps}", turns)
-            return Job(i, at, isolate, blocks, 1000 + sum(t for _, t in turns), out, f"c{c}")
+            return Job(i, at, isolate, blocks, 1000 + sum(t for _, t in turns), out, f"c{c}", len(turns) > 1)
         app = rng.choices(range(self.apps), weights=self.zipf)[0]
         return Job(i, at, isolate, blocks_of(f"app{app}", 1000), 1000 + rng.choice((20, 60, 120)), out, None)
 
     def ask(self, job: Job) -> Ask:
-        return Ask(job.blocks, float(job.prompt_tokens), int(job.prompt_tokens * CHARS_PER_TOKEN), job.session)
+        return Ask(job.blocks, float(job.prompt_tokens), int(job.prompt_tokens * CHARS_PER_TOKEN), job.session, continues=job.continues)
 
     # --- deciding (the gateway's own code) ----------------------------------------------------
     def refresh(self, view: PoolView, now: float) -> float:

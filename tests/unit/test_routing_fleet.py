@@ -235,6 +235,37 @@ def test_the_pool_object_learns_from_the_done_report() -> None:
     asyncio.run(run())
 
 
+def test_the_pool_object_places_a_later_turn_it_has_not_seen_by_the_session() -> None:
+    """`/pick` carries whether the request continues a conversation: a later turn the object never
+    saw goes where the session's rendezvous says (where an isolate deciding alone sends it), a
+    first turn to the emptiest replica."""
+    import asyncio
+
+    from edgellm.config import Config
+    from edgellm.deps import Deps
+    from edgellm.http import Request
+    from edgellm.routing.router import RouterObject
+    from edgellm.routing.scheduler import rendezvous
+
+    names = ("gpu-a", "gpu-b", "gpu-c")
+    config = Config.from_env({"ORIGINS": json.dumps([{"pool": "gpu", "load_bound": 1.0, "replicas": [
+        {"name": n, "url": f"http://{n}:1"} for n in names]}])})
+    router = RouterObject(Deps(config=config, ai=None))  # type: ignore[arg-type]
+
+    async def pick(body: dict) -> str:  # type: ignore[type-arg]
+        response = await router.fetch(Request("POST", "https://router.internal/pick", {}, json.dumps({"pool": "gpu", **body}).encode()))
+        return str(json.loads(response.body)["picks"][0][0])
+
+    async def run() -> None:
+        loaded = await pick({"blocks": ["1"], "tokens": 10, "chars": 40, "id": "busy"})
+        sessions = [f"s{i}" for i in range(100) if max(names, key=lambda n: rendezvous(f"s{i}", n)) == loaded]
+        turn = {"blocks": ["2"], "tokens": 10, "chars": 40}
+        assert await pick({**turn, "session": sessions[0], "id": "first"}) != loaded
+        assert await pick({**turn, "session": sessions[1], "continues": True, "id": "later"}) == loaded
+
+    asyncio.run(run())
+
+
 def test_a_prompt_stays_in_flight_until_its_last_request_ends() -> None:
     view = one_replica()
     for app in range(4):

@@ -77,6 +77,23 @@ async def test_two_isolates_share_the_pools_view_through_the_router_object(runti
     assert first.state.routing.counters.router_answers == 2 and second.state.routing.counters.router_answers == 1
 
 
+async def test_an_isolate_tells_the_object_a_turn_continues_its_conversation(runtime: Any) -> None:
+    """A later turn of a session the object never saw goes by the session's rendezvous even where
+    another replica is emptier; that holds only if the isolate's ask says the turn continues."""
+    from edgellm.routing.scheduler import rendezvous
+
+    rt, entry = runtime
+    namespace = fp.DurableObjectNamespace(entry.Router, fp.JsEnv(AI=object(), ORIGINS=ORIGINS, OPEN_ACCESS="true"))
+    deps, view = isolate(namespace, Background())
+    names = ("gpu-1", "gpu-2", "gpu-3")
+    busy = (await ask_router(deps, view, Ask(prefix_blocks("busy " * 200), 250, 1000)))[0][0].name
+    session = next(f"s{i}" for i in range(100) if max(names, key=lambda n: rendezvous(f"s{i}", n)) == busy)
+    later = Ask(prefix_blocks("history " * 200), 250, 1000, session, continues=True)
+    assert (await ask_router(deps, view, later))[0][0].name == busy
+    first = Ask(prefix_blocks("history " * 200), 250, 1000, session + "-new")
+    assert (await ask_router(deps, view, first))[0][0].name != busy
+
+
 class FailingRouters:
     """The ROUTER binding with a fault: every call to an object fails (an overloaded object)."""
 

@@ -162,8 +162,8 @@ def test_prefix_blocks_are_chained_and_only_whole_blocks() -> None:
     assert prefix_blocks("y" * BLOCK_CHARS + "x" * BLOCK_CHARS)[1] != prefix_blocks("x" * BLOCK_CHARS * 2)[1]
 
 
-def ask(held_chars: int = 4000, tokens: float = 1000, session: str | None = None, pinned: str | None = None) -> Ask:
-    return Ask(prefix_blocks("s" * held_chars), tokens, held_chars, session, pinned)
+def ask(held_chars: int = 4000, tokens: float = 1000, session: str | None = None, pinned: str | None = None, continues: bool = False) -> Ask:
+    return Ask(prefix_blocks("s" * held_chars), tokens, held_chars, session, pinned, continues)
 
 
 @pytest.mark.parametrize("replicas, first, reason", [
@@ -416,13 +416,46 @@ def test_new_prefill(chars: int, held: int, expected: float) -> None:
     assert Ask((), 1000, chars).new_prefill(held) == pytest.approx(expected)
 
 
-def test_a_fast_replica_is_not_held_back_from_a_conversations_first_turn() -> None:
-    """Only a measurably slow replica goes behind in the first turn's spread; a faster one is
-    ranked by the session's rendezvous like any other."""
-    replicas = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.005)]
+def test_a_conversations_first_turn_starts_where_it_starts_soonest_the_session_breaking_ties() -> None:
+    """A first turn is costed as cold everywhere, so the queues and the replicas' speeds decide
+    it, whoever holds the system prompt: a measurably faster replica takes it while idle, and a
+    replica with requests queued does not while one within the bound has fewer. Rendezvous on the
+    session, which would put some on the busiest, only breaks ties."""
+    fast = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.005)]
+    queued = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 1)]  # a within the bound at e = 1
+    assert sum(max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) == "a" for i in range(30)) >= 5
     for i in range(30):
-        session = f"conv-{i}"
-        assert schedule(ask(session=session), replicas, 1.0)[0].name == max("abc", key=lambda n: rendezvous(session, n))
+        assert schedule(ask(session=f"conv-{i}"), fast, 1.0)[0].name == "c"
+        assert [p.name for p in schedule(ask(session=f"conv-{i}"), queued, 1.0)] == ["b", "c", "a"]
+
+
+def test_a_later_turn_this_view_has_not_seen_goes_where_every_view_sends_its_session() -> None:
+    """Isolates share nothing, so a conversation's later turn often reaches a view that never saw
+    it: it goes by the session's rendezvous (within the bound, not measurably slow), which every
+    view computes alike, and not by this view's queues, which would scatter its turns and their
+    history over the pool. Its first turn, placed where a view happened to see it, goes by load."""
+    queued = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 1)]
+    slow = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.12)]
+    sessions = [f"conv-{i}" for i in range(30)]
+    on_a = [s for s in sessions if max("abc", key=lambda n: rendezvous(s, n)) == "a"]
+    assert on_a
+    for session in on_a:
+        assert schedule(ask(session=session, continues=True), queued, 1.0)[0].name == "a"
+        assert schedule(ask(session=session), queued, 1.0)[0].name == "b"
+        assert schedule(ask(session=session, continues=True), queued, 0.25)[0].name != "a"  # a over the bound
+    assert {schedule(ask(session=s, continues=True), slow, 1.0)[0].name for s in sessions} == {"a", "b"}
+    assert schedule(ask(session="u", pinned="c", continues=True), queued, 1.0)[0].name == "c"  # one it has seen keeps to its replica
+
+
+def test_a_burst_of_conversations_spreads_over_the_pool_as_it_queues() -> None:
+    """Twelve conversations opening at once, their system prompt held by one replica: each first
+    turn goes where the fewest are queued, so the burst lands four, four and four, not wherever
+    the sessions' rendezvous (within a bound of twice the mean) would stack them."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c"), load_bound=1.0))
+    view.replicas["a"].remember(ask().blocks)
+    for i in range(12):
+        view.dispatched(view.choose(ask(session=f"conv-{i}"), 0.0)[0].name, ask(session=f"conv-{i}"), "session")
+    assert sorted(r.in_flight for r in view.replicas.values()) == [4, 4, 4]
 
 
 # The cost functions one input at a time, each figure worked by hand: every clamp, band edge,
@@ -636,6 +669,20 @@ def test_an_uncounted_prompt_is_taken_as_four_characters_a_token() -> None:
     estimated = ask_for(raw, None)
     assert (estimated.prompt_tokens, estimated.prompt_chars, len(estimated.blocks)) == (150.0, 600, 2)
     assert ask_for(raw, 7).prompt_tokens == 7.0  # counted: the count
+
+
+@pytest.mark.parametrize("inputs, continues", [
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}, False),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]}, True),
+    ({"messages": [{"role": "user", "content": "q"}, "not a message", {"role": "assistant"}]}, True),
+    ({"prompt": "q"}, False),               # one question: a first turn
+    ({"prompt": "q", "raw": True}, True),   # raw text may hold earlier turns: taken as continuing
+])
+def test_a_request_continues_a_conversation_when_its_prompt_carries_an_answer(inputs: dict, continues: bool) -> None:  # type: ignore[type-arg]
+    from edgellm.generation import GenerationRequest
+    from edgellm.routing.pools import ask_for
+
+    assert ask_for(GenerationRequest("@cf/a", inputs, session="s"), None).continues is continues
 
 
 @pytest.mark.parametrize("behind, new, prefill_s, answer_s, slowdown, expected", [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from .breaker import CircuitBreaker
@@ -279,7 +279,7 @@ class PoolView:
     def choose(self, ask: Ask, now: float) -> list[Pick]:
         """The replicas in the order to try them for `ask` (empty: every replica is down)."""
         if ask.session and ask.session in self.sessions:
-            ask = Ask(ask.blocks, ask.prompt_tokens, ask.prompt_chars, ask.session, self.sessions[ask.session])
+            ask = replace(ask, session_replica=self.sessions[ask.session])
         picks = schedule(ask, self.views(ask.blocks, now), self.config.load_bound, self.config.policy, self.turn)
         self.turn += 1
         return picks

@@ -31,12 +31,13 @@ def ask_for(gen_request: GenerationRequest, prompt_tokens: int | None) -> Ask:
     inputs = gen_request.inputs
     if "prompt" in inputs and inputs.get("raw"):
         text = str(inputs["prompt"])
+        continues = True  # a raw prompt may hold earlier turns: taken as continuing, its history wherever it is
     else:
-        messages = inputs.get("messages") or [{"role": "user", "content": inputs.get("prompt", "")}]
-        text = render_chat("<|im_start|>", [{"role": str(m.get("role", "")), "content": _text(m.get("content"))}
-                                            for m in messages if isinstance(m, dict)])
+        messages = [m for m in inputs.get("messages") or [{"role": "user", "content": inputs.get("prompt", "")}] if isinstance(m, dict)]
+        text = render_chat("<|im_start|>", [{"role": str(m.get("role", "")), "content": _text(m.get("content"))} for m in messages])
+        continues = any(m.get("role") == "assistant" for m in messages)
     tokens = float(prompt_tokens) if prompt_tokens is not None else len(text) / CHARS_PER_TOKEN
-    return Ask(prefix_blocks(text), tokens, len(text), gen_request.session)
+    return Ask(prefix_blocks(text), tokens, len(text), gen_request.session, continues=continues)
 
 
 def _text(content: Any) -> str:

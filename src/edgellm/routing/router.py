@@ -74,7 +74,7 @@ class RouterObject:
             self._refresh_in_background(view)
             try:
                 ask = Ask(tuple(int(b) for b in data.get("blocks", ())), float(data.get("tokens", 0)), int(data.get("chars", 0)),
-                          str(data["session"]) if data.get("session") else None)
+                          str(data["session"]) if data.get("session") else None, continues=data.get("continues") is True)
             except (TypeError, ValueError):
                 return json_response({"error": "not an ask"}, 400)
             picks = view.choose(ask, now)
@@ -130,7 +130,7 @@ async def ask_router(deps: Deps, view: PoolView, ask: Ask) -> tuple[list[Pick], 
         return None
     lease = deps.state.ids.hex(8)
     body = json.dumps({"pool": view.config.name, "blocks": [str(b) for b in ask.blocks], "tokens": ask.prompt_tokens, "chars": ask.prompt_chars,
-                       "session": ask.session, "id": lease}).encode()
+                       "session": ask.session, "continues": ask.continues, "id": lease}).encode()
     try:
         async with asyncio.timeout(view.config.router_ms / 1000):
             response = await routers.get(view.config.name).fetch(

@@ -55,10 +55,13 @@ One knob, `load_bound` (e): a replica whose queue is at or above (1 + e) x the p
 (counting this request) takes nothing until the others catch up, so one hot prefix cannot pile
 onto one replica (consistent hashing with bounded loads, Mirrokni et al. 2018). A session keeps
 to the replica it last used (its history is cached there) unless that one is down, unhealthy or
-over the bound; a session's first turn is placed by rendezvous on its id among the replicas
-within the bound and not measurably slow, so conversations spread by session rather than gather
-on the replica holding their shared system prompt (their later turns, most of their work, follow
-them). Ties, and replicas nobody has a view of, are broken by rendezvous hashing on the prompt's
+over the bound. A session's first turn is costed as though it and everything queued ahead of it
+were cold, so the queues and the replicas' speeds place it and conversations spread over the pool
+rather than gather on the replica holding their shared system prompt (their later turns, most of
+their work, follow them); rendezvous on the session breaks its ties. A later turn of a session
+this view has not seen (isolates share nothing) goes by rendezvous on the session among the
+replicas within the bound and not measurably slow: every view computes that alike, where its
+own queues would scatter the conversation's turns, and their history, over the pool. Ties, and replicas nobody has a view of, are broken by rendezvous hashing on the prompt's
 first block, so isolates that share nothing still send the same new prefix to the same replica.
 """
 
@@ -230,13 +233,15 @@ class ReplicaView:
 @dataclass(frozen=True)
 class Ask:
     """The request as the scheduler sees it: its prompt's blocks, its counted (or estimated)
-    prompt tokens and characters, its session and the replica the session last used."""
+    prompt tokens and characters, its session and the replica the session last used, and whether
+    it continues a conversation (its prompt carries an earlier answer)."""
 
     blocks: tuple[int, ...]
     prompt_tokens: float
     prompt_chars: int
     session: str | None = None
     session_replica: str | None = None
+    continues: bool = False
 
     def new_prefill(self, held: int, block_chars: int = BLOCK_CHARS) -> float:
         if self.prompt_chars <= 0:
@@ -287,8 +292,12 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     pool = rates(up)
     new = {r.name: ask.new_prefill(r.held) for r in up}
     behind = sum(max(0.0, q) for q in queues) / len(queues)
-    cost = {r.name: predicted_ttft(new[r.name], r.queue, queued_ahead(r, new[r.name]), pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
-            + imposed(behind, new[r.name], pool.prefill_s, pool.answer_s, pool.slowdown[r.name]) for r in up}
+
+    def cost_of(r: ReplicaView, new_here: float, ahead: float) -> float:
+        return (predicted_ttft(new_here, r.queue, ahead, pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
+                + imposed(behind, new_here, pool.prefill_s, pool.answer_s, pool.slowdown[r.name]))
+
+    cost = {r.name: cost_of(r, new[r.name], queued_ahead(r, new[r.name])) for r in up}
     scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)
     picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", cost[r.name]) for r in scored]
@@ -296,9 +305,16 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     if pinned is not None and pinned.healthy and pinned.name not in bounded:
         # a conversation keeps to its replica (its KV cache is there) unless it is down or overloaded
         return [Pick(pinned.name, "session", cost[pinned.name])] + [p for p in picks if p.name != pinned.name]
-    if ask.session and ask.session_replica is None:
-        # a conversation's first turn: spread by its id among the replicas within the bound that are
-        # not measurably slow, not gathered where its system prompt is held (its later turns follow it)
+    if ask.session and ask.session_replica is None and ask.continues:
+        # a later turn this view has not seen: where every view sends this session, so its turns
+        # (and the history each leaves cached) meet on one replica however isolates split them
         spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, -rendezvous(ask.session or "", r.name)))
         return [Pick(r.name, "session", cost[r.name]) for r in spread]
+    if ask.session and ask.session_replica is None:
+        # a conversation's first turn, costed as though it and all queued ahead of it were cold:
+        # its later turns (most of its work) follow it, so a prompt held or a queue of cheap
+        # requests now must not gather conversations; the queues and the replicas' speeds decide
+        cold = {r.name: cost_of(r, ask.prompt_tokens, max(0.0, r.queue) * ask.prompt_tokens) for r in up}
+        spread = sorted(up, key=lambda r: (r.name in bounded, cold[r.name], -rendezvous(ask.session or "", r.name)))
+        return [Pick(r.name, "session", cold[r.name]) for r in spread]
     return picks

@@ -447,6 +447,31 @@ def test_a_later_turn_this_view_has_not_seen_goes_where_every_view_sends_its_ses
     assert schedule(ask(session="u", pinned="c", continues=True), queued, 1.0)[0].name == "c"  # one it has seen keeps to its replica
 
 
+@pytest.mark.parametrize("queued, slowed, to_the_slowed", [
+    (2, 0.09, False),  # two cold prompts and answers ahead on b and c: still sooner than alone on a replica twice as slow
+    (3, 0.09, True),   # three: the idle slow replica starts it sooner
+    (3, 0.12, False),  # unless it is slower still
+])
+def test_a_first_turn_counts_what_is_queued_ahead_of_it_as_cold_prompts(queued: int, slowed: float, to_the_slowed: bool) -> None:
+    replicas = [ReplicaView("a", 0, **{**MEASURED, "decode_s": slowed}), ReplicaView("b", queued, held=HELD, **MEASURED), ReplicaView("c", queued, **MEASURED)]
+    assert (schedule(ask(session="conv"), replicas, 2.0)[0].name == "a") is to_the_slowed
+
+
+def test_a_first_turn_keeps_to_the_load_bound_over_a_faster_replica() -> None:
+    """a is measurably faster and so cheapest for a cold prompt, but at the bound it takes none."""
+    replicas = [ReplicaView("a", 3, **{**MEASURED, "decode_s": 0.01}), ReplicaView("b", 1, **MEASURED), ReplicaView("c", 1, **MEASURED)]
+    assert schedule(ask(session="conv"), replicas, 1.0)[0].name == "a"
+    assert schedule(ask(session="conv"), replicas, 0.25)[0].name != "a"
+
+
+def test_a_continuing_prompt_without_a_session_goes_by_its_prefix() -> None:
+    """Only a session has a rendezvous to keep: a raw prompt (taken as continuing) with none is
+    placed like any request, where its prefix is held."""
+    replicas = [ReplicaView("a", 0), ReplicaView("b", 0, held=HELD), ReplicaView("c", 0)]
+    assert schedule(ask(continues=True), replicas, 1.0)[0] == schedule(ask(), replicas, 1.0)[0]
+    assert schedule(ask(continues=True), replicas, 1.0)[0].name == "b"
+
+
 def test_a_burst_of_conversations_spreads_over_the_pool_as_it_queues() -> None:
     """Twelve conversations opening at once, their system prompt held by one replica: each first
     turn goes where the fewest are queued, so the burst lands four, four and four, not wherever

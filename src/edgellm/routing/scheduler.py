@@ -314,7 +314,7 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
         # a conversation's first turn, costed as though it and all queued ahead of it were cold:
         # its later turns (most of its work) follow it, so a prompt held or a queue of cheap
         # requests now must not gather conversations; the queues and the replicas' speeds decide
-        cold = {r.name: cost_of(r, ask.prompt_tokens, max(0.0, r.queue) * ask.prompt_tokens) for r in up}
+        cold = {r.name: cost_of(r, ask.prompt_tokens, r.queue * ask.prompt_tokens) for r in up}
         spread = sorted(up, key=lambda r: (r.name in bounded, cold[r.name], -rendezvous(ask.session or "", r.name)))
         return [Pick(r.name, "session", cold[r.name]) for r in spread]
     return picks

@@ -61,8 +61,9 @@ rather than gather on the replica holding their shared system prompt (their late
 their work, follow them); rendezvous on the session breaks its ties. A later turn of a session
 this view has not seen (isolates share nothing) goes by rendezvous on the session among the
 replicas within the bound and not measurably slow: every view computes that alike, where its
-own queues would scatter the conversation's turns, and their history, over the pool. Ties, and replicas nobody has a view of, are broken by rendezvous hashing on the prompt's
-first block, so isolates that share nothing still send the same new prefix to the same replica.
+own queues would scatter the conversation's turns, and their history, over the pool. Ties, and
+replicas nobody has a view of, are broken by rendezvous hashing on the prompt's first block, so
+isolates that share nothing still send the same new prefix to the same replica.
 """
 
 from __future__ import annotations

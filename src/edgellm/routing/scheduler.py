@@ -291,14 +291,26 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     cap = load_cap(queues, load_bound)
     bounded = {r.name for r in up if max(0.0, r.queue) + 1.0 > cap}
     pool = rates(up)
-    new = {r.name: ask.new_prefill(r.held) for r in up}
     behind = sum(max(0.0, q) for q in queues) / len(queues)
 
     def cost_of(r: ReplicaView, new_here: float, ahead: float) -> float:
         return (predicted_ttft(new_here, r.queue, ahead, pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
                 + imposed(behind, new_here, pool.prefill_s, pool.answer_s, pool.slowdown[r.name]))
 
+    if ask.session and ask.session_replica is None and not ask.continues:
+        # a conversation's first turn, costed as though it and all queued ahead of it were cold:
+        # its later turns (most of its work) follow it, so a prompt held or a queue of cheap
+        # requests now must not gather conversations; the queues and the replicas' speeds decide
+        cold = {r.name: cost_of(r, ask.prompt_tokens, r.queue * ask.prompt_tokens) for r in up}
+        spread = sorted(up, key=lambda r: (r.name in bounded, cold[r.name], -rendezvous(ask.session or "", r.name)))
+        return [Pick(r.name, "session", cold[r.name]) for r in spread]
+    new = {r.name: ask.new_prefill(r.held) for r in up}
     cost = {r.name: cost_of(r, new[r.name], queued_ahead(r, new[r.name])) for r in up}
+    if ask.session and ask.session_replica is None:
+        # a later turn this view has not seen: where every view sends this session, so its turns
+        # (and the history each leaves cached) meet on one replica however isolates split them
+        spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, -rendezvous(ask.session or "", r.name)))
+        return [Pick(r.name, "session", cost[r.name]) for r in spread]
     scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)
     picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", cost[r.name]) for r in scored]
@@ -306,16 +318,4 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
     if pinned is not None and pinned.healthy and pinned.name not in bounded:
         # a conversation keeps to its replica (its KV cache is there) unless it is down or overloaded
         return [Pick(pinned.name, "session", cost[pinned.name])] + [p for p in picks if p.name != pinned.name]
-    if ask.session and ask.session_replica is None and ask.continues:
-        # a later turn this view has not seen: where every view sends this session, so its turns
-        # (and the history each leaves cached) meet on one replica however isolates split them
-        spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, -rendezvous(ask.session or "", r.name)))
-        return [Pick(r.name, "session", cost[r.name]) for r in spread]
-    if ask.session and ask.session_replica is None:
-        # a conversation's first turn, costed as though it and all queued ahead of it were cold:
-        # its later turns (most of its work) follow it, so a prompt held or a queue of cheap
-        # requests now must not gather conversations; the queues and the replicas' speeds decide
-        cold = {r.name: cost_of(r, ask.prompt_tokens, r.queue * ask.prompt_tokens) for r in up}
-        spread = sorted(up, key=lambda r: (r.name in bounded, cold[r.name], -rendezvous(ask.session or "", r.name)))
-        return [Pick(r.name, "session", cold[r.name]) for r in spread]
     return picks

@@ -297,19 +297,20 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
         return (predicted_ttft(new_here, r.queue, ahead, pool.prefill_s, pool.answer_s, pool.slowdown[r.name])
                 + imposed(behind, new_here, pool.prefill_s, pool.answer_s, pool.slowdown[r.name]))
 
-    if ask.session and ask.session_replica is None and not ask.continues:
+    unseen = ask.session if ask.session_replica is None else None  # a session this view has not placed
+    if unseen and not ask.continues:
         # a conversation's first turn, costed as though it and all queued ahead of it were cold:
         # its later turns (most of its work) follow it, so a prompt held or a queue of cheap
         # requests now must not gather conversations; the queues and the replicas' speeds decide
         cold = {r.name: cost_of(r, ask.prompt_tokens, r.queue * ask.prompt_tokens) for r in up}
-        spread = sorted(up, key=lambda r: (r.name in bounded, cold[r.name], -rendezvous(ask.session or "", r.name)))
+        spread = sorted(up, key=lambda r: (r.name in bounded, cold[r.name], -rendezvous(unseen, r.name)))
         return [Pick(r.name, "session", cold[r.name]) for r in spread]
     new = {r.name: ask.new_prefill(r.held) for r in up}
     cost = {r.name: cost_of(r, new[r.name], queued_ahead(r, new[r.name])) for r in up}
-    if ask.session and ask.session_replica is None:
+    if unseen:
         # a later turn this view has not seen: where every view sends this session, so its turns
         # (and the history each leaves cached) meet on one replica however isolates split them
-        spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, -rendezvous(ask.session or "", r.name)))
+        spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, -rendezvous(unseen, r.name)))
         return [Pick(r.name, "session", cost[r.name]) for r in spread]
     scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)

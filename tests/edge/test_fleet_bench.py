@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import bench_fleet, sim_fleet
+from bench import bench_fleet, probe_replica_cache, sim_fleet
 
 
 def test_the_fleet_benchmark_runs_every_policy(tiny_model: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -26,13 +26,28 @@ def test_the_fleet_benchmark_runs_every_policy(tiny_model: Path, tmp_path: Path,
     assert all("slowed_share_before" in c for c in cells if c["workload"] == "slowed")
     # the edge's own view at the end of each cell: every replica, every request sent (and the warm-up)
     assert all(set(c["view"]) == {"gpu-a", "gpu-b", "gpu-c"} and sum(v["sent"] for v in c["view"].values()) == c["n"] + 1
-               and all(v["bound"] >= 16 for v in c["view"].values()) for c in cells)
+               and all(v["bound"] >= 16 and 0 <= v["beside"] <= 1 for v in c["view"].values()) for c in cells)
     # what set each cell's tail: its slowest answers, slowest first, with what the replica said it reused
     for c in cells:
         slowest = c["slowest"]
         assert 0 < len(slowest) <= 3 and [o["ttft_s"] for o in slowest] == sorted((o["ttft_s"] for o in slowest), reverse=True)
         assert all(o["replica"] in c["shares"] and 0 <= o["cached"] <= o["prompt"] and 0 <= o["busy_there"] <= o["busy_fleet"] < c["n"]
                    for o in slowest)
+
+
+def test_the_replica_cache_probe_runs_every_case(tiny_model: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "probe.json"
+    code = probe_replica_cache.main(["--model", str(tiny_model), "--system-tokens", "60", "--trials", "1", "--requests", "8",
+                                     "--json", str(out)])
+    assert code == 0
+    seen = json.loads(out.read_text())
+    beside = {"beside, during its prefill", "beside, after its first token", "beside, cached before"}
+    queued = {"queued, its prompt's slot freed first", "queued, the other slot freed first"}
+    assert beside <= set(seen["cases"]) and len(set(seen["cases"]) & queued) == 1 and len(seen["cases"]) == 4
+    assert all(len(v) == 1 and 0 <= v[0][0] <= v[0][1] and v[0][1] > 0 for v in seen["cases"].values())
+    assert len(seen["agrees"]) == 4 and all(len(a) == 4 and all(0 <= n <= seen["answers"][k] for n in a) for k, a in seen["agrees"].items())
+    assert all(n == 8 - probe_replica_cache.APPS for n in seen["answers"].values())
+    assert "queued, " in capsys.readouterr().out
 
 
 def test_the_fleet_benchmark_runs_another_version_of_the_scheduler_beside_this_one(tiny_model: Path, tmp_path: Path,

@@ -41,9 +41,11 @@ def test_the_replica_cache_probe_runs_every_case(tiny_model: Path, tmp_path: Pat
                                      "--json", str(out)])
     assert code == 0
     seen = json.loads(out.read_text())
-    beside = {"beside, during its prefill", "beside, after its first token", "beside, cached before"}
+    beside = {"beside, after its first token", "beside, cached before"}
+    during = {"beside, during its prefill", "after it ended (a prompt prefilled too fast to catch)"}  # the tiny GGUF is quick
     queued = {"queued, its prompt's slot freed first", "queued, the other slot freed first"}
-    assert beside <= set(seen["cases"]) and len(set(seen["cases"]) & queued) == 1 and len(seen["cases"]) == 4
+    assert beside <= set(seen["cases"]) and len(set(seen["cases"]) & during) == len(set(seen["cases"]) & queued) == 1
+    assert len(seen["cases"]) == 4
     assert all(len(v) == 1 and 0 <= v[0][0] <= v[0][1] and v[0][1] > 0 for v in seen["cases"].values())
     assert len(seen["agrees"]) == 4 and all(len(a) == 4 and all(0 <= n <= seen["answers"][k] for n in a) for k, a in seen["agrees"].items())
     assert all(n == 8 - probe_replica_cache.APPS for n in seen["answers"].values())

@@ -13,8 +13,7 @@ import math
 import pytest
 
 from edgellm.routing.config import PoolConfig
-from edgellm.routing.fleet import (BLOCK_TOKENS, EWMA, GROWTH, HELD_BLOCKS, MIN_HELD_BLOCKS, MISSED, PRIOR_CONCURRENT_REUSE, Expected, PoolView,
-                                   sane_reading)
+from edgellm.routing.fleet import BLOCK_TOKENS, GROWTH, HELD_BLOCKS, MIN_HELD_BLOCKS, Expected, PoolView, sane_reading
 from edgellm.routing.scheduler import BLOCK_CHARS, FORGET_S, Ask
 
 BLOCKS = 20  # blocks a prompt (5 KiB: a long system prompt)
@@ -124,68 +123,6 @@ def test_a_miss_beside_the_same_prompt_in_flight_says_nothing_of_the_bound() -> 
     view.finished("a", 1.0, True, 0.5, 0.05, 0, int(prompt(0).prompt_tokens), 1.0, expected=first)
     assert view.replicas["a"].held_bound == 3 * BLOCKS  # the first had it to itself: that miss counts
     assert not view.replicas["a"].serving and view.replicas["a"].in_flight == 0
-
-
-def test_a_prompt_in_flight_counts_held_at_the_share_such_prompts_were_reused() -> None:
-    """A request sent beside one on the same prompt: llama.cpp prefills it again in its free slot
-    (probed: 0-10 of about 600 tokens reused), a server sharing running requests' blocks reuses
-    it. The view expects the share it has seen, from an even prior; what the replica keeps is
-    still held in full against its answer."""
-    view = one_replica()
-    replica = view.replicas["a"]
-    serve(view, "a", prompt(0), 0)
-    assert replica.usable(prompt(0).blocks) == BLOCKS  # held, and nothing on it in flight
-    view.dispatched("a", prompt(0), "load")
-    assert replica.usable(prompt(0).blocks) == BLOCKS * PRIOR_CONCURRENT_REUSE
-    assert view.views(prompt(0).blocks, 1.0)[0].held == BLOCKS * PRIOR_CONCURRENT_REUSE
-    assert replica.usable(prompt(1).blocks) == 0 and replica.usable(prompt(0).blocks[:5]) == 5 * PRIOR_CONCURRENT_REUSE
-    other = one_replica()
-    serve(other, "a", prompt(0), 0)
-    other.dispatched("a", prompt(0, 5), "load")  # in flight: only the prompt's first blocks
-    assert other.replicas["a"].usable(prompt(0).blocks) == BLOCKS  # the whole prompt is held apart from it
-    second = view.dispatched("a", prompt(0), "load")
-    assert (second.concurrent, second.held, second.cached_tokens) == (True, BLOCKS, BLOCKS * BLOCK_TOKENS)
-    assert second.new_tokens == pytest.approx(prompt(0).prompt_tokens * (1 - PRIOR_CONCURRENT_REUSE))  # queued work as expected
-    assert replica.sent_new == pytest.approx(second.new_tokens)
-
-
-@pytest.mark.parametrize("cached, reused", [
-    (0, 0.0),  # prefilled again beside it
-    (int(MISSED * BLOCKS * BLOCK_TOKENS), 1.0),  # half of what the replica holds: reused
-    (int(MISSED * BLOCKS * BLOCK_TOKENS) - 1, 0.0),
-    (int(BLOCKS * BLOCK_TOKENS), 1.0),
-])
-def test_an_answer_beside_the_same_prompt_teaches_how_much_such_requests_reuse(cached: int, reused: float) -> None:
-    view = one_replica()
-    replica = view.replicas["a"]
-    serve(view, "a", prompt(0), 0)
-    first = view.dispatched("a", prompt(0), "load")
-    second = view.dispatched("a", prompt(0), "load")
-    view.finished("a", 1.0, True, 0.5, 0.05, cached, int(prompt(0).prompt_tokens), 1.0, expected=second)
-    learned = (1 - EWMA) * PRIOR_CONCURRENT_REUSE + EWMA * reused
-    assert replica.concurrent_reuse == pytest.approx(learned)
-    assert view.to_json(1.0)["replicas"][0]["concurrent_reuse"] == round(learned, 3)
-    view.finished("a", 1.0, True, 0.5, 0.05, 0, int(prompt(0).prompt_tokens), 1.0, expected=first)
-    serve(view, "a", prompt(0), 0)  # alone on it: says nothing of requests beside it
-    assert replica.concurrent_reuse == pytest.approx(learned)
-
-
-@pytest.mark.parametrize("reused, goes_to", [(0, "b"), (int(BLOCKS * BLOCK_TOKENS), "a")])
-def test_a_prompt_in_flight_draws_its_next_request_only_where_such_requests_reused_it(reused: int, goes_to: str) -> None:
-    """a holds the prompt and is serving one request on it; b is idle and cold. Where requests
-    beside the same prompt were seen to prefill it again (llama.cpp's slots), the next goes to b,
-    which starts it as soon; where they reused it, to a."""
-    view = one_replica()
-    for name in "ab":
-        serve(view, name, prompt(9), 0)  # rates: a cold prompt's prefill, a half-second answer
-    serve(view, "a", prompt(0), 0)
-    for _ in range(10):
-        first = view.dispatched("a", prompt(0), "load")
-        beside = view.dispatched("a", prompt(0), "load")
-        view.finished("a", 1.0, True, 0.5, 0.05, reused, int(prompt(0).prompt_tokens), 1.0, expected=beside)
-        view.finished("a", 1.0, True, 0.5, 0.05, reused, int(prompt(0).prompt_tokens), 1.0, expected=first)
-    view.dispatched("a", prompt(0), "load")
-    assert view.choose(prompt(0), 2.0)[0].name == goes_to
 
 
 def test_what_is_in_flight_comes_off_whatever_the_end() -> None:
@@ -437,7 +374,6 @@ def test_a_replica_slowed_mid_answer_loses_the_prefix_it_holds_before_that_answe
     for name in "abc":
         serve(view, name, prompt(9), 0)
     view.finished("a", 1.0, True, 2.0, 0.05, 0, int(prompt(1).prompt_tokens), 3.0)  # rates: a cold prompt's prefill
-    view.replicas["a"].concurrent_reuse = 1.0  # a server whose running requests share their prompt's blocks
     expected = view.dispatched("a", prompt(1), "load")  # a now holds the prompt
     assert view.choose(prompt(1), 2.0)[0].name != "a"  # while it prefills it, its cold prefill is queued there
     view.prefilled("a", expected)  # and now it is answering it

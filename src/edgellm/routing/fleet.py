@@ -33,7 +33,6 @@ PREFILL_SLACK = 2.0  # a neighbour's prompt may take this many times its measure
 MAX_GAPS = 1024  # an answer's first gaps measure its speed as well as all of them would
 LIVE_GAPS = 32  # the gaps of a streaming answer that say how fast its replica is now
 MIN_LIVE_GAPS = 8  # fewer say too little
-PRIOR_CONCURRENT_REUSE = 0.5  # the share of a prompt in flight on a replica that a request beside it reuses, before any was seen
 
 
 def time_between_tokens(gaps: Sequence[float], shared: bool = True, explained_s: float = 0.0) -> float | None:
@@ -100,12 +99,11 @@ class Expected:
     blocks had been remembered there since the last of them (`depth`: its place in the
     replica's least-recently-used order); whether a request on those same blocks was still in
     flight there (`concurrent`: a replica serving a prompt in one slot may prefill it again in
-    another, which says nothing of what it keeps and teaches `ReplicaState.concurrent_reuse`);
-    whether the prompt continues a conversation this view sent there before (`continued`: the
-    replica also keeps that turn's answer, which this view never saw, so its reusing more than
-    expected says nothing either). `new_tokens`:
-    the prompt tokens it left to prefill there (a concurrent prompt counted held at the replica's
-    `concurrent_reuse`), counted as work queued on the replica until the request ends."""
+    another, which says nothing of what it keeps); whether the prompt continues a conversation
+    this view sent there before (`continued`: the replica also keeps that turn's answer, which
+    this view never saw, so its reusing more than expected says nothing either). `new_tokens`:
+    the prompt tokens it left to prefill there, counted as work queued on the replica until the
+    request ends."""
 
     blocks: tuple[int, ...] = ()
     held: int = 0
@@ -142,12 +140,6 @@ class ReplicaState:
     sent_new: float = 0.0  # new prefill tokens of the requests this view has in flight here, as estimated when sent
     dispatched_new: float = 0.0  # new prefill tokens of every request this view sent here (a running count)
     answering: list[Sequence[float]] = field(default_factory=list)  # the latest gaps of each answer streaming from here
-    # how much of a prompt still in flight here a request sent beside it reuses, smoothed over what
-    # the replica said it reused (`learn`): a llama.cpp slot's KV cache is its own while it serves,
-    # so a second request on the same prompt in a free slot prefills it again (probed: 18 of 18,
-    # before or after the first's first token), and one that waits reuses it only when that slot
-    # is the one freed for it; a server that shares blocks between running requests reuses most
-    concurrent_reuse: float = PRIOR_CONCURRENT_REUSE
 
     def shared(self, now: float, max_age: float) -> bool:
         """It is serving more than one request: this view has others in flight there, or its
@@ -203,23 +195,13 @@ class ReplicaState:
                 return depth
         return len(self.held)
 
-    def usable(self, blocks: tuple[int, ...]) -> float:
-        """How many of `blocks` a request sent now would find held (`holds`): all it holds, but
-        when a request still in flight here carries that very prefix, only the share of it such
-        requests were seen to reuse (`concurrent_reuse`): the expected blocks, not the best case."""
-        held = self.holds(blocks)
-        if held and blocks[held - 1] in self.serving:
-            return held * self.concurrent_reuse
-        return float(held)
-
     def expect(self, ask: Ask, continued: bool) -> Expected:
         held = self.holds(ask.blocks)
-        new = max(0.0, ask.new_prefill(self.usable(ask.blocks)))
+        new = max(0.0, ask.new_prefill(held))
         if not held:
             return Expected(ask.blocks, continued=continued, new_tokens=new)
         last = ask.blocks[held - 1]
-        cached = ask.prompt_tokens - max(0.0, ask.new_prefill(held))
-        return Expected(ask.blocks, held, self.depth(last), cached, last in self.serving, continued, new)
+        return Expected(ask.blocks, held, self.depth(last), ask.prompt_tokens - new, last in self.serving, continued, new)
 
     def remember(self, blocks: tuple[int, ...]) -> None:
         for block in blocks:
@@ -234,13 +216,8 @@ class ReplicaState:
     def learn(self, expected: Expected, cached_tokens: int) -> None:
         """Hold what the replica said it reused against what was expected of it. Less than half:
         it had let the prompt go, so it keeps fewer blocks than were remembered after it (the
-        bound comes down to that depth), unless the prompt was in flight there when it was sent
-        (`concurrent`): then it says only how much a request beside one on the same prompt reuses
-        (`concurrent_reuse`). At least two blocks more than expected: it keeps blocks already
-        forgotten here, so the bound grows."""
-        if expected.concurrent:  # (only a prompt held is concurrent)
-            reused = 1.0 if cached_tokens >= MISSED * expected.cached_tokens else 0.0
-            self.concurrent_reuse = _smooth(self.concurrent_reuse, reused)
+        bound comes down to that depth). At least two blocks more than expected: it keeps blocks
+        already forgotten here, so the bound grows."""
         if expected.held and cached_tokens < MISSED * expected.cached_tokens:
             if not expected.concurrent:
                 self.held_bound = max(MIN_HELD_BLOCKS, min(self.held_bound, expected.depth))
@@ -294,7 +271,7 @@ class PoolView:
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            out.append(ReplicaView(r.name, queue, r.usable(blocks), r.prefill_s, r.answer_s, r.decode_s(r.shared(now, max_age)), r.mean_new,
+            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(r.shared(now, max_age)), r.mean_new,
                                    healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new,
                                    decode_age=r.decode_age(now)))
         return out
@@ -406,7 +383,7 @@ class PoolView:
             out.append({
                 "name": r.name, "in_flight": r.in_flight, "sent": r.sent, "errors": r.errors,
                 "estimated_prefix_hits": r.prefix_hits, "prefix_blocks_held": len(r.held),
-                "prefix_blocks_bound": r.held_bound, "concurrent_reuse": round(r.concurrent_reuse, 3),
+                "prefix_blocks_bound": r.held_bound,
                 "reported": None if r.reading is None else {
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,

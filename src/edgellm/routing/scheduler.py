@@ -18,9 +18,6 @@ the prefill work queued ahead of it, not the number of requests):
   leading blocks are hashed as a chain (block i's hash covers blocks 0..i), and a replica that
   recently served a prompt holds its blocks; the longest run of leading blocks it holds is its
   hit (llm-d's approximate prefix scorer does this over the same kind of chained block hashes).
-  A prompt still in flight on a replica counts at the share of such prompts the replica was seen
-  to reuse: a llama.cpp slot's cache is its own while it serves, so a request beside it in a free
-  slot prefills the prompt again, while a server sharing blocks between running requests reuses it.
 - *queue*: what is running or waiting there: the larger of what this gateway has in flight there
   and what the replica itself last reported (llama.cpp: requests processing + deferred; vLLM:
   running + waiting), when that report is fresh and sane. Each costs its new prefill tokens and
@@ -211,9 +208,8 @@ def load_cap(queues: Sequence[float], load_bound: float) -> float:
 @dataclass(frozen=True)
 class ReplicaView:
     """What a decision knows of one replica at one moment. `held`: how many of the request's
-    leading blocks it holds, as many as it is expected to reuse (a prompt still in flight there
-    counts at the share such prompts were reused: `fleet.ReplicaState.usable`); `healthy`:
-    breaker closed (or a half-open probe allowed) and its last report sane; `down`: its breaker is open (never chosen). Its measurements, None before
+    leading blocks it holds; `healthy`: breaker closed (or a half-open probe allowed) and its
+    last report sane; `down`: its breaker is open (never chosen). Its measurements, None before
     any: `prefill_s` seconds a new prompt token, `answer_s` seconds from first to last token,
     `decode_s` seconds between tokens, `mean_new` new prefill tokens a request (what it reported
     it did not take from its cache), `decode_age` seconds `decode_s` has gone unchecked while the
@@ -223,7 +219,7 @@ class ReplicaView:
 
     name: str
     queue: float = 0.0
-    held: float = 0.0
+    held: int = 0
     prefill_s: float | None = None
     answer_s: float | None = None
     decode_s: float | None = None
@@ -248,7 +244,7 @@ class Ask:
     session_replica: str | None = None
     continues: bool = False
 
-    def new_prefill(self, held: float, block_chars: int = BLOCK_CHARS) -> float:
+    def new_prefill(self, held: int, block_chars: int = BLOCK_CHARS) -> float:
         if self.prompt_chars <= 0:
             return self.prompt_tokens
         cached = min(self.prompt_chars, held * block_chars) / self.prompt_chars

@@ -354,12 +354,10 @@ def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: lis
 def routing_view(url: str) -> dict[str, Any]:
     """What the edge's view of the pool ended at, per replica: requests sent, those it sent for a
     held prefix, the prefix blocks it takes the replica to hold and the bound it learned for them,
-    the share of a prompt in flight there it learned a request beside it reuses (None from a
-    version without it), and the replica's own reused and prompt tokens as its answers said."""
+    and the replica's own reused and prompt tokens as its answers said."""
     data = httpx.get(url + "/admin/routing/stats", headers={"authorization": f"Bearer {ADMIN}"}, timeout=60).json()
     return {r["name"]: {"sent": r["sent"], "prefix": r["estimated_prefix_hits"], "held": r["prefix_blocks_held"],
-                        "bound": r.get("prefix_blocks_bound"),
-                        "beside": r.get("concurrent_reuse"), "cached": r["replica_cached_tokens"], "prompt": r["replica_prompt_tokens"]}
+                        "bound": r.get("prefix_blocks_bound"), "cached": r["replica_cached_tokens"], "prompt": r["replica_prompt_tokens"]}
             for pool in data["pools"] for r in pool["replicas"]}
 
 
@@ -501,8 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                 for o in row["slowest"]), flush=True)
             print("        the edge's view: " + "  ".join(
                 f"{name} sent {v['sent']} (prefix {v['prefix']}) held {v['held']}/{v['bound']} blocks, reused "
-                f"{v['cached'] / v['prompt'] if v['prompt'] else 0:.0%}"
-                + (f", beside a prompt in flight {v['beside']:.0%}" if v.get("beside") is not None else "") for name, v in sorted(row["view"].items())), flush=True)
+                f"{v['cached'] / v['prompt'] if v['prompt'] else 0:.0%}" for name, v in sorted(row["view"].items())), flush=True)
     if not args.quick:
         for name, met, figure in targets(rows):
             print(f"  [{'met   ' if met else 'missed'}] {name}: {figure}")

@@ -26,7 +26,7 @@ def test_the_fleet_benchmark_runs_every_policy(tiny_model: Path, tmp_path: Path,
     assert all("slowed_share_before" in c for c in cells if c["workload"] == "slowed")
     # the edge's own view at the end of each cell: every replica, every request sent (and the warm-up)
     assert all(set(c["view"]) == {"gpu-a", "gpu-b", "gpu-c"} and sum(v["sent"] for v in c["view"].values()) == c["n"] + 1
-               and all(v["bound"] >= 16 and 0 <= v["beside"] <= 1 for v in c["view"].values()) for c in cells)
+               and all(v["bound"] >= 16 for v in c["view"].values()) for c in cells)
     # what set each cell's tail: its slowest answers, slowest first, with what the replica said it reused
     for c in cells:
         slowest = c["slowest"]

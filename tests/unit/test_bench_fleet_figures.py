@@ -1,12 +1,14 @@
 """How the fleet benchmark reads its own cells: which answers set the tail and what was running
 beside them, how far a ratio of percentiles from one run can be trusted, and a variant's cell
-against this code's."""
+against this code's, and the load (b)'s conversations offer."""
 
 from __future__ import annotations
 
 import math
 
-from bench.bench_fleet import Outcome, against_variants, ratio_interval, slowest
+import random
+
+from bench.bench_fleet import Outcome, against_variants, conversation_plan, ratio_interval, slowest
 
 
 def answer(ttft: float, sent_at: float, latency: float, replica: str, cached: int = 0) -> Outcome:
@@ -50,3 +52,34 @@ def test_a_variant_is_read_against_the_same_policy_on_the_same_workload() -> Non
     [line] = against_variants(rows)
     assert line.startswith("(shared) scheduler over scheduler:old: TTFT p50 0.50x")
     assert "p99 1.00x" in line and "answers/s 0.50 against 0.40" in line and "prefix hits 80% against 60%" in line
+
+
+def offered(plans: list[list], rate: float, service: float, window: float, windows: int) -> list[float]:
+    """Turns sent per second in consecutive windows, as a share of `rate`, averaged over plans
+    (each turn sent `service` seconds after the last was sent, plus the user's reading time)."""
+    counts = [0] * windows
+    for plan in plans:
+        for conversation in plan:
+            at = conversation.start
+            for reading in conversation.reading:
+                if at < window * windows:
+                    counts[int(at // window)] += 1
+                at += service + reading
+    return [c / len(plans) / window / rate for c in counts]
+
+
+def test_conversations_offer_the_calibrated_rate_and_not_a_burst_of_first_turns() -> None:
+    rate, n = 0.6, 96
+    plans = [conversation_plan(n, rate, random.Random(seed)) for seed in range(300)]
+    assert all(sum(len(c.reading) for c in plan) == n and len({c.index for c in plan}) == n // 4 for plan in plans)
+    assert all(len(c.words) == len(c.reading) == 4 for c in plans[0])
+    # the run's middle (after the first conversations overlap, before the last ones close) holds
+    # near the calibrated rate, and no stretch of it goes far above
+    shares = offered(plans, rate, service=1.2, window=16.0, windows=10)
+    assert max(shares) <= 1.1, shares
+    assert min(shares[2:8]) >= 0.8, shares
+    # first turns open at a quarter of the rate: the cold prompts are spread over the run
+    firsts = [c.start for plan in plans for c in plan]
+    assert sum(1 for t in firsts if t < 40) / len(plans) < 0.3 * 40 * 1.2
+    # the same seed draws the same conversations; the plan does not depend on answers' timing
+    assert conversation_plan(n, rate, random.Random(7)) == conversation_plan(n, rate, random.Random(7))

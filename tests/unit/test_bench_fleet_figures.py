@@ -8,7 +8,7 @@ import math
 
 import random
 
-from bench.bench_fleet import Outcome, against_variants, conversation_plan, ratio_interval, slowest
+from bench.bench_fleet import Outcome, against_variants, conversation_plan, ratio_interval, slowest, targets
 
 
 def answer(ttft: float, sent_at: float, latency: float, replica: str, cached: int = 0) -> Outcome:
@@ -54,6 +54,24 @@ def test_a_variant_is_read_against_the_same_policy_on_the_same_workload() -> Non
     assert "p99 1.00x" in line and "answers/s 0.50 against 0.40" in line and "prefix hits 80% against 60%" in line
 
 
+def test_throughput_is_judged_where_the_fleet_is_full_and_the_tail_at_70_percent() -> None:
+    def row(p50: float, p99: float, rps: float) -> dict[str, object]:
+        return {"ttft_p50_ms": p50, "ttft_p99_ms": p99, "throughput_rps": rps, "ttfts_ms": [p50] * 50 + [p99] * 2}
+
+    rows = {("scheduler", "turns"): row(400, 4000, 0.3), ("round-robin", "turns"): row(4000, 6000, 0.3),
+            ("least-in-flight", "turns"): row(600, 7000, 0.3),
+            ("scheduler", "turns-saturated"): row(900, 12000, 1.5), ("round-robin", "turns-saturated"): row(5800, 16000, 0.6),
+            ("scheduler", "saturated"): row(5000, 17000, 0.7), ("round-robin", "saturated"): row(6800, 14000, 0.62)}
+    verdicts = {name: (met, figure) for name, met, figure in targets(rows)}
+    assert verdicts["(turns) TTFT p50 <= 0.5x round-robin"][0] is True
+    assert verdicts["(turns) TTFT p99 <= 0.7x least-in-flight"][0] is True
+    assert verdicts["(turns) throughput >= 1.2x round-robin, at full load (turns-saturated)"] == (True, "2.50x")
+    assert verdicts["(shared) throughput >= 1.2x round-robin, at full load (saturated)"] == (False, "1.13x")
+    # at 70% every policy serves the arrivals: no throughput verdict from those cells, none without a baseline
+    assert not any("throughput" in name and "full load" not in name for name in verdicts)
+    assert not any(name.startswith("(shared) TTFT") for name in verdicts)
+
+
 def offered(plans: list[list], rate: float, service: float, window: float, windows: int) -> list[float]:
     """Turns sent per second in consecutive windows, as a share of `rate`, averaged over plans
     (each turn sent `service` seconds after the last was sent, plus the user's reading time)."""
@@ -83,3 +101,6 @@ def test_conversations_offer_the_calibrated_rate_and_not_a_burst_of_first_turns(
     assert sum(1 for t in firsts if t < 40) / len(plans) < 0.3 * 40 * 1.2
     # the same seed draws the same conversations; the plan does not depend on answers' timing
     assert conversation_plan(n, rate, random.Random(7)) == conversation_plan(n, rate, random.Random(7))
+    # at full load (no rate) nobody waits: every conversation is ready at once and no one reads
+    closed = conversation_plan(n, 0.0, random.Random(7))
+    assert len(closed) == n // 4 and all(c.start == 0 and c.reading == [0, 0, 0, 0] for c in closed)

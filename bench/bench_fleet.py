@@ -73,6 +73,7 @@ POLICIES = ("round-robin", "least-in-flight", "session", "scheduler")
 WORKLOADS = ("shared", "saturated", "turns", "turns-saturated", "unique", "slowed")
 ADMIN = "bench-fleet"  # the edge's admin token, for its routing stats
 TURNS = 4  # (b): turns in a conversation
+CLOSED_LOOPS = {"saturated": "shared", "turns-saturated": "turns"}  # full-load workloads, and whose throughput each measures
 CLIENTS = 6  # (a) at saturation: requests kept in flight, one a slot of the three replicas' two
 UNIQUE_LENGTHS = (150, 400, 800, 1200)  # (c)'s prompt lengths in tokens (their mean is (a)'s system prompt)
 WORDS = ("river", "lamp", "orbit", "cedar", "ledger", "harbor", "signal", "meadow", "copper", "violet", "engine", "quartz",
@@ -220,7 +221,7 @@ def conversation_plan(n: int, rate: float, rng: random.Random, turns: int = TURN
     Conversations open as a Poisson process at `rate / turns`, so once a few overlap their turns
     together arrive at `rate` (the calibrated share of capacity) and never far above it; opening
     them at `rate` instead would send every first turn (the expensive cold ones) at the full
-    rate with later turns on top, near twice the calibrated load early in the run. A user reads
+    rate with later turns on top, up to 1.5x the calibrated load early in the run. A user reads
     each answer for an exponential time averaging two gaps between conversations, so about six
     are open at once: more than a replica's slots, fewer than every application's prompt."""
     count = max(2, n // turns)
@@ -427,7 +428,7 @@ def targets(rows: dict[tuple[str, str], dict[str, Any]]) -> list[tuple[str, bool
             ratio = new["ttft_p99_ms"] / lif["ttft_p99_ms"]
             out.append((f"({workload}) TTFT p99 <= 0.7x least-in-flight", ratio <= 0.7, f"{ratio:.2f}x{interval(new, lif, 99)}"))
     # at 70% every policy carries the arrivals: throughput is measured where the fleet is full
-    for workload, closed in (("shared", "saturated"), ("turns", "turns-saturated")):
+    for closed, workload in CLOSED_LOOPS.items():
         new, rr = get("scheduler", closed), get("round-robin", closed)
         if new and rr and rr["throughput_rps"]:
             ratio = new["throughput_rps"] / rr["throughput_rps"]
@@ -516,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     for workload in workloads:
         # (d) runs at (a)'s rate, so its p99 compares with (a)'s undisturbed run
         measured_as = "shared" if workload == "slowed" else workload
-        if measured_as not in rates and workload not in ("saturated", "turns-saturated"):  # a closed loop needs no arrival rate
+        if measured_as not in rates and workload not in CLOSED_LOOPS:  # a closed loop needs no arrival rate
             service, cold = calibrate(model, measured_as, apps, args.max_tokens, cache_mib)
             rates[measured_as] = args.load / service  # the fleet's capacity: one request per `service` seconds
             print(f"({measured_as}) the fleet's capacity: one request per {service * 1000:.0f} ms; arrivals at "

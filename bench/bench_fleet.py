@@ -115,6 +115,7 @@ class Outcome:
     error: str = ""
     cached: int | None = None  # prompt tokens the replica reused, from the answer's own usage
     prompt: int | None = None
+    app: int = -1  # the application whose system prompt it carried (-1: none of them)
 
 
 @dataclass
@@ -143,7 +144,9 @@ class Cell:
                "throughput_rps": len(ok) / self.span_s if self.span_s else 0.0,
                "prefix_hit_rate": self.cached / self.prompt if self.prompt else 0.0, "shares": shares,
                "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3], "view": self.view,
-               "ttfts_ms": [round(t * 1000) for t in ttfts]}
+               "ttfts_ms": [round(t * 1000) for t in ttfts],
+               "timeline": [[round(o.sent_at, 2), o.replica, o.reason, round(o.ttft, 2), round(o.latency, 2), o.cached, o.prompt, o.ok, o.app]
+                            for o in sorted(self.outcomes, key=lambda o: o.sent_at)]}
         if self.slowed_at is not None and self.slowed:
             def share(sent: list[Outcome]) -> float:
                 return sum(o.replica == self.slowed for o in sent) / len(sent) if sent else float("nan")
@@ -202,6 +205,13 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str
     return Outcome(ok and first is not None, (first or end) - sent, end - sent, parts.get("origin", "?"), sent - t0,
                    parts.get("reason", ""), "".join(text), error,
                    (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), usage.get("prompt_tokens"))
+
+
+async def tagged(outcome: Any, app: int) -> Outcome:
+    """The outcome of `outcome` (an awaitable), marked with the application it was for."""
+    done: Outcome = await outcome
+    done.app = app
+    return done
 
 
 @dataclass
@@ -298,7 +308,8 @@ async def run_cell(url: str, workload: str, n: int, rate: float, apps: list[str]
             else:
                 body = {"messages": [{"role": "system", "content": rng.choice(apps)},
                                      {"role": "user", "content": f"User {rng.randrange(10_000)} asks about {rng.choice(WORDS)}."}]}
-            tasks.append(asyncio.create_task(one(client, {**body, "max_tokens": max_tokens, "temperature": 0}, {}, t0)))
+            tasks.append(asyncio.create_task(tagged(one(client, {**body, "max_tokens": max_tokens, "temperature": 0}, {}, t0),
+                                                    apps.index(system) if (system := body["messages"][0]["content"]) in apps else -1)))
         outcomes = await asyncio.gather(*tasks)
         return list(outcomes), time.monotonic() - t0
 

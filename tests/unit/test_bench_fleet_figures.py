@@ -8,7 +8,7 @@ import math
 
 import random
 
-from bench.bench_fleet import Outcome, against_variants, conversation_plan, ratio_interval, slowest, targets
+from bench.bench_fleet import Cell, Outcome, against_variants, conversation_plan, pooled, ratio_interval, slowest, targets
 
 
 def answer(ttft: float, sent_at: float, latency: float, replica: str, cached: int = 0) -> Outcome:
@@ -104,3 +104,15 @@ def test_conversations_offer_the_calibrated_rate_and_not_a_burst_of_first_turns(
     # at full load (no rate) nobody waits: every conversation is ready at once and no one reads
     closed = conversation_plan(n, 0.0, random.Random(7))
     assert len(closed) == n // 4 and all(c.start == 0 and c.reading == [0, 0, 0, 0] for c in closed)
+
+
+def test_a_policy_run_more_than_once_is_judged_on_its_cells_pooled() -> None:
+    """Cells of one policy interleaved with another version's (new, old, old, new) count together:
+    the second cell must not stand in for both."""
+    first = Cell("scheduler", "shared", [answer(t, i, t + 1, "gpu-a") for i, t in enumerate([1.0] * 95 + [20.0])], 100.0, 600.0, 1000.0)
+    second = Cell("scheduler", "shared", [answer(t, i, t + 1, "gpu-b") for i, t in enumerate([1.0] * 96)], 50.0, 300.0, 1000.0)
+    both = pooled([first, second]).summary()
+    assert (both["n"], both["ok"], sorted(both["ttfts_ms"])[-1]) == (192, 192, 20000)
+    assert both["throughput_rps"] == 192 / 150 and both["prefix_hit_rate"] == 900 / 2000
+    assert both["shares"] == {"gpu-a": 96, "gpu-b": 96}
+    assert pooled([first]) is first

@@ -173,7 +173,7 @@ class Sim:
         self.replicas = [SimReplica(n, slots, cache_tokens) for n in names]
         self.by_name = {n: i for i, n in enumerate(names)}
         self.views = [PoolView(self.pool) for _ in range(isolates)]
-        self.object = PoolView(self.pool)
+        self.object = PoolView(self.pool, first_tokens=False)  # told of a request when it ends, as the Worker's object is
         self.object_free_at = 0.0
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = itertools.count()
@@ -238,8 +238,8 @@ class Sim:
             if self.placement == "object" or back - now <= self.router_s:
                 self.refresh(self.object, at_object)  # the object probes on its own time: no request waits for it
                 picks = self.object.choose(ask, at_object)
-                job.expected[id(self.object)] = self.object.dispatched(picks[0].name, ask, picks[0].reason)
-                job.expected[id(view)] = view.dispatched(picks[0].name, ask, picks[0].reason)
+                job.expected[id(self.object)] = self.object.dispatched(picks[0].name, ask, picks[0].reason, at_object)
+                job.expected[id(view)] = view.dispatched(picks[0].name, ask, picks[0].reason, now)
                 job.decider, job.also = self.object, [view]
                 self.object_answers += 1
                 breaker.success(back)
@@ -254,7 +254,7 @@ class Sim:
         """The isolate's own view decides (after refreshing its stale readings)."""
         delay = self.refresh(view, now)
         picks = view.choose(ask, now)
-        job.expected[id(view)] = view.dispatched(picks[0].name, ask, picks[0].reason)
+        job.expected[id(view)] = view.dispatched(picks[0].name, ask, picks[0].reason, now)
         job.decider = view
         self.push(now + delay, "start", (job, picks[0].name))
 
@@ -309,12 +309,13 @@ class Sim:
     def first_token(self, job: Job) -> None:
         """The isolates that sent `job` see its first token as it streams through them (the pool's
         object hears of a request only when it ends)."""
+        assert job.first_at is not None
         name = self.replicas[job.replica].name
         job.live = LiveGaps(self, job)
         for view in [job.decider, *job.also]:
             if view is not self.object and id(view) in job.expected:
-                view.prefilled(name, job.expected[id(view)])
-                view.watch(name, job.live)
+                view.prefilled(name, job.expected[id(view)], job.first_at)
+                view.watch(name, job.live, job.first_at)
 
     def finish(self, job: Job, now: float) -> None:
         name = self.replicas[job.replica].name

@@ -26,7 +26,7 @@ def prompt(app: int, blocks: int = BLOCKS) -> Ask:
 
 def serve(view: PoolView, name: str, ask: Ask, cached: int) -> Expected:
     """One request sent to `name` and answered, the replica saying it reused `cached` tokens."""
-    expected = view.dispatched(name, ask, "load")
+    expected = view.dispatched(name, ask, "load", 0.0)
     view.finished(name, 1.0, True, 0.5, 0.05, cached, int(ask.prompt_tokens), 1.0, expected=expected)
     return expected
 
@@ -39,12 +39,12 @@ def test_what_a_view_expects_of_a_replica() -> None:
     view = one_replica()
     for app in range(4):
         serve(view, "a", prompt(app), 0)
-    expected = view.dispatched("a", prompt(1), "load")
+    expected = view.dispatched("a", prompt(1), "load", 0.0)
     # app 1 was followed by apps 2 and 3: 40 blocks remembered since its last one
     assert expected == Expected(prompt(1).blocks, BLOCKS, 2 * BLOCKS, BLOCKS * BLOCK_TOKENS, False, False,
                                 new_tokens=prompt(1).prompt_tokens - BLOCKS * BLOCK_TOKENS)
     # b never saw it: the whole prompt is left to prefill there
-    assert view.dispatched("b", prompt(1), "load") == Expected(prompt(1).blocks, new_tokens=prompt(1).prompt_tokens)
+    assert view.dispatched("b", prompt(1), "load", 0.0) == Expected(prompt(1).blocks, new_tokens=prompt(1).prompt_tokens)
 
 
 def test_a_prompt_the_replica_let_go_brings_the_bound_down_to_its_depth() -> None:
@@ -55,11 +55,11 @@ def test_a_prompt_the_replica_let_go_brings_the_bound_down_to_its_depth() -> Non
     for app in range(4):
         serve(view, "a", prompt(app), 0)
     replica = view.replicas["a"]
-    assert replica.holds(prompt(1).blocks) == BLOCKS and replica.held_bound == HELD_BLOCKS
+    assert replica.holds(prompt(1).blocks, 1.0) == BLOCKS and replica.held_bound == HELD_BLOCKS
     serve(view, "a", prompt(0), 0)
     assert replica.held_bound == 3 * BLOCKS
-    assert replica.holds(prompt(1).blocks) == 0
-    assert [replica.holds(prompt(app).blocks) for app in (2, 3, 0)] == [BLOCKS] * 3
+    assert replica.holds(prompt(1).blocks, 1.0) == 0
+    assert [replica.holds(prompt(app).blocks, 1.0) for app in (2, 3, 0)] == [BLOCKS] * 3
     assert view.to_json(1.0)["replicas"][0]["prefix_blocks_bound"] == 3 * BLOCKS
 
 
@@ -94,7 +94,7 @@ def test_a_replica_that_reused_more_than_remembered_grows_the_bound() -> None:
     serve(view, "a", prompt(0), 0)
     assert replica.held_bound == MIN_HELD_BLOCKS
     serve(view, "a", prompt(1), 0)  # app 0 is forgotten here (20 blocks since, bound 16) ...
-    assert replica.holds(prompt(0).blocks) == 0
+    assert replica.holds(prompt(0).blocks, 1.0) == 0
     serve(view, "a", prompt(0), int(2 * BLOCK_TOKENS) - 1)  # ... a reuse under two blocks is the template's
     assert replica.held_bound == MIN_HELD_BLOCKS
     serve(view, "a", prompt(2), 0)
@@ -115,8 +115,8 @@ def test_a_miss_beside_the_same_prompt_in_flight_says_nothing_of_the_bound() -> 
     view = one_replica()
     for app in range(4):
         serve(view, "a", prompt(app), 0)
-    first = view.dispatched("a", prompt(0), "load")
-    second = view.dispatched("a", prompt(0), "load")
+    first = view.dispatched("a", prompt(0), "load", 0.0)
+    second = view.dispatched("a", prompt(0), "load", 0.0)
     assert (first.concurrent, second.concurrent) == (False, True)
     view.finished("a", 1.0, True, 0.5, 0.05, 0, int(prompt(0).prompt_tokens), 1.0, expected=second)
     assert view.replicas["a"].held_bound == HELD_BLOCKS
@@ -129,13 +129,13 @@ def test_what_is_in_flight_comes_off_whatever_the_end() -> None:
     view = one_replica()
     replica = view.replicas["a"]
     for ok in (True, False, None):
-        expected = view.dispatched("a", prompt(0), "load")
-        other = view.dispatched("a", prompt(1), "load")
+        expected = view.dispatched("a", prompt(0), "load", 0.0)
+        other = view.dispatched("a", prompt(1), "load", 0.0)
         view.finished("a", 1.0, ok, expected=expected)
         assert set(replica.serving) == set(prompt(1).blocks)
         view.finished("a", 1.0, ok, expected=other)
         assert not replica.serving
-    view.dispatched("a", prompt(2), "load")
+    view.dispatched("a", prompt(2), "load", 0.0)
     view.finished("a", 1.0, None)  # a report without its expectation (an object's lease lost): cleared once idle
     assert not replica.serving
 
@@ -145,7 +145,7 @@ def test_only_an_answer_with_a_count_teaches(ok: bool | None, cached: int | None
     view = one_replica()
     for app in range(4):
         serve(view, "a", prompt(app), 0)
-    expected = view.dispatched("a", prompt(0), "load")
+    expected = view.dispatched("a", prompt(0), "load", 0.0)
     view.finished("a", 1.0, ok, 0.5, 0.05, cached, int(prompt(0).prompt_tokens), 1.0, expected=expected)
     assert view.replicas["a"].held_bound == HELD_BLOCKS
 
@@ -194,9 +194,9 @@ def test_a_bounded_replica_stops_looking_warm_for_every_prompt() -> None:
     right, right_remembering_all, seen = [], [], set()
     for i in range(400):
         ask = prompt(rng.randrange(8))
-        said = view.replicas["a"].holds(ask.blocks) == len(ask.blocks)
+        said = view.replicas["a"].holds(ask.blocks, 1.0) == len(ask.blocks)
         reused = replica_reuses(ask)
-        expected = view.dispatched("a", ask, "load")
+        expected = view.dispatched("a", ask, "load", 0.0)
         view.finished("a", 1.0, True, 0.5, 0.05, reused, int(ask.prompt_tokens), 1.0, expected=expected)
         right.append(said == (reused > 0))
         right_remembering_all.append((ask.blocks[0] in seen) == (reused > 0))
@@ -270,11 +270,11 @@ def test_a_prompt_stays_in_flight_until_its_last_request_ends() -> None:
     view = one_replica()
     for app in range(4):
         serve(view, "a", prompt(app), 0)
-    first = view.dispatched("a", prompt(0), "load")
-    second = view.dispatched("a", prompt(0), "load")
+    first = view.dispatched("a", prompt(0), "load", 0.0)
+    second = view.dispatched("a", prompt(0), "load", 0.0)
     view.finished("a", 1.0, True, 0.5, 0.05, 0, int(prompt(0).prompt_tokens), 1.0, expected=second)
     assert view.replicas["a"].serving[prompt(0).blocks[0]] == 1
-    assert view.dispatched("a", prompt(0), "load").concurrent  # the first is still being served
+    assert view.dispatched("a", prompt(0), "load", 0.0).concurrent  # the first is still being served
     assert not first.concurrent
 
 
@@ -289,7 +289,7 @@ def test_a_prompt_stays_in_flight_until_its_last_request_ends() -> None:
 def test_what_an_answer_teaches_of_a_replicas_rates(ttft: float, total: float, cached: int, prompt_tokens: int,
                                                    prefill_s: float | None, answer_s: float | None, mean_new: float) -> None:
     view = one_replica()
-    view.dispatched("a", prompt(0), "load")
+    view.dispatched("a", prompt(0), "load", 0.0)
     view.finished("a", 1.0, True, ttft, 0.05, cached, prompt_tokens, total)
     replica = view.replicas["a"]
     assert replica.prefill_s == (None if prefill_s is None else pytest.approx(prefill_s))
@@ -301,7 +301,7 @@ def test_what_an_answer_teaches_of_a_replicas_rates(ttft: float, total: float, c
 @pytest.mark.parametrize("ok", [None, False])
 def test_an_answer_that_did_not_finish_teaches_no_rates(ok: bool | None) -> None:
     view = one_replica()
-    view.dispatched("a", prompt(0), "load")
+    view.dispatched("a", prompt(0), "load", 0.0)
     view.finished("a", 1.0, ok, 1.1, 0.05, 0, 1099, 1.5)
     replica = view.replicas["a"]
     assert (replica.prefill_s, replica.answer_s, replica.mean_new) == (None, None, None)
@@ -311,14 +311,14 @@ def test_an_answer_that_did_not_finish_teaches_no_rates(ok: bool | None) -> None
 def test_the_prefill_a_view_sent_is_queued_work_until_each_request_ends() -> None:
     view = one_replica()
     serve(view, "a", prompt(0), 0)  # a holds app 0
-    hit = view.dispatched("a", prompt(0), "prefix")
-    cold = view.dispatched("a", prompt(1), "load")
+    hit = view.dispatched("a", prompt(0), "prefix", 0.0)
+    cold = view.dispatched("a", prompt(1), "load", 0.0)
     assert (hit.new_tokens, cold.new_tokens) == (0.0, prompt(1).prompt_tokens)
     [a, b] = view.views(prompt(2).blocks, 1.0)
     assert (a.sent_queue, a.sent_new, b.sent_queue, b.sent_new) == (2.0, prompt(1).prompt_tokens, 0.0, 0.0)
     view.finished("a", 2.0, True, 0.5, 0.05, 0, int(prompt(1).prompt_tokens), 1.0, expected=cold)
     assert view.replicas["a"].sent_new == 0.0 and view.replicas["a"].in_flight == 1  # the hit's nothing is left
-    again = view.dispatched("a", prompt(3), "load")
+    again = view.dispatched("a", prompt(3), "load", 0.0)
     view.finished("a", 3.0, None, expected=again)  # the client left: its work is off the replica too
     view.finished("a", 3.0, True, 0.5, 0.05, int(prompt(0).prompt_tokens), int(prompt(0).prompt_tokens), 1.0, expected=hit)
     assert (view.replicas["a"].sent_new, view.replicas["a"].in_flight) == (0.0, 0)
@@ -326,14 +326,14 @@ def test_the_prefill_a_view_sent_is_queued_work_until_each_request_ends() -> Non
 
 def test_an_end_without_its_expectation_clears_the_queued_work_once_nothing_is_in_flight() -> None:
     view = one_replica()
-    view.dispatched("a", prompt(1), "load")
+    view.dispatched("a", prompt(1), "load", 0.0)
     view.finished("a", 1.0, None)  # a report that lost what was expected (the object's lease expired)
     assert view.replicas["a"].sent_new == 0.0
 
 
 def test_a_one_token_answer_has_no_answer_time_to_teach() -> None:
     view = one_replica()
-    view.dispatched("a", prompt(0), "load")
+    view.dispatched("a", prompt(0), "load", 0.0)
     view.finished("a", 1.0, True, 0.5, None, 0, int(prompt(0).prompt_tokens), 0.5)  # first token was the last
     assert view.replicas["a"].answer_s is None and view.replicas["a"].mean_new == prompt(0).prompt_tokens
 
@@ -349,22 +349,44 @@ def test_a_streaming_answer_shows_its_replica_slower_at_once() -> None:
     assert decode() == {"a": 0.05, "b": 0.05, "c": 0.05}
     slow: list[float] = [0.2] * 7
     fast: list[float] = [0.01] * 30
-    view.watch("a", slow)
-    view.watch("b", fast)
+    view.watch("a", slow, 0.0)
+    view.watch("b", fast, 0.0)
     assert decode() == {"a": 0.05, "b": 0.05, "c": 0.05}  # seven gaps are too few; a faster one moves nothing
     slow.append(0.2)
     assert decode()["a"] == pytest.approx(0.2)
     steady: list[float] = [0.05] * 8
-    view.watch("a", steady)
+    view.watch("a", steady, 0.0)
     assert decode()["a"] == pytest.approx(0.2)  # the slowest of its streaming answers
     assert view.to_json(2.0)["replicas"][0]["live_itl_s"] == pytest.approx(0.2)
     view.unwatch("a", slow)
     view.unwatch("a", slow)  # twice is harmless
-    assert decode() == {"a": 0.05, "b": 0.05, "c": 0.05} and view.replicas["a"].answering == [steady]
+    assert decode() == {"a": 0.05, "b": 0.05, "c": 0.05} and [gaps for gaps, _ in view.replicas["a"].answering] == [steady]
     twin = list(fast)  # another answer's gaps, equal so far
-    view.watch("b", twin)
+    view.watch("b", twin, 0.0)
     view.unwatch("b", twin)
-    assert len(view.replicas["b"].answering) == 1 and view.replicas["b"].answering[0] is fast
+    assert len(view.replicas["b"].answering) == 1 and view.replicas["b"].answering[0][0] is fast
+
+
+@pytest.mark.parametrize("waited_s, slower", [
+    (None, True),   # nobody waited beside it: three 4 s stalls in eleven gaps are the replica's own pace
+    (12.0, False),  # a request sent there waited 12 s for its first token meanwhile: its prompt stalled them
+    (4.0, True),    # it waited 4 s: it explains one stall, not three
+])
+def test_a_streaming_answers_stalls_count_only_beyond_what_a_neighbour_waited(waited_s: float | None, slower: bool) -> None:
+    """While an answer streams, its stalls are held against how long a request sent beside it
+    waited for its first token (timed, whatever the view expected of its prompt), as when the
+    answer ends."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
+    for name in "abc":
+        serve(view, name, prompt(9), 0)  # 50 ms between tokens
+    view.prefilled("a", view.dispatched("a", prompt(1), "load", 10.0), 10.0)  # an answer streams from a from t = 10
+    gaps: list[float] = [0.05] * 8 + [4.0] * 3
+    view.watch("a", gaps, 10.0)
+    if waited_s is not None:
+        neighbour = view.dispatched("a", prompt(1), "prefix", 10.1)  # the same prompt: taken as held there
+        view.prefilled("a", neighbour, 10.1 + waited_s)
+    decode = {v.name: v.decode_s for v in view.views((), 22.5)}
+    assert (decode["a"] > 1.5 * decode["b"]) is slower
 
 
 def test_a_replica_slowed_mid_answer_loses_the_prefix_it_holds_before_that_answer_ends() -> None:
@@ -374,11 +396,11 @@ def test_a_replica_slowed_mid_answer_loses_the_prefix_it_holds_before_that_answe
     for name in "abc":
         serve(view, name, prompt(9), 0)
     view.finished("a", 1.0, True, 2.0, 0.05, 0, int(prompt(1).prompt_tokens), 3.0)  # rates: a cold prompt's prefill
-    expected = view.dispatched("a", prompt(1), "load")  # a now holds the prompt
+    expected = view.dispatched("a", prompt(1), "load", 0.0)  # a now holds the prompt
     assert view.choose(prompt(1), 2.0)[0].name != "a"  # while it prefills it, its cold prefill is queued there
-    view.prefilled("a", expected)  # and now it is answering it
+    view.prefilled("a", expected, 0.0)  # and now it is answering it
     gaps: list[float] = [0.05] * 8
-    view.watch("a", gaps)
+    view.watch("a", gaps, 0.0)
     assert view.choose(prompt(1), 2.0)[0].name == "a"
     gaps[:] = [0.5] * 8
     assert view.choose(prompt(1), 2.0)[0].name != "a"
@@ -394,13 +416,13 @@ def test_a_replica_measured_slow_once_is_offered_requests_again_as_the_measureme
     view.finished("a", 1.0, True, 2.0, 0.4, 0, int(prompt(1).prompt_tokens), 3.0)
     assert view.replicas["a"].itl_at == 1.0 and view.to_json(1.0)["replicas"][0]["itl_age_s"] == 0.0
     for name in "bc":
-        view.dispatched(name, prompt(2), "load")  # b and c are each busy with one request
+        view.dispatched(name, prompt(2), "load", 0.0)  # b and c are each busy with one request
     assert view.choose(prompt(3), 1.0)[0].name != "a"
     assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name == "a"
     assert view.to_json(1.0 + 5 * FORGET_S)["replicas"][0]["itl_age_s"] == 5 * FORGET_S
-    view.prefilled("a", view.dispatched("a", prompt(3), "prefix"))  # it takes one, and answers it
+    view.prefilled("a", view.dispatched("a", prompt(3), "prefix", 0.0), 0.0)  # it takes one, and answers it
     gaps: list[float] = [0.4] * 8  # as slow as before: that is now, whatever the age
-    view.watch("a", gaps)
+    view.watch("a", gaps, 0.0)
     assert view.views((), 1.0 + 5 * FORGET_S)[0].decode_age == 0.0
     assert view.views((), 1.0 + 5 * FORGET_S)[0].decode_s == pytest.approx(0.4)
     assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name != "a"
@@ -413,7 +435,7 @@ def test_a_slow_replicas_measurement_does_not_fade_while_requests_wait_there() -
     for name in "abc":
         serve(view, name, prompt(9), 0)
     view.finished("a", 1.0, True, 2.0, 0.4, 0, int(prompt(1).prompt_tokens), 3.0)  # slow, idle from t = 1
-    waiting = view.dispatched("a", prompt(1), "load")
+    waiting = view.dispatched("a", prompt(1), "load", 0.0)
     later = 1.0 + 5 * FORGET_S
     assert view.views((), later)[0].decode_age == 0.0
     assert view.choose(prompt(1), later)[0].name != "a"  # it holds the prompt, but it is slow and busy
@@ -437,13 +459,13 @@ def test_an_answers_speed_outweighs_an_old_measurement(age: float, expected: flo
 
 def test_a_requests_prefill_comes_off_the_queued_work_at_its_first_token_once() -> None:
     view = one_replica()
-    one, two = view.dispatched("a", prompt(1), "load"), view.dispatched("a", prompt(2), "load")
+    one, two = view.dispatched("a", prompt(1), "load", 0.0), view.dispatched("a", prompt(2), "load", 0.0)
     assert view.replicas["a"].sent_new == 2 * prompt(1).prompt_tokens
-    view.prefilled("a", one)
+    view.prefilled("a", one, 0.0)
     assert view.replicas["a"].sent_new == prompt(2).prompt_tokens
     view.finished("a", 1.0, True, expected=one, prefilled=True)  # not twice
     assert view.replicas["a"].sent_new == prompt(2).prompt_tokens
-    view.dispatched("a", prompt(3), "load")
+    view.dispatched("a", prompt(3), "load", 0.0)
     view.finished("a", 1.0, None, expected=two)  # no first token: it comes off at the end
     assert view.replicas["a"].sent_new == prompt(3).prompt_tokens
 
@@ -455,13 +477,13 @@ def test_a_streaming_answers_stall_counts_unless_the_replica_serves_others() -> 
         serve(view, name, prompt(0), 0)
     decode = lambda: next(v.decode_s for v in view.views((), 2.0) if v.name == "a")  # noqa: E731
     stalled = [0.05] * 15 + [4.05]
-    view.dispatched("a", prompt(1), "load")
-    view.watch("a", stalled)
+    view.dispatched("a", prompt(1), "load", 0.0)
+    view.watch("a", stalled, 0.0)
     assert decode() == pytest.approx(0.3)  # alone: the replica paused
     view.replicas["a"].reading = sane_reading(2.0, 2, 0)
     assert decode() == pytest.approx(0.05)  # its report shows another isolate's request: that one's prefill
     view.replicas["a"].reading = None
-    view.dispatched("a", prompt(2), "load")
+    view.dispatched("a", prompt(2), "load", 0.0)
     assert decode() == pytest.approx(0.05)  # beside another of this view's
     view.finished("a", 3.0, None)
     view.finished("a", 3.0, None)  # both ended, the stream never unwatched (never closed)
@@ -470,6 +492,62 @@ def test_a_streaming_answers_stall_counts_unless_the_replica_serves_others() -> 
 
 def test_a_replica_with_no_past_reads_its_streaming_answer() -> None:
     view = one_replica()
-    view.dispatched("a", prompt(1), "load")
-    view.watch("a", [0.2] * 8)
+    view.dispatched("a", prompt(1), "load", 0.0)
+    view.watch("a", [0.2] * 8, 0.0)
     assert {v.name: v.decode_s for v in view.views((), 1.0)} == {"a": pytest.approx(0.2), "b": None}
+
+
+def test_a_request_waits_from_when_it_is_sent_until_its_first_token_or_its_end_without_one() -> None:
+    """The clock an answer's stalls are held against runs while any request this view sent to the
+    replica waits for its first token, and only then; a clock gone back adds nothing."""
+    view = one_replica()
+    replica = view.replicas["a"]
+    one = view.dispatched("a", prompt(1), "load", 10.0)
+    two = view.dispatched("a", prompt(2), "load", 10.0)
+    assert replica.awaiting == 2
+    view.finished("a", 11.0, False, expected=one)  # refused before answering: it no longer waits
+    assert replica.awaiting == 1 and replica.in_flight == 1
+    view.prefilled("a", two, 13.0)
+    assert replica.awaiting == 0 and replica.awaited(20.0) == 3.0  # 10 to 13, nothing after
+    view.dispatched("a", prompt(3), "load", 20.0)
+    assert replica.awaited(15.0) == 3.0 and replica.awaited(17.0) == 5.0  # counted again from the clock's new reading
+
+
+def test_a_prompt_sent_counts_as_held_from_its_first_token_there() -> None:
+    """No server holds a prompt for another request before it has prefilled it: a second request
+    sent beside the first on the same prompt is costed cold (on the real fleet it reused 5-10 of
+    ~600 tokens, and prefilled beside the first on the same core). From the first token on, the
+    prompt is held; a prefix held before the first request came still counts throughout."""
+    view = one_replica()
+    first = view.dispatched("a", prompt(1), "load", 10.0)
+    assert view.views(prompt(1).blocks, 10.5)[0].held == 0
+    beside = view.dispatched("a", prompt(1), "prefix", 10.5)
+    assert (beside.held, beside.new_tokens) == (0, prompt(1).prompt_tokens)
+    longer = Ask(prompt(1).blocks + (77,), prompt(1).prompt_tokens + BLOCK_TOKENS, prompt(1).prompt_chars + BLOCK_CHARS)
+    view.prefilled("a", first, 14.0)
+    assert view.views(prompt(1).blocks, 14.0)[0].held == BLOCKS  # the one sent beside it is not needed for that
+    continued = view.dispatched("a", longer, "prefix", 14.5)
+    assert continued.held == BLOCKS and view.views(longer.blocks, 15.0)[0].held == BLOCKS  # its own new block not yet
+    view.finished("a", 16.0, False, expected=continued)  # failed before its first token: nothing more is coming
+    assert view.views(longer.blocks, 16.0)[0].held == BLOCKS + 1
+
+
+@pytest.mark.parametrize("ahead", [0.0, 1000.0])
+def test_a_view_told_only_of_ends_takes_a_prompt_as_prefilled_once_the_work_queued_there_could_be(ahead: float) -> None:
+    """The pool's object hears of a request when it ends, not at its first token: it takes the
+    request's new blocks as prefilled once the prefill queued on the replica when it was sent,
+    its own included, could be done at the replica's speed as measured now (the pool's median
+    where the replica has none); before any is measured, once the request ends."""
+    view = PoolView(PoolConfig("gpu", ("a", "b")), first_tokens=False)
+    view.replicas["a"].sent_new = ahead
+    sent = view.dispatched("a", prompt(1), "load", 10.0)
+    assert view.views(prompt(1).blocks, 1e9)[0].held == 0  # nothing measured: pending until it ends
+    view.replicas["b"].prefill_s = 0.01  # measured elsewhere meanwhile
+    done_at = 10.0 + (ahead + prompt(1).prompt_tokens) * 0.01
+    assert view.views(prompt(1).blocks, done_at - 0.01)[0].held == 0
+    assert view.views(prompt(1).blocks, done_at + 0.01)[0].held == BLOCKS
+    assert view.dispatched("a", prompt(1), "prefix", done_at + 0.01).held == BLOCKS  # sent again: reused, not pending anew
+    view.replicas["a"].prefill_s = 0.02  # its own, slower: the prompt is not there yet
+    assert view.views(prompt(1).blocks, done_at + 0.01)[0].held == 0
+    view.finished("a", done_at, True, expected=sent)
+    assert view.views(prompt(1).blocks, done_at)[0].held == BLOCKS

@@ -63,18 +63,22 @@ async def test_two_isolates_share_the_pools_view_through_the_router_object(runti
     picks, lease = await ask_router(first, first_view, ask)
     holder = picks[0].name
     assert {p.name for p in picks} == {"gpu-1", "gpu-2", "gpu-3"}
+    origin = first.config.routing.origin(holder)
+    report(first, Choice(origin, "load", first_view, ask, lease), ok=True, ttft_s=0.1, itl_s=0.01)  # answered: held there
+    await background.settle()
     again, second_lease = await ask_router(second, second_view, ask)
     assert again[0].name == holder and again[0].reason == "prefix" and second_lease != lease  # learned from the first isolate
-    # both in flight on the holder: a third ask spills, whichever isolate makes it
-    third, _ = await ask_router(first, first_view, ask)
-    assert third[0].name != holder
-    origin = first.config.routing.origin(holder)
-    for done_lease in (lease, second_lease):  # the answers end: the object's in-flight comes down
+    third, third_lease = await ask_router(first, first_view, ask)
+    assert third[0].name == holder
+    # two in flight on the holder: a fourth ask spills, whichever isolate makes it
+    fourth, fourth_lease = await ask_router(second, second_view, ask)
+    assert fourth[0].name != holder
+    for done_lease in (second_lease, third_lease):  # the answers end: the object's in-flight comes down
         report(first, Choice(origin, "prefix", first_view, ask, done_lease), ok=True, ttft_s=0.1, itl_s=0.01)
     await background.settle()
     view = namespace.instance("gpu").router.views["gpu"]
-    assert view.replicas[holder].sent == 2 and view.replicas[holder].in_flight == 0
-    assert first.state.routing.counters.router_answers == 2 and second.state.routing.counters.router_answers == 1
+    assert view.replicas[holder].sent == 3 and view.replicas[holder].in_flight == 0
+    assert first.state.routing.counters.router_answers == 2 and second.state.routing.counters.router_answers == 2
 
 
 async def test_an_isolate_tells_the_object_a_turn_continues_its_conversation(runtime: Any) -> None:

@@ -100,8 +100,7 @@ def test_noisy_rates_never_flip_a_decision() -> None:
 
 
 def _serve(view: PoolView, name: str, a: Ask, now: float, ttft: float, total: float, cached: int) -> None:
-    view.dispatched(name, a, "load")
-    view.finished(name, now, True, ttft, total / 16, cached, int(a.prompt_tokens), total)
+    view.finished(name, now, True, ttft, total / 16, cached, int(a.prompt_tokens), total, expected=view.dispatched(name, a, "load", 0.0))
 
 
 def test_a_slowed_replica_loses_its_share_of_held_prompts() -> None:
@@ -125,7 +124,7 @@ def test_a_slowed_replica_loses_its_share_of_held_prompts() -> None:
                 view.replicas[name].in_flight -= 1
         a = apps[(i * 5) % 8]
         pick = view.choose(a, now)[0]
-        held = view.replicas[pick.name].holds(a.blocks)
+        held = view.replicas[pick.name].holds(a.blocks, now)
         cached = min(1000, held * BLOCK_CHARS // 4)
         ttft = ((1000 - cached) * 0.001 + 0.01) * speed[pick.name] * (1 + view.replicas[pick.name].in_flight)
         total = ttft + 0.2 * speed[pick.name]
@@ -229,10 +228,12 @@ def test_a_view_remembers_prefixes_sessions_and_in_flight() -> None:
     view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
     first = ask(session="u")
     pick = view.choose(first, 0.0)[0]
-    view.dispatched(pick.name, first, pick.reason)
-    again = view.choose(ask(), 0.0)
+    sent = view.dispatched(pick.name, first, pick.reason, 0.0)
+    assert view.choose(ask(), 0.0)[0].reason != "prefix"  # not prefilled there yet: nothing to reuse
+    view.prefilled(pick.name, sent, 0.2)
+    again = view.choose(ask(), 0.2)
     assert again[0].name == pick.name and again[0].reason == "prefix"
-    view.finished(pick.name, 1.0, ok=True, ttft_s=0.2, itl_s=0.05)
+    view.finished(pick.name, 1.0, ok=True, ttft_s=0.2, itl_s=0.05, expected=sent, prefilled=True)
     assert view.replicas[pick.name].in_flight == 0 and view.sessions["u"] == pick.name
     assert view.choose(ask(held_chars=100, session="u"), 1.0)[0].reason == "session"
 
@@ -240,7 +241,7 @@ def test_a_view_remembers_prefixes_sessions_and_in_flight() -> None:
 def test_a_replicas_breaker_takes_it_out_of_the_pool() -> None:
     view = PoolView(PoolConfig("gpu", ("a", "b")))
     for t in range(5):
-        view.dispatched("a", ask(), "load")
+        view.dispatched("a", ask(), "load", 0.0)
         view.finished("a", float(t), ok=False)
     assert [p.name for p in view.choose(ask(), 5.0)] == ["b"]
 
@@ -359,7 +360,7 @@ async def test_an_answer_closed_before_its_first_step_still_comes_off_the_replic
     view = PoolView(config.routing.pools["gpu"])
     a = ask()
     for read in (False, True):
-        view.dispatched("gpu-1", a, "load")
+        view.dispatched("gpu-1", a, "load", 0.0)
         stream = followed(deps, Choice(config.routing.origins[0], "load", view, a), answer(), 0.0)
         if read:
             assert [type(e).__name__ async for e in stream] == ["Token", "Finish"]
@@ -479,7 +480,7 @@ def test_a_burst_of_conversations_spreads_over_the_pool_as_it_queues() -> None:
     view = PoolView(PoolConfig("gpu", ("a", "b", "c"), load_bound=1.0))
     view.replicas["a"].remember(ask().blocks)
     for i in range(12):
-        view.dispatched(view.choose(ask(session=f"conv-{i}"), 0.0)[0].name, ask(session=f"conv-{i}"), "session")
+        view.dispatched(view.choose(ask(session=f"conv-{i}"), 0.0)[0].name, ask(session=f"conv-{i}"), "session", 0.0)
     assert sorted(r.in_flight for r in view.replicas.values()) == [4, 4, 4]
 
 
@@ -857,15 +858,15 @@ async def test_a_followed_answer_is_watched_while_it_streams_and_its_prefill_com
     deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
     view = PoolView(config.routing.pools["gpu"])
     replica = view.replicas["gpu-1"]
-    other = view.dispatched("gpu-1", ask(), "load")  # another request, still prefilling there
-    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask()), "load")
+    other = view.dispatched("gpu-1", ask(), "load", deps.clock.now())  # another request, still prefilling there
+    choice = dispatched(deps, Choice(config.routing.origins[0], "load", view, ask()), "load")
     assert choice.expected is not None and replica.sent_new == other.new_tokens + choice.expected.new_tokens > other.new_tokens
     stream = followed(deps, choice, answer(), 0.0)
-    assert len(replica.answering) == 1
+    assert replica.answering == []  # no gaps before its first token
     seen = []
     async for event in stream:
-        seen.append((type(event).__name__, replica.sent_new))
-    assert seen == [("Token", other.new_tokens), ("Token", other.new_tokens), ("Finish", other.new_tokens)]
+        seen.append((type(event).__name__, replica.sent_new, len(replica.answering), replica.awaiting))
+    assert seen == [("Token", other.new_tokens, 1, 1), ("Token", other.new_tokens, 1, 1), ("Finish", other.new_tokens, 1, 1)]
     assert replica.answering == [] and replica.sent_new == other.new_tokens and replica.in_flight == 1
 
 
@@ -903,7 +904,7 @@ async def test_a_stall_is_left_out_only_when_the_replica_had_a_neighbour(neighbo
     async def answer():  # type: ignore[no-untyped-def]
         for i in range(6):
             if i == 3 and neighbour in ("during", "still"):
-                other.append(view.dispatched("gpu-1", ask(8000), "load"))
+                other.append(view.dispatched("gpu-1", ask(8000), "load", 0.0))
             if i == 4 and neighbour != "still" and other:
                 view.finished("gpu-1", 1.0, None, expected=other[0])
             yield Token("t")
@@ -913,67 +914,87 @@ async def test_a_stall_is_left_out_only_when_the_replica_had_a_neighbour(neighbo
     deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
     view = PoolView(config.routing.pools["gpu"])
     if neighbour == "before":
-        other.append(view.dispatched("gpu-1", ask(8000), "load"))
+        other.append(view.dispatched("gpu-1", ask(8000), "load", 0.0))
     if neighbour == "reported":
         view.replicas["gpu-1"].reading = sane_reading(deps.clock.now(), 2, 0)
-    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask()), "load")
+    choice = dispatched(deps, Choice(config.routing.origins[0], "load", view, ask()), "load")
     async for _ in followed(deps, choice, answer(), 9.0, clock=lambda: next(times)):
         pass
     assert view.replicas["gpu-1"].itl_s == pytest.approx(itl)
 
 
 @pytest.mark.parametrize("gaps, shared, explained, expected", [
-    ([0.03] * 8 + [4.0] * 3, True, 6.01, 0.03),                # three stalls in eleven gaps, a neighbour's 6 s of prefill (twice)
-    ([0.03] * 8 + [4.0] * 3, True, 5.9, 12.24 / 11),           # more than twice the neighbours' prefill: the replica's own
-    ([0.03] * 8 + [4.0] * 3, True, 0.0, 12.24 / 11),           # nothing prefilled beside it: too many to be neighbours
+    ([0.03] * 8 + [4.0] * 3, True, 11.91, 0.03),               # three stalls in eleven gaps, a neighbour waiting through them
+    ([0.03] * 8 + [4.0] * 3, True, 11.9, 12.24 / 11),          # stalled longer than any neighbour waited: the replica's own
+    ([0.03] * 8 + [4.0] * 3, True, 0.0, 12.24 / 11),           # nobody waited beside it: too many to be neighbours
     ([0.03] * 8 + [4.0] * 3, False, 100.0, 12.24 / 11),        # alone, nothing explains a stall
     ([0.03] * 16 + [4.0] * 2, True, 0.0, 0.03),                # few stalls need no explaining
 ])
-def test_stalls_the_neighbours_prefill_explains_are_left_out(gaps: list[float], shared: bool, explained: float,
-                                                              expected: float) -> None:
+def test_stalls_a_neighbours_wait_explains_are_left_out(gaps: list[float], shared: bool, explained: float,
+                                                        expected: float) -> None:
     """A short answer stalled three times by one long prompt prefilled a batch at a time (on the
-    real fleet, twelve tokens beside a 1,400-token prompt read 1.3 s between tokens, 8x its peers)."""
+    real fleet, twelve tokens beside a 1,400-token prompt read 1.3 s between tokens, 8x its peers):
+    each stall, beyond the answer's own typical gap, must fit in the time a neighbour waited."""
     from edgellm.routing.fleet import time_between_tokens
 
     assert time_between_tokens(gaps, shared, explained) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("prefill_s, neighbour, itl", [
-    (0.0061, "during", 0.03),          # sent while it streamed: its 1,000 tokens at 6.1 ms (twice) explain the 12 s of stalls
-    (0.0061, "waiting", 0.03),         # sent before, still waiting for its prefill at this answer's first token
-    (0.0059, "during", 12.24 / 11),    # twice 5.9 s of prefill cannot explain 12 s of stalls
-    (None, "during", 12.24 / 11),      # the replica's prefill speed unknown: nothing is explained
-    (0.0061, "prefilled", 12.24 / 11),  # prefilled before this answer's first token: it stalled none of its tokens
-    (0.0061, None, 12.24 / 11),
+class _Now:
+    """One clock for the view and the answer's token times, moved by the answer as it streams."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize("neighbour, itl", [
+    ("during", 0.03),             # sent while it streamed, its first token near the answer's end: it waited through the stalls
+    ("waiting", 0.03),            # sent before, still waiting at this answer's first token, first token near its end
+    ("still", 0.03),              # sent while it streamed, no first token yet when the answer ends
+    ("held", 0.03),               # on a prompt the view took to be held there (few new tokens), yet it waited as long as a cold one
+    ("short", 12.24 / 11),        # waited 4 s of the answer's 12 s of stalls: the rest is the replica's own
+    ("prefilled", 12.24 / 11),    # its first token came before this answer's: it stalled none of its tokens
+    (None, 12.24 / 11),
 ])
-async def test_an_answers_stalls_are_held_against_the_neighbours_prefilled_beside_it(prefill_s: float | None, neighbour: str | None,
-                                                                                     itl: float) -> None:
+async def test_an_answers_stalls_are_held_against_how_long_a_neighbour_waited_beside_it(neighbour: str | None, itl: float) -> None:
     from edgellm.config import Config as _Config
     from edgellm.deps import Deps
     from edgellm.generation import Finish, Token, Usage
     from edgellm.routing.pools import Choice, dispatched, followed
 
-    view: PoolView
-    times = iter([10.0 + t for t in (0, 0.03, 0.06, 4.06, 4.09, 8.09, 8.12, 12.12, 12.15, 12.18, 12.21, 12.24)])
+    offsets = (0, 0.03, 0.06, 4.06, 4.09, 8.09, 8.12, 12.12, 12.15, 12.18, 12.21, 12.24)
+    config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
+    clock = _Now(9.0)
+    deps = Deps(config=config, ai=None, clock=clock)  # type: ignore[arg-type]
+    view = PoolView(config.routing.pools["gpu"])
     other = []
+    held = ask(8000)
+    if neighbour == "held":  # the view saw this prompt served there before: it takes it as held
+        view.finished("gpu-1", 1.0, True, expected=view.dispatched("gpu-1", held, "load", 0.5))
+        assert view.replicas["gpu-1"].expect(held, False, 1.0).new_tokens < held.prompt_tokens / 10
+
+    def neighbour_at(i: int, t: float) -> None:
+        if neighbour in ("during", "held", "still", "short") and i == 1:
+            other.append(view.dispatched("gpu-1", held if neighbour == "held" else ask(8000), "load", t))
+        if neighbour in ("during", "held", "waiting") and i == 10 or neighbour == "short" and i == 4:
+            view.prefilled("gpu-1", other[0], t)
 
     async def answer():  # type: ignore[no-untyped-def]
-        for i in range(12):
-            if i == 1 and neighbour == "during":
-                other.append(view.dispatched("gpu-1", ask(8000), "load"))
+        for i, offset in enumerate(offsets):
+            clock.t = 10.0 + offset
+            neighbour_at(i, clock.t)
             yield Token("t")
         yield Finish("stop", Usage(3, 12, cached_tokens=0))
 
-    config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
-    deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
-    view = PoolView(config.routing.pools["gpu"])
-    view.replicas["gpu-1"].prefill_s = prefill_s
     if neighbour in ("waiting", "prefilled"):
-        other.append(view.dispatched("gpu-1", ask(8000), "load"))
+        other.append(view.dispatched("gpu-1", ask(8000), "load", 9.5))
     if neighbour == "prefilled":
-        view.prefilled("gpu-1", other[0])
-    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask(0, tokens=10)), "load")
-    async for _ in followed(deps, choice, answer(), 9.0, clock=lambda: next(times)):
+        view.prefilled("gpu-1", other[0], 9.9)
+    choice = dispatched(deps, Choice(config.routing.origins[0], "load", view, ask(0, tokens=10)), "load")
+    async for _ in followed(deps, choice, answer(), 9.0, clock=lambda: clock.t):
         pass
     assert view.replicas["gpu-1"].itl_s == pytest.approx(itl)
 
@@ -988,10 +1009,11 @@ async def test_an_answer_without_a_token_comes_off_its_replica_with_nothing_to_e
         yield  # pragma: no cover
 
     config = _Config.from_env(origins({"pool": "gpu", "replicas": ["http://a:1", "http://b:1"]}))
+    deps = Deps(config=config, ai=None)  # type: ignore[arg-type]
     view = PoolView(config.routing.pools["gpu"])
     view.replicas["gpu-1"].prefill_s = 0.01
-    choice = dispatched(Choice(config.routing.origins[0], "load", view, ask()), "load")
+    choice = dispatched(deps, Choice(config.routing.origins[0], "load", view, ask()), "load")
     with pytest.raises(ConnectionError):
-        async for _ in followed(Deps(config=config, ai=None), choice, refused(), 9.0):  # type: ignore[arg-type]
+        async for _ in followed(deps, choice, refused(), 9.0):
             pass
     assert view.replicas["gpu-1"].in_flight == 0 and view.replicas["gpu-1"].errors == 1

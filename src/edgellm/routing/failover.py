@@ -155,7 +155,7 @@ async def _from_origins(deps: Deps, gen_request: GenerationRequest, origins: tup
         why = choice.reason if tried == 0 else "failover"
         if choice.view is not None and not choice.view.admit(origin.name, deps.clock.now()):
             continue
-        choice = pools.dispatched(choice, why)
+        choice = pools.dispatched(deps, choice, why)
         started = time.monotonic()
         try:
             events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request)
@@ -296,7 +296,7 @@ async def _continue(deps: Deps, gen_request: GenerationRequest, origins: tuple[O
     for choice in await pools.order(deps, gen_request, origins, None):
         origin = choice.origin
         assert deps.fetch is not None
-        choice = pools.dispatched(choice, choice.reason)
+        choice = pools.dispatched(deps, choice, choice.reason)
         started = time.monotonic()
         try:
             events = await OriginClient(origin, deps.fetch, deps.tracer, deps.state.ids).start(gen_request, prefill=text, max_tokens=remaining)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .breaker import CircuitBreaker
 from .config import BreakerConfig, PoolConfig
-from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, FORGET_S, Ask, Pick, ReplicaView, schedule
+from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, FORGET_S, Ask, Pick, ReplicaView, median, schedule
 
 HELD_BLOCKS = 8192  # prefix blocks remembered per replica at most (about 2 MiB of prompt at 256 characters a block)
 MIN_HELD_BLOCKS = 16  # the learned bound never goes below this (4 KiB of prompt: one long system prompt)
@@ -29,7 +29,6 @@ MAX_QUEUE = 100_000.0  # a reported queue above this is not a count
 STALL = 4.0  # a gap this many times an answer's typical one is another request's work, not this one's
 STALL_SHARE = 8  # more stalls than one gap in this many (or than one) are the replica's own pace
 SAME_CHUNK_S = 0.001  # tokens closer than this arrived together (a proxy or the network batched them)
-PREFILL_SLACK = 2.0  # a neighbour's prompt may take this many times its measured prefill (longer prompts, a busier machine)
 MAX_GAPS = 1024  # an answer's first gaps measure its speed as well as all of them would
 LIVE_GAPS = 32  # the gaps of a streaming answer that say how fast its replica is now
 MIN_LIVE_GAPS = 8  # fewer say too little
@@ -43,11 +42,13 @@ def time_between_tokens(gaps: Sequence[float], shared: bool = True, explained_s:
     between two of this answer's tokens; vLLM a chunk of it), so a plain mean counts a
     neighbour's cold prompt as this replica's slowness. Without a neighbour a stall is the
     replica's own (paused, throttled), and so is a pause at every turn: stalls count when they
-    are more than one gap in `STALL_SHARE`, unless the neighbours' prompts prefilled there while
-    this answer streamed could take as long (`explained_s`, at `PREFILL_SLACK` times their
-    measured prefill: a long prompt may stall a short answer more than once, prefilled a batch at
-    a time). Tokens that arrived together count at
-    their chunk's gap shared among them. None without a gap, or when every gap is nothing."""
+    are more than one gap in `STALL_SHARE`, unless the time they took beyond the answer's
+    typical gap fits in the time a neighbour waited there for its first token while the answer
+    streamed (`explained_s`: `ReplicaState.awaited`; a long prompt may stall a short answer more
+    than once, prefilled a batch at a time). The wait is timed, not estimated from the
+    neighbour's prompt: a prompt the view took to be held there but prefilled again stalls the
+    answers beside it as long as any cold one. Tokens that arrived together count at their
+    chunk's gap shared among them. None without a gap, or when every gap is nothing."""
     usable = [g for g in gaps if math.isfinite(g) and g >= 0]
     chunks = sorted(g for g in usable if g >= SAME_CHUNK_S)
     if not usable or not sum(usable) > 0:
@@ -56,8 +57,9 @@ def time_between_tokens(gaps: Sequence[float], shared: bool = True, explained_s:
     if shared and chunks:
         typical = chunks[(len(chunks) - 1) // 2]
         below = [g for g in usable if g <= STALL * typical]
-        few = len(usable) - len(below) <= max(1, len(usable) // STALL_SHARE)
-        if few or sum(usable) - sum(below) <= PREFILL_SLACK * explained_s:
+        stalls = len(usable) - len(below)
+        few = stalls <= max(1, len(usable) // STALL_SHARE)
+        if few or sum(usable) - sum(below) - stalls * typical <= explained_s:
             steady = below
     return sum(steady) / len(steady)
 
@@ -137,9 +139,17 @@ class ReplicaState:
     # prompts, not all it was ever sent, so the bound is learned from its answers (`learn`)
     held_bound: int = HELD_BLOCKS
     serving: Counter[int] = field(default_factory=Counter)  # the blocks of the prompts in flight here
+    # blocks a request still waiting for its first token brought here, held here by nothing before
+    # it: not computed yet, so no other request can take them from the replica's cache. Each with
+    # when it was sent and the prefill queued here then, its own included (`math.inf` for a view
+    # that hears the first token: pending until then)
+    unprefilled: dict[int, tuple[float, float]] = field(default_factory=dict)
     sent_new: float = 0.0  # new prefill tokens of the requests this view has in flight here, as estimated when sent
-    dispatched_new: float = 0.0  # new prefill tokens of every request this view sent here (a running count)
-    answering: list[Sequence[float]] = field(default_factory=list)  # the latest gaps of each answer streaming from here
+    # each answer streaming from here: its latest gaps, and `awaited` at its first token
+    answering: list[tuple[Sequence[float], float]] = field(default_factory=list)
+    awaiting: int = 0  # requests this view sent here that have not shown their first token
+    awaited_s: float = 0.0  # seconds in which at least one of them was waiting (a running clock)
+    awaited_at: float | None = None
 
     def shared(self, now: float, max_age: float) -> bool:
         """It is serving more than one request: this view has others in flight there, or its
@@ -147,20 +157,39 @@ class ReplicaState:
         reading = self.fresh(now, max_age)
         return self.in_flight > 1 or (reading is not None and reading.ok and reading.queue > 1)
 
-    def live_itl(self, shared: bool) -> float | None:
+    def awaited(self, now: float) -> float:
+        """The running clock of the seconds in which a request this view sent here was waiting
+        for its first token (queued, or its prompt being prefilled): what it reads at two moments
+        is how long an answer streaming between them had a neighbour that could stall it."""
+        if self.awaiting > 0 and self.awaited_at is not None:
+            self.awaited_s += max(0.0, now - self.awaited_at)
+        self.awaited_at = now
+        return self.awaited_s
+
+    def wait_begins(self, now: float) -> None:
+        self.awaited(now)
+        self.awaiting += 1
+
+    def wait_ends(self, now: float) -> None:
+        self.awaited(now)
+        self.awaiting = max(0, self.awaiting - 1)
+
+    def live_itl(self, shared: bool, now: float) -> float | None:
         """The time between tokens its streaming answers show now, the slowest of them (each
         measured as `time_between_tokens`, over its last `LIVE_GAPS` gaps, when it has at least
-        `MIN_LIVE_GAPS`): a replica slowed down shows it at its next tokens, long before an answer
-        of it ends and is averaged into `itl_s`."""
-        measured = [time_between_tokens(gaps, shared) for gaps in self.answering if len(gaps) >= MIN_LIVE_GAPS]
+        `MIN_LIVE_GAPS`, its stalls held against the time a neighbour waited since its first
+        token): a replica slowed down shows it at its next tokens, long before an answer of it
+        ends and is averaged into `itl_s`."""
+        clock = self.awaited(now)
+        measured = [time_between_tokens(gaps, shared, clock - since) for gaps, since in self.answering if len(gaps) >= MIN_LIVE_GAPS]
         known = [m for m in measured if m is not None]
         return max(known) if known else None
 
-    def decode_s(self, shared: bool) -> float | None:
+    def decode_s(self, shared: bool, now: float) -> float | None:
         """Its time between tokens as a decision reads it: the smoothed past, or what its streaming
         answers show now when that is slower (quick to see a slowdown, slow to forget one, as a
         peak-EWMA balancer reads latency)."""
-        live = self.live_itl(shared)
+        live = self.live_itl(shared, now)
         if live is None or self.itl_s is None:
             return self.itl_s if live is None else live
         return max(self.itl_s, live)
@@ -176,8 +205,12 @@ class ReplicaState:
             return 0.0
         return now - self.idle_at
 
-    def holds(self, blocks: tuple[int, ...]) -> int:
-        """How many of `blocks` (chained: each covers all before it) it holds, from the longest."""
+    def holds(self, blocks: tuple[int, ...], now: float, prefill_s: float | None = None) -> int:
+        """How many of `blocks` (chained: each covers all before it) it holds, from the longest:
+        those it was sent, up to the first that is not prefilled there yet at `now`
+        (`unprefilled`: until its first token; for a view that does not hear it, until the prefill
+        queued when it was sent could be done at `prefill_s` seconds a token, or, unmeasured,
+        until the request ends)."""
         low, high = 0, len(blocks)
         while low < high:  # chained hashes: holding block i means having served blocks 0..i
             mid = (low + high + 1) // 2
@@ -185,7 +218,16 @@ class ReplicaState:
                 low = mid
             else:
                 high = mid - 1
+        if self.unprefilled:
+            return next((i for i in range(low) if self._pending(blocks[i], now, prefill_s)), low)
         return low
+
+    def _pending(self, block: int, now: float, prefill_s: float | None) -> bool:
+        sent = self.unprefilled.get(block)
+        if sent is None:
+            return False
+        at, tokens = sent
+        return math.isinf(tokens) or prefill_s is None or now < at + tokens * prefill_s
 
     def depth(self, block: int) -> int:
         """How many held blocks were remembered after `block` (its stack distance: in a cache
@@ -195,8 +237,8 @@ class ReplicaState:
                 return depth
         return len(self.held)
 
-    def expect(self, ask: Ask, continued: bool) -> Expected:
-        held = self.holds(ask.blocks)
+    def expect(self, ask: Ask, continued: bool, now: float, prefill_s: float | None = None) -> Expected:
+        held = self.holds(ask.blocks, now, prefill_s)
         new = max(0.0, ask.new_prefill(held))
         if not held:
             return Expected(ask.blocks, continued=continued, new_tokens=new)
@@ -230,10 +272,17 @@ class ReplicaState:
         work (its prefill already came off at its first token when `prefilled`)."""
         if not prefilled:
             self.sent_new = max(0.0, self.sent_new - expected.new_tokens)
+        self.prefilled(expected)
         self.serving.subtract(expected.blocks)
         for block in expected.blocks:
             if self.serving.get(block, 0) <= 0:
                 self.serving.pop(block, None)
+
+    def prefilled(self, expected: Expected) -> None:
+        """The blocks a request brought are computed there now (its first token came, or it ended),
+        whichever request brought them first."""
+        for block in expected.blocks:
+            self.unprefilled.pop(block, None)
 
     def fresh(self, now: float, max_age: float) -> Reading | None:
         return self.reading if self.reading is not None and now - self.reading.at <= max_age else None
@@ -253,6 +302,10 @@ class PoolView:
     # the pool's Durable Object, as this isolate has seen it answer (routing.router): missing its
     # deadline three times in ten seconds keeps it out of the request path for ten
     router_breaker: CircuitBreaker = field(default_factory=lambda: CircuitBreaker(BreakerConfig(3, 10.0, 10.0)))
+    # whether this view hears each answer's first token (`prefilled`): an isolate's, which follows
+    # the stream, does, and takes a prompt it sent as held from then; the pool's object, told only
+    # when a request ends, does not, and takes it as held from when it was sent
+    first_tokens: bool = True
 
     def __post_init__(self) -> None:
         for name in self.config.replicas:
@@ -260,6 +313,7 @@ class PoolView:
 
     def views(self, blocks: tuple[int, ...], now: float) -> list[ReplicaView]:
         max_age = self.config.probe_age_ms / 1000
+        pool_prefill_s = median([r.prefill_s for r in self.replicas.values()])
         out = []
         for r in self.replicas.values():
             reading = r.fresh(now, max_age)
@@ -271,7 +325,7 @@ class PoolView:
             # a bad report stands until a good one replaces it (the replica is re-probed when it is
             # older than the age bound); a good one's figures count only while fresh
             sane = r.reading is None or r.reading.ok
-            out.append(ReplicaView(r.name, queue, r.holds(blocks), r.prefill_s, r.answer_s, r.decode_s(r.shared(now, max_age)), r.mean_new,
+            out.append(ReplicaView(r.name, queue, r.holds(blocks, now, r.prefill_s or pool_prefill_s), r.prefill_s, r.answer_s, r.decode_s(r.shared(now, max_age), now), r.mean_new,
                                    healthy=admitted and sane, down=not admitted, sent_queue=float(r.in_flight), sent_new=r.sent_new,
                                    decode_age=r.decode_age(now)))
         return out
@@ -284,18 +338,24 @@ class PoolView:
         self.turn += 1
         return picks
 
-    def dispatched(self, name: str, ask: Ask, reason: str) -> Expected:
-        """The request went to `name`: it is in flight there, and there its prompt will be cached.
-        What this view expected the replica to reuse is returned, for `finished` to check."""
+    def dispatched(self, name: str, ask: Ask, reason: str, now: float) -> Expected:
+        """The request went to `name` at `now`: it is in flight there, waiting for its first
+        token, and there its prompt will be cached. What this view expected the replica to reuse
+        is returned, for `finished` to check."""
         replica = self.replicas[name]
         replica.in_flight += 1
+        replica.wait_begins(now)
         replica.sent += 1
         replica.prefix_hits += reason == "prefix"
-        expected = replica.expect(ask, continued=bool(ask.session) and self.sessions.get(ask.session or "") == name)
+        expected = replica.expect(ask, bool(ask.session) and self.sessions.get(ask.session or "") == name, now, self.prefill_s(replica))
+        # its new blocks are not there for another request until prefilled: until its first token,
+        # or (for a view that does not hear it) until the prefill queued there could be done
+        queued = math.inf if self.first_tokens else replica.sent_new + expected.new_tokens
+        for block in ask.blocks[expected.held:]:
+            replica.unprefilled.setdefault(block, (now, queued))  # the first to bring it computes it
         replica.remember(ask.blocks)
         replica.serving.update(ask.blocks)
         replica.sent_new += expected.new_tokens
-        replica.dispatched_new += expected.new_tokens
         if ask.session:
             self.sessions[ask.session] = name
             self.sessions.move_to_end(ask.session)
@@ -303,11 +363,19 @@ class PoolView:
                 self.sessions.popitem(last=False)
         return expected
 
-    def prefilled(self, name: str, expected: Expected) -> None:
-        """The request sent with `expected` has its first token: its prompt is prefilled, so its
-        new tokens are no longer work queued ahead of the next request there (its answer is)."""
+    def prefilled(self, name: str, expected: Expected, now: float) -> None:
+        """The request sent with `expected` has its first token at `now`: its prompt is
+        prefilled, so its new tokens are no longer work queued ahead of the next request there
+        (its answer is), and it no longer waits."""
         replica = self.replicas[name]
         replica.sent_new = max(0.0, replica.sent_new - expected.new_tokens)
+        replica.prefilled(expected)
+        replica.wait_ends(now)
+
+    def prefill_s(self, replica: ReplicaState) -> float | None:
+        """Seconds a new prompt token takes on `replica`: its measurement, else the pool's median
+        (None before any: a guess would say a prompt is there before it is)."""
+        return replica.prefill_s or median([r.prefill_s for r in self.replicas.values()])
 
     def finished(self, name: str, now: float, ok: bool | None, ttft_s: float | None = None, itl_s: float | None = None,
                  cached_tokens: int | None = None, prompt_tokens: int | None = None, total_s: float | None = None,
@@ -320,15 +388,21 @@ class PoolView:
         reused), and time to first token over those when they were at least a block (a nearly
         cached prompt's first token times mostly overhead). With what `dispatched` `expected`,
         the replica's own count of reused tokens teaches the view how much it keeps. `prefilled`:
-        its new tokens already came off the queued work at its first token (`PoolView.prefilled`)."""
+        its new tokens already came off the queued work, and it stopped waiting, at its first
+        token (`PoolView.prefilled`)."""
         replica = self.replicas[name]
         replica.in_flight = max(0, replica.in_flight - 1)
+        if not prefilled:
+            replica.wait_ends(now)
         if expected is not None:
             replica.served(expected, prefilled)
         if replica.in_flight == 0:
             replica.idle_at = now
             replica.serving.clear()  # whatever a report without its expectation left behind
+            replica.unprefilled.clear()
             replica.sent_new = 0.0
+            replica.wait_ends(now)
+            replica.awaiting = 0
             replica.answering.clear()  # a stream never closed must not stand for the replica's speed
         if ok is True:
             replica.breaker.success(now)
@@ -359,14 +433,15 @@ class PoolView:
             # an answer of one token (no time between tokens) has no answer time to measure
             replica.answer_s = _smooth(replica.answer_s, total_s - ttft_s)
 
-    def watch(self, name: str, gaps: Sequence[float]) -> None:
-        """An answer is streaming from `name`: `gaps` (kept up to date by whoever reads the stream)
-        show how fast the replica is now, until `unwatch`."""
-        self.replicas[name].answering.append(gaps)
+    def watch(self, name: str, gaps: Sequence[float], now: float) -> None:
+        """An answer from `name` had its first token at `now`: `gaps` (kept up to date by
+        whoever reads the stream) show how fast the replica is now, until `unwatch`."""
+        replica = self.replicas[name]
+        replica.answering.append((gaps, replica.awaited(now)))
 
     def unwatch(self, name: str, gaps: Sequence[float]) -> None:
         answering = self.replicas[name].answering
-        for i, watched in enumerate(answering):
+        for i, (watched, _) in enumerate(answering):
             if watched is gaps:
                 del answering[i]
                 return
@@ -388,7 +463,7 @@ class PoolView:
                     "ok": r.reading.ok, "age_s": round(now - r.reading.at, 3), "fresh": reading is not None,
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
                     **({"why": r.reading.why} if r.reading.why else {})},
-                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(r.shared(now, max_age)),
+                "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(r.shared(now, max_age), now),
                 "itl_age_s": None if r.itl_at is None else round(max(0.0, now - r.itl_at), 3), "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
                 "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
                 "breaker": r.breaker.to_json(now),

@@ -105,11 +105,11 @@ async def _picks(deps: Deps, view: PoolView, members: list[OriginConfig], ask: A
     return view.choose(ask, deps.clock.now()), None
 
 
-def dispatched(choice: Choice, reason: str) -> Choice:
+def dispatched(deps: Deps, choice: Choice, reason: str) -> Choice:
     """`choice` is being sent: the view counts it in flight; the choice returned carries what the
     view expected of the replica, for `finished` to hold the answer against."""
     if choice.view is not None and choice.ask is not None:
-        return replace(choice, expected=choice.view.dispatched(choice.origin.name, choice.ask, reason))
+        return replace(choice, expected=choice.view.dispatched(choice.origin.name, choice.ask, reason, deps.clock.now()))
     return choice
 
 
@@ -170,7 +170,7 @@ async def _watched(events: AsyncIterator[Event], outcome: _Outcome) -> AsyncIter
 
 def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: float,
              clock: Callable[[], float] = time.monotonic) -> AsyncIterator[Event]:
-    """The replica's events, passed on; while they stream, the pool's view can see the gaps between
+    """The replica's events, passed on; from their first token, the pool's view can see the gaps between
     their latest tokens (a replica slowed down shows it before any answer of it ends); when they
     end, fail or are closed (even before their first step), the view hears how it went (time to
     first token, time between tokens, to the last token, what the replica said it reused from its
@@ -179,23 +179,21 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
         return events
     view = choice.view
     outcome = _Outcome(started, clock=clock)
-    view.watch(choice.origin.name, outcome.recent)
     replica = view.replicas[choice.origin.name]
     sent_before, alone = replica.sent, replica.in_flight <= 1
-    # the neighbours' prompts prefilled there while the answer streams: those not yet prefilled at
-    # its first token, and those sent there after it (new tokens, as estimated when each was sent)
-    prefilling: list[float] = []
+    since: list[float] = []  # the replica's clock of neighbours waiting (`awaited`) at this answer's first token
 
     def done() -> None:
         view.unwatch(choice.origin.name, outcome.recent)
+        now = deps.clock.now()
         ttft = None if outcome.first is None else outcome.first - outcome.started
-        shared = not alone or replica.sent > sent_before or replica.shared(deps.clock.now(), view.config.probe_age_ms / 1000)
-        explained = 0.0
-        if prefilling and replica.prefill_s is not None:
-            explained = (prefilling[0] + replica.dispatched_new - prefilling[1]) * replica.prefill_s
+        shared = not alone or replica.sent > sent_before or replica.shared(now, view.config.probe_age_ms / 1000)
+        # how long a request this view sent there waited for its first token while this answer
+        # streamed: the stalls a neighbour's prompt could have caused
+        explained = replica.awaited(now) - since[0] if since else 0.0
         itl = time_between_tokens(outcome.gaps, shared, explained)
         total = None if outcome.last is None else outcome.last - outcome.started
-        view.finished(choice.origin.name, deps.clock.now(), outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total,
+        view.finished(choice.origin.name, now, outcome.ok, ttft, itl, outcome.cached, outcome.prompt, total,
                       expected=choice.expected, prefilled=outcome.first is not None)
         report(deps, choice, ok=outcome.ok, ttft_s=ttft, itl_s=itl, cached_tokens=outcome.cached, prompt_tokens=outcome.prompt,
                total_s=total)
@@ -204,9 +202,11 @@ def followed(deps: Deps, choice: Choice, events: AsyncIterator[Event], started: 
         before = outcome.first
         outcome.see(event)
         if before is None and outcome.first is not None:
+            now = deps.clock.now()
             if choice.expected is not None:
-                view.prefilled(choice.origin.name, choice.expected)
-            prefilling[:] = [replica.sent_new, replica.dispatched_new]
+                view.prefilled(choice.origin.name, choice.expected, now)
+            view.watch(choice.origin.name, outcome.recent, now)
+            since.append(replica.awaited(now))
 
     return _watched(events, outcome).tap(see).on_close(done)
 

@@ -55,7 +55,7 @@ class RouterObject:
             return None
         view = self.views.get(name)
         if view is None or view.config != pool:
-            view = self.views[name] = PoolView(pool, self.deps.config.routing.breaker)
+            view = self.views[name] = PoolView(pool, self.deps.config.routing.breaker, first_tokens=False)
         return view
 
     async def fetch(self, request: Request) -> Response:
@@ -79,7 +79,7 @@ class RouterObject:
                 return json_response({"error": "not an ask"}, 400)
             picks = view.choose(ask, now)
             if picks:
-                expected = view.dispatched(picks[0].name, ask, picks[0].reason)
+                expected = view.dispatched(picks[0].name, ask, picks[0].reason, now)
                 self.leases[str(data.get("id", ""))] = (picks[0].name, now, expected)
             return json_response({"picks": [[p.name, p.reason] for p in picks]})
         if request.path == "/done":

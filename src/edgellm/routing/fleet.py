@@ -313,7 +313,7 @@ class PoolView:
 
     def views(self, blocks: tuple[int, ...], now: float) -> list[ReplicaView]:
         max_age = self.config.probe_age_ms / 1000
-        pool_prefill_s = median([r.prefill_s for r in self.replicas.values()])
+        pool_prefill_s = self.pool_prefill_s()
         out = []
         for r in self.replicas.values():
             reading = r.fresh(now, max_age)
@@ -347,7 +347,7 @@ class PoolView:
         replica.wait_begins(now)
         replica.sent += 1
         replica.prefix_hits += reason == "prefix"
-        expected = replica.expect(ask, bool(ask.session) and self.sessions.get(ask.session or "") == name, now, self.prefill_s(replica))
+        expected = replica.expect(ask, bool(ask.session) and self.sessions.get(ask.session or "") == name, now, replica.prefill_s or self.pool_prefill_s())
         # its new blocks are not there for another request until prefilled: until its first token,
         # or (for a view that does not hear it) until the prefill queued there could be done
         queued = math.inf if self.first_tokens else replica.sent_new + expected.new_tokens
@@ -372,10 +372,11 @@ class PoolView:
         replica.prefilled(expected)
         replica.wait_ends(now)
 
-    def prefill_s(self, replica: ReplicaState) -> float | None:
-        """Seconds a new prompt token takes on `replica`: its measurement, else the pool's median
-        (None before any: a guess would say a prompt is there before it is)."""
-        return replica.prefill_s or median([r.prefill_s for r in self.replicas.values()])
+    def pool_prefill_s(self) -> float | None:
+        """Seconds a new prompt token takes, the median of the replicas' measurements: what a
+        replica not measured yet is taken to take (None before any: a guess would say a prompt
+        is there before it is)."""
+        return median([r.prefill_s for r in self.replicas.values()])
 
     def finished(self, name: str, now: float, ok: bool | None, ttft_s: float | None = None, itl_s: float | None = None,
                  cached_tokens: int | None = None, prompt_tokens: int | None = None, total_s: float | None = None,
@@ -401,7 +402,7 @@ class PoolView:
             replica.serving.clear()  # whatever a report without its expectation left behind
             replica.unprefilled.clear()
             replica.sent_new = 0.0
-            replica.wait_ends(now)
+            replica.awaited(now)
             replica.awaiting = 0
             replica.answering.clear()  # a stream never closed must not stand for the replica's speed
         if ok is True:

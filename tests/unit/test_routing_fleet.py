@@ -266,6 +266,49 @@ def test_the_pool_object_places_a_later_turn_it_has_not_seen_by_the_session() ->
     asyncio.run(run())
 
 
+def test_the_pool_object_takes_a_prompt_as_held_once_its_prefill_could_be_done() -> None:
+    """The object hears only `/done`, never a first token: a prompt it sent counts as held on
+    its replica once the prefill queued there when it was sent could be done at the measured
+    speed, not before (a second request would prefill it again beside the first), and not only
+    when the first ends (a long answer would keep its prompt from every request meanwhile)."""
+    import asyncio
+
+    from edgellm.config import Config
+    from edgellm.deps import Deps
+    from edgellm.http import Request
+    from edgellm.routing.router import RouterObject
+    from tests.conftest import ManualClock
+
+    config = Config.from_env({"ORIGINS": json.dumps([{"pool": "gpu", "load_bound": 4.0, "replicas": [
+        {"name": n, "url": f"http://{n}:1"} for n in ("gpu-a", "gpu-b")]}])})
+    tokens = int(prompt(0).prompt_tokens)
+
+    async def pick_after(wait_s: float) -> tuple[str, list[str]]:
+        clock = ManualClock()
+        router = RouterObject(Deps(config=config, ai=None, clock=clock))  # type: ignore[arg-type]
+
+        async def call(path: str, body: dict) -> dict:  # type: ignore[type-arg]
+            response = await router.fetch(Request("POST", "https://router.internal" + path, {}, json.dumps({"pool": "gpu", **body}).encode()))
+            return json.loads(response.body)  # type: ignore[no-any-return]
+
+        def ask(app: int, lease: str) -> dict:  # type: ignore[type-arg]
+            return {"blocks": [str(b) for b in prompt(app).blocks], "tokens": tokens, "chars": prompt(app).prompt_chars, "id": lease}
+
+        for lease, app in (("m1", 5), ("m2", 6)):  # measured: a cold prompt prefills in 1 s, an answer takes 0.2 s
+            measured = await call("/pick", ask(app, lease))
+            await call("/done", {"id": lease, "name": measured["picks"][0][0], "ok": True, "ttft_s": 1.0, "itl_s": 0.05,
+                                 "total_s": 1.2, "cached_tokens": 0, "prompt_tokens": tokens})
+        first = (await call("/pick", ask(0, "first")))["picks"][0][0]
+        clock.advance(wait_s)
+        second = (await call("/pick", ask(0, "second")))["picks"][0]
+        return first, second
+
+    first, (second, reason) = asyncio.run(pick_after(0.1))
+    assert second != first and reason != "prefix"  # still being prefilled: the other replica starts sooner
+    first, (second, reason) = asyncio.run(pick_after(1.5))
+    assert (second, reason) == (first, "prefix")
+
+
 def test_a_prompt_stays_in_flight_until_its_last_request_ends() -> None:
     view = one_replica()
     for app in range(4):

@@ -4,10 +4,10 @@ streams, bad requests, bad keys and artifact Range reads, then the key check's c
 path (p50 with and without an API key, same run, same edge).
 
 Prints requests sent and answered, statuses and p50/p99 per kind, and the edge's RSS before
-and after. Targets (issue 10): nothing lost (every request answered), no 5xx but 503 with
+and after. Targets: nothing lost (every request answered), no 5xx but 503 with
 Retry-After. The machine is shared: figures are indicative, ratios are what to read.
 
-The load runs twice on the same edge (issue 25): first alone (the baseline), then under attack:
+The load runs twice on the same edge: first alone (the baseline), then under attack:
 `--trickle` connections from another loopback address (127.0.0.2) trickling a request body at
 one byte per 2 s, and prompts too long for the edge that route to a hostile origin, a real second
 process (`tests/support/hostile_origin.py`) rotating through headers never sent, pings without a
@@ -105,7 +105,7 @@ async def load(url: str, key: str, blob: str, clients: int, duration: float) -> 
     sent = answered = unannounced = 0  # unannounced: a 503 without Retry-After
     names, weights = zip(*KINDS)
     stop = time.monotonic() + duration
-    # the edge holds one address to 64 connections (issue 25 item 8): 50 clients per loopback address
+    # the edge holds one address to 64 connections: 50 clients per loopback address
     addresses = [f"127.0.1.{i + 1}" for i in range(max(1, -(-clients // 50)))]
     limits = httpx.Limits(max_connections=50, max_keepalive_connections=50)
     async with contextlib.AsyncExitStack() as stack:

@@ -12,12 +12,12 @@ peak memory is its kernel high-water mark (VmHWM, sampled from /proc while it ru
 - pull: `edgellm pull --parallel N` (writes the GGUF, verifies every shard's SHA-256 as it arrives).
 All write the model to disk; only pull verifies it, so a "curl + openssl sha256" row shows what
 checking curl's file once would add. Timings include process start-up.
-Targets (issue 12): pull, verifying, at least 0.9x curl and 1.5x aria2c -x8, at under 100 MB peak RSS.
+Targets: pull, verifying, at least 0.9x curl and 1.5x aria2c -x8, at under 100 MB peak RSS.
 Figures from a shared, busy 2-core machine vary from run to run: compare ratios within one run.
 
     .venv/bin/python -m bench.bench_artifacts [--size 1GiB] [--shard-size 64MiB] [--parallel 4] [--also-parallel 1] [--rounds 1]
 
-`--serving-cpu` measures only what serving costs the server (issue 26): the edge's CPU seconds per
+`--serving-cpu` measures only what serving costs the server: the edge's CPU seconds per
 GiB of shards served (user + system, from /proc), for an edge running `--before DIR` (another
 version's `src/` and `local/`, e.g. `git archive <commit> src local`) beside one running this
 checkout and beside nginx (`sendfile on`) serving the same shard files, in alternating rounds, each

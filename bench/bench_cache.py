@@ -9,13 +9,13 @@ measures from this one, in a single run:
 - HIT p50 and throughput on two local edges running side by side, measured in alternating rounds: `--server baseline`
   (uvicorn on h11 and the asyncio loop, static files probed before routing: the edge before issue
   12) and the default `--server fast` (httptools + uvloop, API paths routed first).
-Targets (issue 3): MISS/HIT latency ratio >= 100x; HIT throughput >= 0.5x the fixed body's.
+Targets: MISS/HIT latency ratio >= 100x; HIT throughput >= 0.5x the fixed body's.
 Figures from a shared, busy 2-core machine vary from run to run: compare ratios within one run.
 
 - with `--litellm PATH` (or $EDGELLM_LITELLM): the edge's HIT and `/healthz` beside LiteLLM's proxy
   with its response cache on (its own process, in front of the same edge), the same request from
   the same raw keep-alive client, 1 and 16 clients, alternating rounds; wrk's figures too when
-  `wrk` is on PATH. Targets (issue 26): HIT >= 10x LiteLLM's (p50 and req/s), HIT p50 <= 1.3x
+  `wrk` is on PATH. Targets: HIT >= 10x LiteLLM's (p50 and req/s), HIT p50 <= 1.3x
   `/healthz`.
 
     .venv/bin/python -m bench.bench_cache [--misses 8] [--hits 400] [--concurrency 16]
@@ -129,7 +129,7 @@ async def compare_servers(args: argparse.Namespace, rounds: int = 6) -> None:
 
 
 async def compare_code(args: argparse.Namespace, rounds: int = 6) -> None:
-    """Issue 26: HIT and `/healthz` p50 on an edge running `--before` (another version's code, e.g.
+    """HIT and `/healthz` p50 on an edge running `--before` (another version's code, e.g.
     `git archive <commit> src local`) beside one running this checkout, in alternating rounds, then
     a long run of HITs at concurrency on both (alternating windows), each window's p50 printed: the
     per-request usage INSERT grew slower with the table; the batched writer does not."""
@@ -261,7 +261,7 @@ async def warm_hit(url: str, body: dict, is_hit) -> None:
 
 
 async def compare_litellm(args: argparse.Namespace) -> None:
-    """Issue 26: the edge's HIT against LiteLLM's cache HIT and the edge's own `/healthz`, same run.
+    """The edge's HIT against LiteLLM's cache HIT and the edge's own `/healthz`, same run.
 
     LiteLLM's proxy runs in its own process in front of this same edge: its HITs never reach the
     upstream, so the upstream only answers its one warm-up request, and a second edge (a second

@@ -1,5 +1,5 @@
 """Coalescing benchmark: 20 identical concurrent misses through the flights Durable Object
-against one request alone, and the HIT latency beside the figure measured before (issue 8).
+against one request alone, and the HIT latency beside the figure measured before.
 
 Runs the real local edge (`edgellm dev`, SmolLM2-135M on llama.cpp, the Durable Object
 emulation and request isolation on) in its own process, and measures from this one:
@@ -28,7 +28,7 @@ from bench.edge_process import running_edge
 
 TOKEN = "bench-token"
 # bench/README.md, bench.bench_cache on main before this change (fast server, load ~6 on 2 cores):
-# HIT p50 1.8 ms; and issue 3's HIT/fixed-body throughput ratio 0.90x
+# HIT p50 1.8 ms; and the cache benchmark's HIT/fixed-body throughput ratio 0.90x
 PREVIOUS_HIT_P50_MS = 1.8
 
 

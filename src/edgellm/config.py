@@ -177,7 +177,7 @@ class Config:
     conversation_max_bytes: int = 1024 * 1024  # stored size cap per conversation (CONVERSATION_MAX_BYTES)
     max_waiting_generations: int = 32  # admission control: generations in progress per isolate
     # seconds an admitted stream may wait for the binding to open it before a 503 + Retry-After
-    # (START_TIMEOUT_SECONDS): admission bounds how many wait, this how long (issue 25 item 15)
+    # (START_TIMEOUT_SECONDS): admission bounds how many wait, this how long
     start_timeout_seconds: float = 30.0
     # the fewest tokens a second a whole (non-streamed) answer must come at (RUN_MIN_TOKENS_PER_SECOND):
     # a binding call that shows nothing until it ends gets `answer_timeout_seconds(max_tokens)`.
@@ -236,7 +236,7 @@ class Config:
         """How long a whole answer (`ai.run`, which shows no first token) may take: the start
         deadline streams have, plus its `max_tokens` at the slowest rate allowed. A deadline that
         grows with the answer's length never cuts a long answer a healthy binding is still making,
-        and still ends a stalled call (issue 25 item 15)."""
+        and still ends a stalled call."""
         return self.start_timeout_seconds + max(0, max_tokens) / self.run_min_tokens_per_second
 
     @cached_property  # the config is frozen: computed once, read on every request

@@ -117,7 +117,7 @@ def start_timeout(deps: Deps) -> GatewayError:
 
 
 async def _opened(deps: Deps, opening: Awaitable[AsyncIterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
-    """The binding's stream, opened within `start_timeout_seconds` (issue 25 item 15): a stream
+    """The binding's stream, opened within `start_timeout_seconds`: a stream
     that cannot start in time is a 503 with Retry-After, never a connection left silent. A whole
     answer (`run`) has no moment it starts that the binding shows: `_answered` bounds it whole."""
     deadline = asyncio.timeout(deps.config.start_timeout_seconds)

@@ -44,8 +44,8 @@ class TenantScope:
 
     @property
     def prefix_scope(self) -> str | None:
-        """Whose prompt prefixes a request without a session may reuse on the local slot pool
-        (issue 26): the caller's own tenant's, never another's (their reuse can be timed)."""
+        """Whose prompt prefixes a request without a session may reuse on the local slot pool:
+        the caller's own tenant's, never another's (their reuse can be timed)."""
         return self.tenant
 
     @property

@@ -138,7 +138,7 @@ async def test_error_mid_stream_is_shown_as_the_api_wrote_it(
         assert response.status_code == 200
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     message = events[-1]["error"]["message"]
-    assert message and "upstream connection reset" not in message  # the binding's text is logged, not shown (issue 25)
+    assert message and "upstream connection reset" not in message  # the binding's text is logged, not shown
 
     await open_chat(page, edge)
     await send(page, "Hi", max_tokens=50)

@@ -1,4 +1,4 @@
-"""Budgets that cannot be dodged (issue 25, items 9-11), through the local edge's real HTTP server:
+"""Budgets that cannot be dodged, through the local edge's real HTTP server:
 a cut stream and a departed client are charged what they generated, limits are reserved at
 admission so concurrency cannot overspend them, and a stream cut by a stop sequence still says
 its prompt. Faults (a stream that stalls, an answer that never comes) are injected at the binding

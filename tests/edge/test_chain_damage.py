@@ -1,4 +1,4 @@
-"""A cycle written into a running edge's conversation store (issue 25 item 7), through the local
+"""A cycle written into a running edge's conversation store, through the local
 edge's real HTTP server: continuing the damaged chain is the documented 502 `conversation_corrupt`
 (with Retry-After) within a bounded time, and the edge goes on answering. The walk once looped for
 ever (3.1 GB in ~30 s); the edge is its own process under a memory and time watchdog

@@ -1,4 +1,4 @@
-"""Stored conversations under deletes and long chains (issue 25 items 16-17), through the local
+"""Stored conversations under deletes and long chains, through the local
 edge's real HTTP server with its conversation Durable Objects: a DELETE while a response streams
 deletes it, a parent deleted mid-stream leaves no child that cannot be continued, and a chain
 past the message cap is `truncation: "auto"` or the documented `conversation_too_large`."""

@@ -1,5 +1,5 @@
-"""A binding's own error text never reaches the client (issue 25, "error messages echo internal
-exception text"), through the local edge's real HTTP server: llama.cpp's words, a runtime's
+"""A binding's own error text never reaches the client (no internal exception text echoed in an
+error message), through the local edge's real HTTP server: llama.cpp's words, a runtime's
 exception and internal paths stay in the edge's log, and the client reads a clear message in the
 OpenAI error shape, with Retry-After on a 5xx."""
 

@@ -1,5 +1,5 @@
-"""Admission fair between tenants, and a bound on how long a request waits to start (issue 25
-items 14-15), through the local edge's real HTTP server: one tenant's burst cannot take every
+"""Admission fair between tenants, and a bound on how long a request waits to start,
+through the local edge's real HTTP server: one tenant's burst cannot take every
 place of the Worker's admission or of the llama.cpp runner's queue, and a request that finds no
 slot within the runner's `start_timeout` gets a 503 with Retry-After instead of silence."""
 

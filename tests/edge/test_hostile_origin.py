@@ -204,7 +204,7 @@ def test_impossible_usage_numbers_never_reach_the_client(origin: HostileOriginPr
     assert "1e+308" not in json.dumps(events) and "-5" not in json.dumps([e.get("usage") for e in events])
 
 
-# --- an origin's own text: the edge's log only (issue 25's rule) --------------------------------
+# --- an origin's own text: the edge's log only --------------------------------
 
 
 def assert_logged_not_shown(edge: WatchedEdge, *answers: Any) -> None:

@@ -1,8 +1,8 @@
 """The openai npm SDK's (7.x) tool loop through the local edge on the default model (SmolLM2-135M-
 Instruct): chat.completions.create with tools -> tool_calls -> the tool's result -> a final text
 answer, by hand (not streamed, and streamed with the calls assembled from the deltas) and through
-the SDK's own `runTools` loop (not streamed and streamed). Issue 22: "after a tool result the
-default model never answers"; here every loop must end with text after one round of calls.
+the SDK's own `runTools` loop (not streamed and streamed). A default model that never
+answers after a tool result would loop; here every loop must end with text after one round of calls.
 
 The SDK (installed by `make setup-test` into node_modules/.ai-sdk) runs in node,
 tests/support/js/openai_npm_tools.mjs. Shape and invariants only, never wording."""

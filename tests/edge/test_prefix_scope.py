@@ -1,4 +1,4 @@
-"""Prompt reuse for requests without a session, through the real HTTP server (issue 26): a tenant's
+"""Prompt reuse for requests without a session, through the real HTTP server: a tenant's
 requests reuse the prefix its own earlier ones left in the one llama.cpp slot, and never another
 tenant's (`usage.prompt_tokens_details.cached_tokens`: the tokens llama.cpp reports it skipped); a
 new conversation (a keyed tenant's session, `<tenant>:<name>`) starts from its own tenant's kept

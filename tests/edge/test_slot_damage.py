@@ -1,5 +1,5 @@
-"""A conversation's saved llama.cpp slot state replaced by a directory (issue 25, "Smaller": it was
-a 502 showing an internal path), through the local edge's real HTTP server: the state is refused
+"""A conversation's saved llama.cpp slot state replaced by a directory (never a
+502 showing an internal path), through the local edge's real HTTP server: the state is refused
 like the other kinds of damage (tests/unit/test_slot_pool.py), the turn computed in full, a 200
 whose text names no path of the edge's."""
 

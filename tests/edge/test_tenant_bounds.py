@@ -1,4 +1,4 @@
-"""Tenant bounds and operator paths (issue 25 items 12-13 and "Smaller", issue 22's key items),
+"""Tenant bounds and operator paths,
 through the local edge's real HTTP server: reserved tenant names, custom keys in the shared pool,
 `x-ratelimit-*` headers, revocation that takes effect now, and one cache key for -0.0 and 0."""
 

@@ -1,4 +1,4 @@
-"""Usage recording off the request's path (issue 26): rows are committed in batches by a writer
+"""Usage recording off the request's path: rows are committed in batches by a writer
 thread, a HIT never waits for the database, a clean stop writes every row, a read sees them all."""
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ async def test_a_tenants_cache_stats_when_kv_list_fails_is_a_502_or_503_with_ret
     assert response.headers["retry-after"] == "5"
     body = json.loads(response.body)["error"]
     assert set(body) == {"message", "type", "param", "code", "request_id"} and body["code"] == code and "KV" in body["message"]
-    # the binding's own text goes to the edge's log, never to the caller (issue 25)
+    # the binding's own text goes to the edge's log, never to the caller
     assert "KV LIST failed" not in body["message"] and "KV LIST failed" in caplog.text
 
 
@@ -192,7 +192,7 @@ async def test_a_tenants_cache_stats_when_kv_list_fails_is_a_502_or_503_with_ret
     ("POST", "/client/v4/accounts/abc/ai/run/@cf/meta/m", "workers-ai"),
 ])
 def test_the_usage_route_is_the_routes_template_not_the_raw_path(method: str, path: str, expected: str) -> None:
-    """Issue 20 (6): every response id was its own route value, so usage could not be grouped."""
+    """Every response id was its own route value, so usage could not be grouped."""
     from edgellm.app import route_name
 
     assert route_name(Request(method, "https://edge.example" + path)) == expected

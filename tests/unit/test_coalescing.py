@@ -276,7 +276,7 @@ def test_a_flight_order_carries_the_whole_generation_request_across_the_wire() -
     assert FlightOrder.decode(order.encode()).request == request
 
 
-# --- the object's own text: carried to the Worker for its log, never to the client (issue 25) ----
+# --- the object's own text: carried to the Worker for its log, never to the client ----
 
 MARKER = "/srv/object/internal-91c2"
 

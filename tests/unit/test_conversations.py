@@ -55,7 +55,7 @@ async def test_a_chain_is_the_history_root_first(obj: ConversationObject) -> Non
 
 
 async def test_a_deleted_turn_ends_the_history_and_what_get_finds_can_be_continued(obj: ConversationObject) -> None:
-    """Issue 20 (6): continuing from a response whose earlier turn was deleted was a 404 while
+    """Continuing from a response whose earlier turn was deleted was a 404 while
     `GET` of it said 200. As on OpenAI, a response that is still there can be continued; the
     deleted turn is gone from the history (from every later prompt)."""
     conv = new_conversation_id()

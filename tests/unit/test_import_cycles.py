@@ -1,7 +1,7 @@
 """No import circle in the core (src/) or the local edge (local/), read from the source with `ast`.
 
 A circle held up by an import inside a function (or by import order) works until someone moves a
-line; issue 24 found three of them. Every import counts, at module level, inside a function, and
+line. Every import counts, at module level, inside a function, and
 under `if TYPE_CHECKING:`: a circle of types is still two modules that cannot be read (or moved)
 one without the other, and becomes a real one the day a type is needed at run time.
 """

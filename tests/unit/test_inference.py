@@ -252,7 +252,7 @@ async def test_stop_text_is_released_as_soon_as_it_cannot_start_a_match() -> Non
     assert [e async for e in events] == [Token("bcd"), Token("ef"), Finish("stop", Usage())]
 
 
-# --- a whole answer's deadline (issue 25 item 15) ------------------------------------------------
+# --- a whole answer's deadline ------------------------------------------------
 
 
 async def test_a_whole_answer_past_its_deadline_is_a_503_with_retry_after_and_the_call_is_cancelled() -> None:

@@ -1,6 +1,6 @@
 """A published manifest that is not what the edge can serve is a 502 in the edge's words
 (`invalid_manifest`): Python's own text about it (a TypeError's) is the error's detail, which the
-edge logs, never the Hub client's message (issue 25's rule)."""
+edge logs, never the Hub client's message."""
 
 from __future__ import annotations
 

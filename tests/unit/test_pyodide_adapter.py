@@ -254,7 +254,7 @@ async def test_a_misconfigured_worker_answers_json_not_a_bare_500(adapter) -> No
 
 async def test_a_binding_failing_while_the_worker_sets_up_keeps_its_text_in_the_log(adapter, monkeypatch, caplog) -> None:
     """A failure that is not a [vars] value the config refused (a binding's, the runtime's) is named
-    by its type; its text (an internal path here) is in the log only (issue 25's rule)."""
+    by its type; its text (an internal path here) is in the log only."""
     class NativeRequest:
         method, url = "GET", "https://edge.example/healthz"
         headers = email.message.Message()

@@ -1,4 +1,4 @@
-"""`FileBody`'s two ways of reading (issue 26): a chunk the page cache holds is read on the event
+"""`FileBody`'s two ways of reading: a chunk the page cache holds is read on the event
 loop (`preadv2(RWF_NOWAIT)`), one that would wait on the disk on a worker thread. Both must give
 exactly the object's bytes, at its offset, whichever way each chunk was read."""
 

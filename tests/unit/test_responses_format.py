@@ -177,7 +177,7 @@ async def test_a_failure_mid_stream_is_an_error_event_and_nothing_is_stored() ->
     generation = scripted_generation(Token("a"), binding_error(BindingError("reset"), "m"))
     events = decode([c async for c in render_stream(generation, META, on_complete)])
     name, data = events[-1]
-    # the binding's own text ("reset") stays in the edge's log (issue 25); the event names the model
+    # the binding's own text ("reset") stays in the edge's log; the event names the model
     assert name == "error" and data["code"] == "upstream_error" and "reset" not in data["message"] and "failed for m " in data["message"]
     assert "response.completed" not in [n for n, _ in events] and stored == []
 

@@ -211,7 +211,7 @@ async def test_a_request_without_a_session_never_starts_from_another_ones_cache(
 
 
 async def test_requests_without_a_session_reuse_their_own_tenants_prefix_never_anothers(pooled: LlamaCppAI, pool: SlotPool) -> None:
-    """Issue 26: a tenant's sessionless requests reuse the prompt prefix its earlier ones left in
+    """A tenant's sessionless requests reuse the prompt prefix its earlier ones left in
     a slot (llama.cpp's `cache_prompt`), and a slot is erased before another tenant's request
     uses it, so the same prompt from tenant c, landing on the slot a's prompt is in, computes all."""
     body = {"messages": [{"role": "user", "content": "the same long question, asked by several tenants"}], **SAMPLING}
@@ -367,7 +367,7 @@ async def test_requests_waiting_for_a_slot_count_in_the_runners_queue(pooled_run
 
 
 async def test_a_sessionless_prompt_goes_to_its_tenants_slot_that_starts_most_like_it(pooled: LlamaCppAI, pool: SlotPool) -> None:
-    """Issue 26: llama.cpp's server sends a prompt to the slot whose cache it shares the most
+    """llama.cpp's server sends a prompt to the slot whose cache it shares the most
     with (slot similarity); the pool did least-recently-used among the tenant's slots, so two
     alternating conversations without a session (an OpenAI client sends the whole history and no
     session) each recomputed their history on every turn. Among its own tenant's slots only, the
@@ -411,7 +411,7 @@ def test_prompt_text_matches_on_messages_in_order() -> None:
 
 
 async def test_a_tenants_evicted_prompt_is_kept_and_restored_for_it_only(pooled: LlamaCppAI, pool: SlotPool) -> None:
-    """Issue 26: llama.cpp's server keeps an evicted prompt in its RAM cache and restores it for a
+    """llama.cpp's server keeps an evicted prompt in its RAM cache and restores it for a
     prompt that continues it, so three questions asked in turn over 2 slots were answered from
     cache on the second round there and recomputed here. The pool now saves a tenant's
     sessionless prompt before another overwrites it and restores it for that tenant's next
@@ -432,7 +432,7 @@ async def test_a_tenants_evicted_prompt_is_kept_and_restored_for_it_only(pooled:
 
 
 async def test_a_kept_prompt_restored_stays_kept_so_rotating_prompts_stop_saving(pooled: LlamaCppAI, pool: SlotPool) -> None:
-    """Issue 26 (streamed TTFT): bench_gateway's five questions in turn over 2 slots restored the
+    """bench_gateway's five questions in turn over 2 slots restored the
     question's kept state and then saved the prompt it evicted, again, on every request: ~2.5 ms
     before the first token for a state already written a round earlier. A kept prompt's copy now
     stays kept when it is restored (it still holds that prompt's start), so once every question
@@ -455,7 +455,7 @@ async def test_a_kept_prompt_restored_stays_kept_so_rotating_prompts_stop_saving
     assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
-# Issue 26: a new conversation starts from its tenant's state sharing its prompt's start.
+# a new conversation starts from its tenant's state sharing its prompt's start.
 SHARED_SYSTEM = {"role": "system", "content": "You are the harbour's guide. " + "Answer briefly, kindly and only about the harbour. " * 5}
 
 

@@ -103,7 +103,7 @@ def ask(content: str = "capital of France?", stream: bool = False, temperature: 
 
 
 async def test_a_cacheable_miss_reaches_the_flight_object_through_the_sdk_stub(runtime: Any) -> None:
-    """Issue 20 (1): the stub is the SDK's `_FetcherWrapper` (keyword options only, a
+    """The stub is the SDK's `_FetcherWrapper` (keyword options only, a
     `workers.Response` back): a positional init was a TypeError, so every cacheable miss a 502."""
     rt, entry = runtime
     platform = Platform(rt, entry, PlatformAI())
@@ -126,7 +126,7 @@ async def test_a_cacheable_miss_reaches_the_flight_object_through_the_sdk_stub(r
 async def test_an_object_failing_is_a_flight_failed_502_not_a_crash(runtime: Any, caplog: Any) -> None:
     """An exception in the object rejects the stub's fetch (pyfetch raises AbortError): the Worker
     answers a JSON 502 with Retry-After, in the OpenAI error shape. The object's own text (on workerd
-    its traceback) is in the Worker's log, never in the client's message (issue 25's rule)."""
+    its traceback) is in the Worker's log, never in the client's message."""
     rt, entry = runtime
     platform = Platform(rt, entry, PlatformAI())
 
@@ -143,7 +143,7 @@ async def test_an_object_failing_is_a_flight_failed_502_not_a_crash(runtime: Any
 
 
 async def test_a_coalesced_answer_is_written_to_kv_by_the_object(runtime: Any) -> None:
-    """Issue 20 (2): a Durable Object's waitUntil drops a bare coroutine, so the object schedules
+    """A Durable Object's waitUntil drops a bare coroutine, so the object schedules
     its KV write itself and hands the task over: the answer is cached, and the next ask is a HIT
     that never reaches the object or the model."""
     rt, entry = runtime
@@ -192,7 +192,7 @@ async def test_identical_misses_share_one_generation_in_one_object(runtime: Any)
 
 
 async def test_a_deeply_nested_body_is_refused_before_parsing_on_the_worker(runtime: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 20 (3): 5000 deep was fatal to the isolate inside json.loads. The Worker refuses it
+    """5000 deep was fatal to the isolate inside json.loads. The Worker refuses it
     with a 400 naming the limit without parsing it, and the same Worker keeps answering."""
     rt, entry = runtime
     from edgellm import validation
@@ -220,7 +220,7 @@ async def test_a_deeply_nested_body_is_refused_before_parsing_on_the_worker(runt
 
 @pytest.mark.parametrize("temperature", [0, 0.7], ids=["through the flight object", "the Worker's own generation"])
 async def test_a_non_streamed_client_that_leaves_cancels_its_generation(runtime: Any, temperature: float) -> None:
-    """Issue 20 (4): a non-streamed client that leaves is seen through `request.signal` (the
+    """A non-streamed client that leaves is seen through `request.signal` (the
     `enable_request_signal` flag) and the generation is cancelled, as the local edge does; before,
     it ran to its end and was logged 200."""
     rt, entry = runtime
@@ -250,7 +250,7 @@ async def test_a_client_still_there_keeps_its_answer_and_the_listener_goes(runti
 
 
 async def test_a_rate_limit_refusal_retries_after_the_limiters_window(runtime: Any) -> None:
-    """Issue 20 (6): Retry-After was always 60, whatever the binding's period."""
+    """Retry-After was always 60, whatever the binding's period."""
     import tomllib
     from pathlib import Path
 

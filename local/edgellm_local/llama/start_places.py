@@ -1,8 +1,8 @@
 """The llama.cpp runner's start places when no slot pool leases slots: one per llama.cpp slot.
 
 Without a slot pool a request handed to llama.cpp waits in llama.cpp's own queue for a slot, for as
-long as the slots are busy: the runner's bounded queue says how many wait, not how long (issue 25
-item 15: streams waited over 90 s without a byte). A request instead waits here for one of the
+long as the slots are busy: the runner's bounded queue says how many wait, not how long
+(streams could wait over 90 s without a byte). A request instead waits here for one of the
 `n_parallel` places (so llama.cpp always has a slot for it), within a deadline it can be refused at
 (503 + Retry-After). The runner is shared by event loops (one per edge server thread), so the
 places are counted under a thread lock and a waiter is woken on its own loop.

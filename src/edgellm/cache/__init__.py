@@ -1,4 +1,4 @@
-"""The deterministic response cache in Workers KV (issue 3).
+"""The deterministic response cache in Workers KV.
 
 `key` builds the canonical cache key, `policy` reads the request's cache controls, `entry`
 (de)serialises answers, `flight` coalesces identical in-flight generations, and `service`

@@ -87,7 +87,7 @@ def origin_body(origin: OriginConfig, request: GenerationRequest, *, prefill: st
 
 def _status_error(origin: OriginConfig, status: int, data: bytes, max_tokens: int) -> GatewayError:
     """A refusing origin's answer, in the edge's words: the origin's own text (which may hold its
-    server's internals) is the error's `detail`, logged, never the client's message (issue 25)."""
+    server's internals) is the error's `detail`, logged, never the client's message."""
     detail = _detail(data)
     said = f"the origin {origin.name} answered {status}: {detail}"
     if status in (400, 422) and (is_context_refusal(detail) or _error_type(data) == "exceed_context_size_error"):

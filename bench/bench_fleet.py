@@ -56,6 +56,7 @@ import json
 import math
 import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -143,7 +144,7 @@ class Cell:
                "ttft_p50_ms": percentile(ttfts, 50) * 1000, "ttft_p99_ms": percentile(ttfts, 99) * 1000,
                "throughput_rps": len(ok) / self.span_s if self.span_s else 0.0,
                "prefix_hit_rate": self.cached / self.prompt if self.prompt else 0.0, "shares": shares,
-               "errors": sorted({o.error for o in self.outcomes if not o.ok})[:3], "view": self.view,
+               "errors": errors(self.outcomes), "view": self.view,
                "ttfts_ms": [round(t * 1000) for t in ttfts],
                "timeline": [[round(o.sent_at, 2), o.replica, o.reason, round(o.ttft, 2), round(o.latency, 2), o.cached, o.prompt, o.ok, o.app]
                             for o in sorted(self.outcomes, key=lambda o: o.sent_at)]}
@@ -158,6 +159,18 @@ class Cell:
             out["sent_after_10s"] = sum(o.sent_at >= at + 10 for o in ok)
         out["slowest"] = slowest(ok)
         return out
+
+
+def errors(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    """Each way a request went unanswered, how often, and when the first was sent: the evidence a
+    lost request leaves, kept whole because a cell that loses any is the one to explain."""
+    seen: dict[str, dict[str, Any]] = {}
+    for o in sorted(outcomes, key=lambda o: o.sent_at):
+        if not o.ok:
+            entry = seen.setdefault(o.error or "?", {"error": o.error or "?", "count": 0, "first_sent_at_s": round(o.sent_at, 1),
+                                                    "replica": o.replica, "after_s": round(o.latency, 1)})
+            entry["count"] += 1
+    return list(seen.values())
 
 
 def slowest(outcomes: list[Outcome], count: int = 3) -> list[dict[str, Any]]:
@@ -198,6 +211,10 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str
             ok = response.status_code == 200 and done
             if response.status_code != 200:
                 error = f"{response.status_code}: {error[:200]}"
+            elif not done:
+                error = "200: the stream ended without [DONE]"
+            elif first is None:
+                error = "200: an answer with no content"
     except httpx.HTTPError as exc:
         ok, error = False, str(exc)[:200]
     end = time.monotonic()
@@ -572,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
             print("        the edge's view: " + "  ".join(
                 f"{name} sent {v['sent']} (prefix {v['prefix']}) held {v['held']}/{v['bound']} blocks, reused "
                 f"{v['cached'] / v['prompt'] if v['prompt'] else 0:.0%}" for name, v in sorted(row["view"].items())), flush=True)
+            for lost in row["errors"]:
+                print(f"        unanswered: {lost['count']} x {lost['error']!r} (first sent at {lost['first_sent_at_s']} s to "
+                      f"{lost['replica']}, ended after {lost['after_s']} s)", flush=True)
+            if args.json:  # after every cell, so a run stopped early keeps what it measured
+                Path(args.json).write_text(json.dumps(printed, indent=1))
     # a policy named more than once (to interleave versions against drift) is judged on its cells pooled
     rows = {key: pooled(runs).summary() for key, runs in cells.items()}
     if not args.quick:
@@ -579,10 +601,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{'met   ' if met else 'missed'}] {name}: {figure}")
         for line in against_variants(rows):
             print("  " + line)
-    if args.json:
-        Path(args.json).write_text(json.dumps(printed, indent=1))
     return 0 if all(row["ok"] == row["n"] for row in printed) else 1
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM ends the run as Ctrl-C does, through every `finally` that stops a replica or the
+    edge: by default it kills this process alone and leaves the replicas running, orphaned."""
+    def end(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+
+
 if __name__ == "__main__":
+    stop_on_sigterm()
     sys.exit(main())

@@ -350,7 +350,7 @@ def calibrate(model: Path, workload: str, apps: list[str], max_tokens: int, cach
     new to the replica, sent to it alone with the fleet otherwise idle (the prefill time the
     replica itself reports). A tail made of cold prompts cannot fall below it, whatever a policy
     does."""
-    replicas = [Replica.start(model, f"calibration-{i}", ctx=8192, cache_ram_mib=cache_mib) for i in range(3)]
+    replicas = Replica.start_all(model, [f"calibration-{i}" for i in range(3)], ctx=8192, cache_ram_mib=cache_mib)
     rng = random.Random(99)
     try:
         warm(replicas)
@@ -388,7 +388,7 @@ def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: lis
     """One policy on one workload over fresh replicas and a fresh edge. A policy `POLICY:NAME` is
     POLICY as the code in `variants[NAME]` has it (another version's `src/` and `local/`), so a
     change to the scheduler is measured beside the code it would replace, in the same run."""
-    replicas = [Replica.start(model, f"gpu-{c}", ctx=8192, cache_ram_mib=cache_mib) for c in "abc"]
+    replicas = Replica.start_all(model, [f"gpu-{c}" for c in "abc"], ctx=8192, cache_ram_mib=cache_mib)
     result = Cell(policy, workload)
     base, _, variant = policy.partition(":")
     try:

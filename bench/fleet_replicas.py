@@ -42,12 +42,29 @@ class Replica:
                                     str(cache_ram_mib)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
         assert process.stdout is not None
-        line = process.stdout.readline()  # "URL http://127.0.0.1:PORT": it is listening
-        if not line.startswith("URL "):
+        try:
+            line = process.stdout.readline()  # "URL http://127.0.0.1:PORT": it is listening
+            if not line.startswith("URL "):
+                raise RuntimeError(f"replica {name} did not start: {line!r}")
+        except BaseException:  # a failed start, or the run stopped while it started (SIGTERM, Ctrl-C)
             process.kill()
             process.wait(10)
-            raise RuntimeError(f"replica {name} did not start: {line!r}")
+            raise
         return cls(process, line.split()[1], name)
+
+    @classmethod
+    def start_all(cls, model: Path, names: list[str], **settings: Any) -> list["Replica"]:
+        """One replica per name, or none: when one fails to start, or the run is stopped while
+        they start, those already started are stopped before the error goes on."""
+        started: list[Replica] = []
+        try:
+            for name in names:
+                started.append(cls.start(model, name, **settings))
+        except BaseException:
+            for replica in started:
+                replica.stop()
+            raise
+        return started
 
     def metrics(self) -> dict[str, float]:
         """Its own counters (`llamacpp:*`), summed by name."""

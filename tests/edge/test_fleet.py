@@ -29,7 +29,7 @@ SYSTEM = " ".join(f"rule{i % 7} says keep answers short and kind" for i in range
 
 @pytest.fixture(scope="module")
 def replicas(tiny_model: Path) -> Iterator[list[Replica]]:
-    started = [Replica.start(tiny_model, f"gpu-{c}") for c in "abc"]
+    started = Replica.start_all(tiny_model, [f"gpu-{c}" for c in "abc"])
     yield started
     for replica in started:
         replica.stop()
@@ -184,7 +184,7 @@ def test_a_lying_replica_is_skipped_and_a_down_one_fails_over(fleet: Callable[..
 
 
 def test_every_replica_down_is_a_503_with_retry_after(fleet: Callable[..., httpx.Client], tiny_model: Path) -> None:
-    gone = [Replica.start(tiny_model, f"gone-{i}") for i in range(2)]
+    gone = Replica.start_all(tiny_model, [f"gone-{i}" for i in range(2)])
     for replica in gone:
         replica.stop()
     client = fleet(gone, kind=None, breaker='{"failures": 1, "window_s": 30, "cooldown_s": 300}')

@@ -7,6 +7,11 @@ asserted); the benchmarks themselves are run by hand and their figures are in do
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +26,7 @@ def test_the_fleet_benchmark_runs_every_policy(tiny_model: Path, tmp_path: Path,
     cells = json.loads(out.read_text())
     assert code == 0, capsys.readouterr().out
     assert {(c["policy"], c["workload"]) for c in cells} == {(p, w) for p in bench_fleet.POLICIES for w in ("shared", "saturated", "slowed")}
-    assert all(c["ok"] == c["n"] > 0 and sum(c["shares"].values()) == c["ok"] for c in cells)
+    assert all(c["ok"] == c["n"] > 0 and sum(c["shares"].values()) == c["ok"] and c["errors"] == [] for c in cells)
     assert all(set(c["shares"]) <= {"gpu-a", "gpu-b", "gpu-c"} and 0 <= c["prefix_hit_rate"] <= 1 for c in cells)
     assert all("slowed_share_before" in c for c in cells if c["workload"] == "slowed")
     # the edge's own view at the end of each cell: every replica, every request sent (and the warm-up)
@@ -91,3 +96,39 @@ def test_the_simulator_runs_bounded_replica_caches(capsys) -> None:  # type: ign
                            "--apps", "8", "--popularity", "uniform", "--workloads", "shared", "--placements", "isolates"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "replicas" in line and "TTFT" in line]
     assert len(lines) == 4 and all("hits" in line for line in lines)
+
+
+def process_group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (from /proc: the group is field 5 of stat)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def test_a_run_stopped_with_sigterm_stops_its_replicas_and_edge(tiny_model: Path, tmp_path: Path) -> None:
+    """A run stopped from outside (a CI timeout, `kill`, a closed terminal) takes its replicas
+    and its edge with it: none is left serving, orphaned, on a shared machine."""
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.Popen([sys.executable, "-m", "bench.bench_fleet", "--quick", "--model", str(tiny_model), "--system-tokens", "20",
+                            "--max-tokens", "4", "--workloads", "shared", "--policies", "scheduler", "--json", str(tmp_path / "cells.json")],
+                           cwd=root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(process_group(run.pid)) < 5:  # the bench, a cell's three replicas and its edge
+            assert run.poll() is None and time.monotonic() < deadline, "the bench never started its replicas"
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(60) == 128 + signal.SIGTERM
+        assert process_group(run.pid) == []
+    finally:
+        if run.poll() is None or process_group(run.pid):
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(10)

@@ -5,10 +5,13 @@ against this code's, and the load (b)'s conversations offer."""
 from __future__ import annotations
 
 import math
-
 import random
 
-from bench.bench_fleet import Cell, Outcome, against_variants, conversation_plan, pooled, ratio_interval, slowest, targets
+import asyncio
+
+import httpx
+
+from bench.bench_fleet import Cell, Outcome, against_variants, conversation_plan, errors, one, pooled, ratio_interval, slowest, targets
 
 
 def answer(ttft: float, sent_at: float, latency: float, replica: str, cached: int = 0) -> Outcome:
@@ -116,3 +119,42 @@ def test_a_policy_run_more_than_once_is_judged_on_its_cells_pooled() -> None:
     assert both["throughput_rps"] == 192 / 150 and both["prefix_hit_rate"] == 900 / 2000
     assert both["shares"] == {"gpu-a": 96, "gpu-b": 96}
     assert pooled([first]) is first
+
+
+def streamed(status: int, body: str) -> Outcome:
+    """One request of the bench's, answered by a server that sends `body` with `status`."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=body.encode(), headers={"x-edgellm-route": "origin; origin=gpu-b; reason=prefix"})
+
+    async def run() -> Outcome:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://edge") as client:
+            return await one(client, {"messages": []}, {}, 0.0)
+
+    return asyncio.run(run())
+
+
+def test_each_way_a_request_goes_unanswered_is_named() -> None:
+    chunk = 'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+    answered = streamed(200, chunk + "data: [DONE]\n\n")
+    assert answered.ok and answered.text == "hi" and answered.error == "" and answered.replica == "gpu-b"
+    cut = streamed(200, chunk)
+    assert not cut.ok and cut.error == "200: the stream ended without [DONE]"
+    empty = streamed(200, "data: [DONE]\n\n")
+    assert not empty.ok and empty.error == "200: an answer with no content"
+    refused = streamed(503, '{"error": {"message": "every replica is down"}}')
+    assert not refused.ok and refused.error.startswith("503: ") and "every replica is down" in refused.error
+
+
+def test_a_cells_losses_are_grouped_by_cause_with_how_many_and_when() -> None:
+    def lost(sent_at: float, error: str, replica: str = "?") -> Outcome:
+        return Outcome(False, 30.0, 30.0, replica, sent_at, error=error)
+
+    outcomes = [answer(1.0, 0.5, 2.0, "gpu-a"), lost(40.0, "503: start_timeout"), lost(12.5, "503: start_timeout", "gpu-c"),
+                lost(20.0, ""), lost(33.0, "200: the stream ended without [DONE]", "gpu-a")]
+    assert errors(outcomes) == [
+        {"error": "503: start_timeout", "count": 2, "first_sent_at_s": 12.5, "replica": "gpu-c", "after_s": 30.0},
+        {"error": "?", "count": 1, "first_sent_at_s": 20.0, "replica": "?", "after_s": 30.0},
+        {"error": "200: the stream ended without [DONE]", "count": 1, "first_sent_at_s": 33.0, "replica": "gpu-a", "after_s": 30.0}]
+    assert errors([answer(1.0, 0.5, 2.0, "gpu-a")]) == []
+    cell = Cell("scheduler", "shared", outcomes, span_s=50.0)
+    assert cell.summary()["errors"] == errors(outcomes) and cell.summary()["ok"] == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,15 @@ def serve(view: PoolView, name: str, ask: Ask, cached: int) -> Expected:
     expected = view.dispatched(name, ask, "load", 0.0)
     view.finished(name, 1.0, True, 0.5, 0.05, cached, int(ask.prompt_tokens), 1.0, expected=expected)
     return expected
+
+
+async def object_call(router: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One call to the pool's Durable Object, as an isolate's `pools` makes it: a POST to the
+    object's `path` for pool "gpu", its JSON answer."""
+    from edgellm.http import Request
+
+    response = await router.fetch(Request("POST", "https://router.internal" + path, {}, json.dumps({"pool": "gpu", **body}).encode()))
+    return json.loads(response.body)  # type: ignore[no-any-return]
 
 
 def one_replica() -> PoolView:
@@ -213,23 +223,18 @@ def test_the_pool_object_learns_from_the_done_report() -> None:
 
     from edgellm.config import Config
     from edgellm.deps import Deps
-    from edgellm.http import Request
     from edgellm.routing.router import RouterObject
 
     config = Config.from_env({"ORIGINS": json.dumps([{"pool": "gpu", "replicas": ["http://a:1"]}])})
     router = RouterObject(Deps(config=config, ai=None))  # type: ignore[arg-type]
 
-    async def call(path: str, body: dict) -> dict:  # type: ignore[type-arg]
-        response = await router.fetch(Request("POST", "https://router.internal" + path, {}, json.dumps({"pool": "gpu", **body}).encode()))
-        return json.loads(response.body)  # type: ignore[no-any-return]
-
     async def run() -> None:
         for i, app in enumerate([0, 1, 2, 3, 0]):
             ask = prompt(app)
-            picks = await call("/pick", {"blocks": list(ask.blocks), "tokens": ask.prompt_tokens, "chars": ask.prompt_chars, "id": f"r{i}"})
-            await call("/done", {"id": f"r{i}", "name": picks["picks"][0][0], "ok": True, "cached_tokens": 0,
+            picks = await object_call(router, "/pick", {"blocks": list(ask.blocks), "tokens": ask.prompt_tokens, "chars": ask.prompt_chars, "id": f"r{i}"})
+            await object_call(router, "/done", {"id": f"r{i}", "name": picks["picks"][0][0], "ok": True, "cached_tokens": 0,
                                  "prompt_tokens": int(ask.prompt_tokens)})
-        stats = await call("/stats", {})
+        stats = await object_call(router, "/stats", {})
         assert stats["replicas"][0]["prefix_blocks_bound"] == 3 * BLOCKS
 
     asyncio.run(run())
@@ -243,7 +248,6 @@ def test_the_pool_object_places_a_later_turn_it_has_not_seen_by_the_session() ->
 
     from edgellm.config import Config
     from edgellm.deps import Deps
-    from edgellm.http import Request
     from edgellm.routing.router import RouterObject
     from edgellm.routing.scheduler import rendezvous
 
@@ -252,9 +256,8 @@ def test_the_pool_object_places_a_later_turn_it_has_not_seen_by_the_session() ->
         {"name": n, "url": f"http://{n}:1"} for n in names]}])})
     router = RouterObject(Deps(config=config, ai=None))  # type: ignore[arg-type]
 
-    async def pick(body: dict) -> str:  # type: ignore[type-arg]
-        response = await router.fetch(Request("POST", "https://router.internal/pick", {}, json.dumps({"pool": "gpu", **body}).encode()))
-        return str(json.loads(response.body)["picks"][0][0])
+    async def pick(body: dict[str, Any]) -> str:
+        return str((await object_call(router, "/pick", body))["picks"][0][0])
 
     async def run() -> None:
         loaded = await pick({"blocks": ["1"], "tokens": 10, "chars": 40, "id": "busy"})
@@ -275,7 +278,6 @@ def test_the_pool_object_takes_a_prompt_as_held_once_its_prefill_could_be_done()
 
     from edgellm.config import Config
     from edgellm.deps import Deps
-    from edgellm.http import Request
     from edgellm.routing.router import RouterObject
     from tests.conftest import ManualClock
 
@@ -287,20 +289,16 @@ def test_the_pool_object_takes_a_prompt_as_held_once_its_prefill_could_be_done()
         clock = ManualClock()
         router = RouterObject(Deps(config=config, ai=None, clock=clock))  # type: ignore[arg-type]
 
-        async def call(path: str, body: dict) -> dict:  # type: ignore[type-arg]
-            response = await router.fetch(Request("POST", "https://router.internal" + path, {}, json.dumps({"pool": "gpu", **body}).encode()))
-            return json.loads(response.body)  # type: ignore[no-any-return]
-
         def ask(app: int, lease: str) -> dict:  # type: ignore[type-arg]
             return {"blocks": [str(b) for b in prompt(app).blocks], "tokens": tokens, "chars": prompt(app).prompt_chars, "id": lease}
 
         for lease, app in (("m1", 5), ("m2", 6)):  # measured: a cold prompt prefills in 1 s, an answer takes 0.2 s
-            measured = await call("/pick", ask(app, lease))
-            await call("/done", {"id": lease, "name": measured["picks"][0][0], "ok": True, "ttft_s": 1.0, "itl_s": 0.05,
+            measured = await object_call(router, "/pick", ask(app, lease))
+            await object_call(router, "/done", {"id": lease, "name": measured["picks"][0][0], "ok": True, "ttft_s": 1.0, "itl_s": 0.05,
                                  "total_s": 1.2, "cached_tokens": 0, "prompt_tokens": tokens})
-        first = (await call("/pick", ask(0, "first")))["picks"][0][0]
+        first = (await object_call(router, "/pick", ask(0, "first")))["picks"][0][0]
         clock.advance(wait_s)
-        second = (await call("/pick", ask(0, "second")))["picks"][0]
+        second = (await object_call(router, "/pick", ask(0, "second")))["picks"][0]
         return first, second
 
     first, (second, reason) = asyncio.run(pick_after(0.1))

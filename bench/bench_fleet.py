@@ -56,7 +56,6 @@ import json
 import math
 import os
 import random
-import signal
 import statistics
 import sys
 import time
@@ -66,7 +65,7 @@ from typing import Any
 
 import httpx
 
-from bench.edge_process import load_average, running_edge
+from bench.edge_process import interrupt_on_stop_signals, load_average, running_edge
 from bench.fleet_replicas import Replica, pool_origins
 from edgellm_local.llama.model_file import default_model_path
 
@@ -604,15 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(row["ok"] == row["n"] for row in printed) else 1
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM ends the run as Ctrl-C does, through every `finally` that stops a replica or the
-    edge: by default it kills this process alone and leaves the replicas running, orphaned."""
-    def end(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, end)
-
-
 if __name__ == "__main__":
-    stop_on_sigterm()
-    sys.exit(main())
+    interrupt_on_stop_signals()
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: the replicas and the edge are stopped; --json holds every cell that ended", file=sys.stderr)
+        sys.exit(130)

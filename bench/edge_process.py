@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +34,19 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def interrupt_on_stop_signals() -> None:
+    """SIGTERM and SIGHUP (a `kill`, a CI timeout, a closed terminal) end a benchmark as Ctrl-C
+    does: KeyboardInterrupt, raised where the run is, so every `finally` and `with` that stops a
+    server runs. Left at their defaults they end the benchmark's process alone, and the servers
+    it started run on, orphaned. For a benchmark's `__main__` only: a test calling its `main`
+    keeps pytest's own handling."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, interrupt)
 
 
 def stop(process: subprocess.Popen[Any], within: float) -> None:

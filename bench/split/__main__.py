@@ -16,12 +16,12 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from bench.edge_process import interrupt_on_stop_signals
 from bench.split.build import SERVER_FLAGS, default_cache, ensure_llama_rpc
 from bench.split.netns import namespace_pair
 from bench.split.report import fit_line, format_table, split_token_seconds
@@ -71,17 +71,12 @@ def default_model() -> Path:
     return default_model_path()
 
 
-def raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0 or shutil.which("ip") is None:
         print("bench.split needs root and iproute2's `ip` (it creates two network namespaces)", file=sys.stderr)
         return 2
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, raise_interrupt)  # so the cleanup below runs
+    interrupt_on_stop_signals()  # so the cleanup below runs
     binaries = ensure_llama_rpc(args.cache, log=lambda m: print(m, flush=True))
     model = args.model or default_model()
     layers = model_layers(model)

@@ -126,7 +126,7 @@ def test_a_run_stopped_with_sigterm_stops_its_replicas_and_edge(tiny_model: Path
             assert run.poll() is None and time.monotonic() < deadline, "the bench never started its replicas"
             time.sleep(0.05)
         run.send_signal(signal.SIGTERM)
-        assert run.wait(60) == 128 + signal.SIGTERM
+        assert run.wait(60) == 130  # ended as Ctrl-C ends it, through its cleanup
         assert process_group(run.pid) == []
     finally:
         if run.poll() is None or process_group(run.pid):

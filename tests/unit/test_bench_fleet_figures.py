@@ -4,14 +4,16 @@ against this code's, and the load (b)'s conversations offer."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
-
-import asyncio
+import signal
 
 import httpx
+import pytest
 
 from bench.bench_fleet import Cell, Outcome, against_variants, conversation_plan, errors, one, pooled, ratio_interval, slowest, targets
+from bench.edge_process import interrupt_on_stop_signals
 
 
 def answer(ttft: float, sent_at: float, latency: float, replica: str, cached: int = 0) -> Outcome:
@@ -158,3 +160,19 @@ def test_a_cells_losses_are_grouped_by_cause_with_how_many_and_when() -> None:
     assert errors([answer(1.0, 0.5, 2.0, "gpu-a")]) == []
     cell = Cell("scheduler", "shared", outcomes, span_s=50.0)
     assert cell.summary()["errors"] == errors(outcomes) and cell.summary()["ok"] == 1
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_interrupts_a_benchmark_as_ctrl_c_does(stop_signal: signal.Signals) -> None:
+    """So every `finally` that stops a replica or an edge runs (the end-to-end case, a real run's
+    process group left empty, is tests/edge/test_fleet_bench.py)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for s in before:  # a signal left unhandled must fail this test, not end the test run
+            signal.signal(s, lambda signum, frame: None)
+        interrupt_on_stop_signals()
+        with pytest.raises(KeyboardInterrupt, match=f"signal {int(stop_signal)}"):
+            signal.raise_signal(stop_signal)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -430,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-bound", type=float, default=1.0)
     parser.add_argument("--apps", type=int, default=None, help="applications (system prompts) in (a) (default: half the replicas, at least 8)")
     parser.add_argument("--popularity", choices=("zipf", "uniform"), default="zipf", help="how (a)'s requests spread over the applications")
+    parser.add_argument("--seed", type=int, default=1, help="the draw of arrivals, prompts and isolates (the same seed repeats a run exactly)")
     parser.add_argument("--quick", action="store_true", help="300 requests (8 replicas unless --replicas): the plumbing only")
     args = parser.parse_args(argv)
     prefill_s, decode_s = measure() if args.measure else (args.prefill_s, args.decode_s)
@@ -447,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                 placements = args.placements.split(",") if policy == "scheduler" else ["isolates"]
                 for placement in placements:
                     started = time.perf_counter()
-                    sim = Sim(size, args.isolates, policy, placement, rate, seconds, workload, 1, prefill_s, decode_s,
+                    sim = Sim(size, args.isolates, policy, placement, rate, seconds, workload, args.seed, prefill_s, decode_s,
                               args.object_rtt_ms, args.object_call_ms, args.router_ms, args.probe_rtt_ms, args.slots,
                               args.cache_tokens, args.load_bound, args.apps, args.popularity)
                     row = sim.run()

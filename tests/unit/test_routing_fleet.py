@@ -240,10 +240,10 @@ def test_the_pool_object_learns_from_the_done_report() -> None:
     asyncio.run(run())
 
 
-def test_the_pool_object_places_a_later_turn_it_has_not_seen_by_the_session() -> None:
+def test_the_pool_object_places_a_later_turn_it_has_not_seen_where_any_view_would() -> None:
     """`/pick` carries whether the request continues a conversation: a later turn the object never
-    saw goes where the session's rendezvous says (where an isolate deciding alone sends it), a
-    first turn to the emptiest replica."""
+    saw goes where an isolate deciding alone sends it (the fewest queued, ties by its
+    application's rendezvous), a first turn where it starts soonest (the replica measured faster)."""
     import asyncio
 
     from edgellm.config import Config
@@ -260,11 +260,15 @@ def test_the_pool_object_places_a_later_turn_it_has_not_seen_by_the_session() ->
         return str((await object_call(router, "/pick", body))["picks"][0][0])
 
     async def run() -> None:
-        loaded = await pick({"blocks": ["1"], "tokens": 10, "chars": 40, "id": "busy"})
-        sessions = [f"s{i}" for i in range(100) if max(names, key=lambda n: rendezvous(f"s{i}", n)) == loaded]
-        turn = {"blocks": ["2"], "tokens": 10, "chars": 40}
-        assert await pick({**turn, "session": sessions[0], "id": "first"}) != loaded
-        assert await pick({**turn, "session": sessions[1], "continues": True, "id": "later"}) == loaded
+        warm = [await pick({"blocks": [str(i)], "tokens": 10, "chars": 40, "id": f"warm{i}"}) for i in range(3)]
+        assert set(warm) == set(names)
+        for i, name in enumerate(warm):
+            await object_call(router, "/done", {"id": f"warm{i}", "name": name, "ok": True, "ttft_s": 0.1,
+                                                "itl_s": 0.005 if i == 0 else 0.03})
+        block = next(b for b in range(10, 1000) if max(names, key=lambda n: rendezvous(b, n)) != warm[0])
+        turn = {"blocks": [str(block)], "tokens": 10, "chars": 40}
+        assert await pick({**turn, "session": "s1", "continues": True, "id": "later"}) == max(names, key=lambda n: rendezvous(block, n))
+        assert await pick({**turn, "session": "s2", "id": "first"}) == warm[0]
 
     asyncio.run(run())
 

@@ -82,20 +82,33 @@ async def test_two_isolates_share_the_pools_view_through_the_router_object(runti
 
 
 async def test_an_isolate_tells_the_object_a_turn_continues_its_conversation(runtime: Any) -> None:
-    """A later turn of a session the object never saw goes by the session's rendezvous even where
-    another replica is emptier; that holds only if the isolate's ask says the turn continues."""
+    """A later turn of a session the object never saw goes where any view would send it (the
+    fewest queued, ties by its application's rendezvous), not to a replica the object measured
+    faster, as a first turn does; that holds only if the isolate's ask says the turn continues."""
     from edgellm.routing.scheduler import rendezvous
 
     rt, entry = runtime
     namespace = fp.DurableObjectNamespace(entry.Router, fp.JsEnv(AI=object(), ORIGINS=ORIGINS, OPEN_ACCESS="true"))
-    deps, view = isolate(namespace, Background())
+    background = Background()
+    deps, view = isolate(namespace, background)
     names = ("gpu-1", "gpu-2", "gpu-3")
-    busy = (await ask_router(deps, view, Ask(prefix_blocks("busy " * 200), 250, 1000)))[0][0].name
-    session = next(f"s{i}" for i in range(100) if max(names, key=lambda n: rendezvous(f"s{i}", n)) == busy)
-    later = Ask(prefix_blocks("history " * 200), 250, 1000, session, continues=True)
-    assert (await ask_router(deps, view, later))[0][0].name == busy
-    first = Ask(prefix_blocks("history " * 200), 250, 1000, session + "-new")
-    assert (await ask_router(deps, view, first))[0][0].name != busy
+    served = []
+    for i in range(3):  # one answer on each replica, in flight at once, then their speeds
+        warm = Ask(prefix_blocks(f"warm {i} " * 200), 250, 1000)
+        picks, lease = await ask_router(deps, view, warm)
+        served.append((deps.config.routing.origin(picks[0].name), warm, lease))
+    assert {origin.name for origin, _, _ in served} == set(names)
+    faster = served[0][0].name
+    for origin, warm, lease in served:
+        report(deps, Choice(origin, "load", view, warm, lease), ok=True, ttft_s=0.1, itl_s=0.005 if origin.name == faster else 0.03)
+    await background.settle()
+    text = next(f"app {i} " * 200 for i in range(100)
+                if max(names, key=lambda n: rendezvous(prefix_blocks(f"app {i} " * 200)[0], n)) != faster)
+    later = Ask(prefix_blocks(text), 250, 1000, "s1", continues=True)
+    ranked_first = max(names, key=lambda n: rendezvous(later.blocks[0], n))
+    assert (await ask_router(deps, view, later))[0][0].name == ranked_first
+    first = Ask(prefix_blocks(text), 250, 1000, "s2")
+    assert (await ask_router(deps, view, first))[0][0].name == faster
 
 
 class FailingRouters:

@@ -165,6 +165,17 @@ def ask(held_chars: int = 4000, tokens: float = 1000, session: str | None = None
     return Ask(prefix_blocks("s" * held_chars), tokens, held_chars, session, pinned, continues)
 
 
+def app_ask(app: int, session: str | None = None, continues: bool = False) -> Ask:
+    """A 1,000-token prompt of application `app`: its own system prompt, so its own first block."""
+    text = (f"application {app}: " * 300)[:4000]
+    return Ask(prefix_blocks(text), 1000, len(text), session, None, continues)
+
+
+def first_of(a: Ask, names: str = "abc") -> str:
+    """The replica the prompt's first block ranks first."""
+    return max(names, key=lambda n: rendezvous(a.blocks[0], n))
+
+
 @pytest.mark.parametrize("replicas, first, reason", [
     # the one that holds the prompt, though busier
     ([ReplicaView("a", 1, held=15), ReplicaView("b", 0), ReplicaView("c", 1)], "a", "prefix"),
@@ -196,11 +207,14 @@ def test_a_session_sticks_unless_its_replica_is_over_the_bound_or_unhealthy() ->
     assert schedule(a, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 0, healthy=False)], 0.25)[0].name != "c"
 
 
-def test_a_conversations_first_turn_spreads_by_session_not_onto_the_system_prompts_holder() -> None:
-    replicas = [ReplicaView("a", 0, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0)]
-    homes = [schedule(ask(session=f"conv-{i}"), replicas, 1.0)[0] for i in range(30)]
-    assert all(h.reason == "session" and h.name == max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) for i, h in enumerate(homes))
-    assert {h.name for h in homes} == {"a", "b", "c"}
+def test_a_conversations_first_turn_is_not_drawn_to_the_system_prompts_holder() -> None:
+    """Whichever replica holds the system prompt, an idle pool's first turns go where the
+    application's ranking puts them (the holder wins no more than its rank would)."""
+    first_of_app = max("abc", key=lambda n: rendezvous(ask().blocks[0], n))
+    for holder in "abc":
+        replicas = [ReplicaView(n, 0, held=HELD if n == holder else 0) for n in "abc"]
+        homes = [schedule(ask(session=f"conv-{i}"), replicas, 1.0)[0] for i in range(30)]
+        assert {(h.name, h.reason) for h in homes} == {(first_of_app, "session")}
     # ... among the replicas within the bound and not markedly slow
     busy = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0)]
     slow = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.12)]
@@ -417,34 +431,50 @@ def test_new_prefill(chars: int, held: int, expected: float) -> None:
     assert Ask((), 1000, chars).new_prefill(held) == pytest.approx(expected)
 
 
-def test_a_conversations_first_turn_starts_where_it_starts_soonest_the_session_breaking_ties() -> None:
+def test_a_conversations_first_turn_starts_where_it_starts_soonest_its_application_breaking_ties() -> None:
     """A first turn is costed as cold everywhere, so the queues and the replicas' speeds decide
     it, whoever holds the system prompt: a measurably faster replica takes it while idle, and a
-    replica with requests queued does not while one within the bound has fewer. Rendezvous on the
-    session, which would put some on the busiest, only breaks ties."""
+    replica with requests queued does not while one within the bound has fewer. Ties go by the
+    prompt's first block (its application), not the session: an application's conversations
+    opened on an idle pool all start on the first replica of its ranking."""
     fast = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.005)]
     queued = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 1)]  # a within the bound at e = 1
+    idle = [ReplicaView(n, 0) for n in "abc"]
     assert sum(max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) == "a" for i in range(30)) >= 5
+    first_of_app = max("abc", key=lambda n: rendezvous(ask().blocks[0], n))
     for i in range(30):
         assert schedule(ask(session=f"conv-{i}"), fast, 1.0)[0].name == "c"
         assert [p.name for p in schedule(ask(session=f"conv-{i}"), queued, 1.0)] == ["b", "c", "a"]
+        assert schedule(ask(session=f"conv-{i}"), idle, 1.0)[0].name == first_of_app
+    apps = [app_ask(i, session=f"conv-{i}") for i in range(30)]
+    assert all(schedule(a, idle, 1.0)[0].name == first_of(a) for a in apps)
+    assert {first_of(a) for a in apps} == {"a", "b", "c"}
 
 
-def test_a_later_turn_this_view_has_not_seen_goes_where_every_view_sends_its_session() -> None:
+def test_a_later_turn_this_view_has_not_seen_goes_where_every_view_sends_it() -> None:
     """Isolates share nothing, so a conversation's later turn often reaches a view that never saw
-    it: it goes by the session's rendezvous (within the bound, not measurably slow), which every
-    view computes alike, and not by this view's queues, which would scatter its turns and their
-    history over the pool. Its first turn, placed where a view happened to see it, goes by load."""
+    it: it goes to the fewest queued as the replicas report it (within the bound, not measurably
+    slow), ties by its application's rendezvous, which every view computes alike, and not by
+    this view's costs (its record of what each replica holds is its own). A measurably faster
+    replica is no reason here: views measure speeds apart."""
     queued = [ReplicaView("a", 2, held=HELD), ReplicaView("b", 0), ReplicaView("c", 1)]
     slow = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.12)]
+    tied = [ReplicaView("a", 1), ReplicaView("b", 1, held=HELD), ReplicaView("c", 1)]
     sessions = [f"conv-{i}" for i in range(30)]
-    on_a = [s for s in sessions if max("abc", key=lambda n: rendezvous(s, n)) == "a"]
-    assert on_a
-    for session in on_a:
-        assert schedule(ask(session=session, continues=True), queued, 1.0)[0].name == "a"
-        assert schedule(ask(session=session), queued, 1.0)[0].name == "b"
-        assert schedule(ask(session=session, continues=True), queued, 0.25)[0].name != "a"  # a over the bound
-    assert {schedule(ask(session=s, continues=True), slow, 1.0)[0].name for s in sessions} == {"a", "b"}
+    first_of_app = max("abc", key=lambda n: rendezvous(ask().blocks[0], n))
+    for session in sessions:
+        assert schedule(ask(session=session, continues=True), queued, 1.0)[0].name == "b"
+        assert schedule(ask(session=session, continues=True), tied, 1.0)[0].name == first_of_app
+    apps = [app_ask(i, session=f"conv-{i}", continues=True) for i in range(30)]
+    assert all(schedule(a, tied, 1.0)[0].name == first_of(a) for a in apps)  # b's held prefix, which only this view knows of, is no reason
+    assert {first_of(a) for a in apps} == {"a", "b", "c"}
+    over = [ReplicaView("a", 0), ReplicaView("b", 3), ReplicaView("c", 3)]
+    assert schedule(ask(session="s", continues=True), over, 1.0)[0].name == "a"
+    assert {schedule(app_ask(i, session="s", continues=True), slow, 1.0)[0].name for i in range(30)} == {"a", "b"}
+    faster = next(n for n in "abc" if n != first_of_app)
+    fast = [ReplicaView(n, 0, decode_s=0.005 if n == faster else 0.03) for n in "abc"]
+    assert schedule(ask(session="s", continues=True), fast, 1.0)[0].name == first_of_app
+    assert schedule(ask(session="s"), fast, 1.0)[0].name == faster  # a first turn takes the faster
     assert schedule(ask(session="u", pinned="c", continues=True), queued, 1.0)[0].name == "c"  # one it has seen keeps to its replica
 
 
@@ -681,10 +711,11 @@ def test_round_robin_without_a_turn_starts_at_the_first_replica() -> None:
 
 def test_a_conversations_first_turn_avoids_a_replica_slowed_only_a_little_past_the_tolerance() -> None:
     """c measured 2.4x the median counts 1.6x: measurably slow, so no first turn starts there,
-    though rendezvous on the session would put about a third of them on it."""
+    though its application's rendezvous would put about a third of them on it."""
     replicas = [ReplicaView("a", 0, decode_s=0.03), ReplicaView("b", 0, decode_s=0.03), ReplicaView("c", 0, decode_s=0.072)]
-    assert sum(max("abc", key=lambda n: rendezvous(f"conv-{i}", n)) == "c" for i in range(30)) >= 5
-    assert {schedule(ask(session=f"conv-{i}"), replicas, 1.0)[0].name for i in range(30)} == {"a", "b"}
+    apps = [app_ask(i, session=f"conv-{i}") for i in range(30)]
+    assert sum(first_of(a) == "c" for a in apps) >= 5
+    assert {schedule(a, replicas, 1.0)[0].name for a in apps} == {"a", "b"}
 
 
 def test_an_uncounted_prompt_is_taken_as_four_characters_a_token() -> None:

@@ -471,6 +471,10 @@ def test_a_later_turn_this_view_has_not_seen_goes_where_every_view_sends_it() ->
     over = [ReplicaView("a", 0), ReplicaView("b", 3), ReplicaView("c", 3)]
     assert schedule(ask(session="s", continues=True), over, 1.0)[0].name == "a"
     assert {schedule(app_ask(i, session="s", continues=True), slow, 1.0)[0].name for i in range(30)} == {"a", "b"}
+    slow_and_idle = [ReplicaView("a", 1, decode_s=0.03), ReplicaView("b", 1, decode_s=0.03), ReplicaView("c", 0, decode_s=0.12)]
+    assert schedule(ask(session="s", continues=True), slow_and_idle, 1.0)[0].name != "c"  # slow first, then the queue
+    crowded = [ReplicaView("a", 0, decode_s=0.12), ReplicaView("b", 5, decode_s=0.03), ReplicaView("c", 5, decode_s=0.03)]
+    assert schedule(ask(session="s", continues=True), crowded, 0.25)[0].name == "a"  # the bound before speed
     faster = next(n for n in "abc" if n != first_of_app)
     fast = [ReplicaView(n, 0, decode_s=0.005 if n == faster else 0.03) for n in "abc"]
     assert schedule(ask(session="s", continues=True), fast, 1.0)[0].name == first_of_app

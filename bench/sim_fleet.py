@@ -21,6 +21,11 @@ What is simulated is everything around them:
   isolate's view ("object+fallback", as the gateway does).
 - (d): one replica in eight runs 4x slower from the middle of the run.
 
+Each line: TTFT p50 and p99, answers a second, prefix hits (prompt tokens the replicas reused,
+of all they were sent), cold (the requests that prefilled more than half their prompt: where
+more than 1% are cold, a p99 is at least one cold prefill, whatever the placement), probes a
+second.
+
     .venv/bin/python -m bench.sim_fleet [--replicas 64,512] [--requests 10000] [--isolates 64] [--slots 4]
         [--cache-tokens 32768] [--apps N] [--popularity zipf|uniform] [--load 0.7] [--measure] [--quick]
 """
@@ -367,6 +372,7 @@ class Sim:
         prompt = sum(r.prompt_tokens for r in self.replicas)
         out = {"n": len(done), "ttft_p50_ms": _pct(ttft, 50) * 1000, "ttft_p99_ms": _pct(ttft, 99) * 1000,
                "throughput_rps": len(done) / span, "hit_rate": cached / prompt if prompt else 0.0,
+               "cold_share": sum(j.uncached > j.prompt_tokens / 2 for j in done) / max(1, len(done)),
                "fallbacks": self.fallbacks, "object_answers": self.object_answers, "skips": self.skips,
                "probes_per_s": self.probes / self.seconds}
         if self.slowed_at is not None:
@@ -459,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                         extra += f"  object answers {row['object_answers']}, fallbacks {row['fallbacks']}, not asked {row['skips']}"
                     print(f"{workload:>7} {size:4d} replicas {rate:7.0f}/s {policy:>16} {placement:>16}: TTFT p50 "
                           f"{row['ttft_p50_ms']:8.1f} ms  p99 {row['ttft_p99_ms']:8.1f} ms  {row['throughput_rps']:7.0f}/s  "
-                          f"hits {row['hit_rate']:.0%}  probes {row['probes_per_s']:.0f}/s{extra}  "
+                          f"hits {row['hit_rate']:.0%}  cold {row['cold_share']:.1%}  probes {row['probes_per_s']:.0f}/s{extra}  "
                           f"({time.perf_counter() - started:.0f} s)", flush=True)
     return 0
 

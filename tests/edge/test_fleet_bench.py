@@ -95,7 +95,7 @@ def test_the_simulator_runs_bounded_replica_caches(capsys) -> None:  # type: ign
     assert sim_fleet.main(["--quick", "--replicas", "3", "--isolates", "1", "--slots", "2", "--cache-tokens", "3200",
                            "--apps", "8", "--popularity", "uniform", "--workloads", "shared", "--placements", "isolates"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "replicas" in line and "TTFT" in line]
-    assert len(lines) == 4 and all("hits" in line for line in lines)
+    assert len(lines) == 4 and all("hits" in line and "cold" in line for line in lines)
 
 
 def process_group(pgid: int) -> list[int]:

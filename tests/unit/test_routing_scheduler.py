@@ -809,13 +809,38 @@ def test_the_prefill_queued_ahead_is_what_was_sent_there_and_the_mean_for_the_re
     assert queued_ahead(replica, 600) == pytest.approx(expected)
 
 
+def test_a_prompt_no_replica_is_known_to_hold_goes_where_every_view_would_send_it() -> None:
+    """With no record of the prompt anywhere, the view places it from what the replicas report
+    (the fewest queued, within the bound, not measurably slow), ties by its first block, not by
+    a cost read through its own measurements (here b, which this view measured faster: views
+    measure speeds apart): views that share nothing agree, and the prefix gathers where they
+    send it."""
+    replicas = [ReplicaView("a", 1, **MEASURED), ReplicaView("b", 0, **{**MEASURED, "decode_s": 0.01}), ReplicaView("c", 0, **MEASURED)]
+    apps = [app_ask(i) for i in range(30)]
+    picks = [first(replicas, a) for a in apps]
+    assert all(p == max("bc", key=lambda n: rendezvous(a.blocks[0], n)) for p, a in zip(picks, apps))
+    assert set(picks) == {"b", "c"}
+    slow = [ReplicaView("a", 1, **MEASURED), ReplicaView("b", 1, **MEASURED), ReplicaView("c", 0, **{**MEASURED, "decode_s": 0.12})]
+    assert {first(slow, a) for a in apps} == {"a", "b"}  # slow first, then the queue
+    crowded = [ReplicaView("a", 0, **{**MEASURED, "decode_s": 0.12}), ReplicaView("b", 5, **MEASURED), ReplicaView("c", 5, **MEASURED)]
+    assert {schedule(a, crowded, 0.25)[0].name for a in apps} == {"a"}  # the bound before speed
+    held = [replace(replicas[0], held=HELD), *replicas[1:]]  # once a replica is known to hold it, the cost decides
+    assert {first(held, a) for a in apps} == {"a"}
+    pinned = [ReplicaView("a", 0, **MEASURED), ReplicaView("b", 0, **MEASURED), ReplicaView("c", 0, **{**MEASURED, "decode_s": 0.01})]
+    for a in apps:  # a pinned session fails over in the cost order: the faster c first, whatever the ranking
+        order = names(schedule(replace(a, session="s", session_replica="a"), pinned, 1.0))
+        assert order[:2] == ["a", "c"]
+
+
 def test_a_replica_just_sent_cold_prompts_is_not_taken_as_idle_for_its_cheap_past() -> None:
     """b's only measured request was a one-token prompt (mean 1 new token); it has since been
-    sent two cold 1,000-token prompts. A third cold prompt goes to a, whose one request in
-    flight is one cold prompt, not to b as its past would have it."""
+    sent two cold 1,000-token prompts. A third prompt, cold on both (its prefix held only by c,
+    which is unhealthy), goes to a, whose one request in flight is one cold prompt, not to b as
+    its past would have it."""
     replicas = [ReplicaView("a", 1, **MEASURED, mean_new=1000, sent_queue=1, sent_new=1000),
-                ReplicaView("b", 2, **MEASURED, mean_new=1, sent_queue=2, sent_new=2000)]
-    cold = ask(held_chars=0)
+                ReplicaView("b", 2, **MEASURED, mean_new=1, sent_queue=2, sent_new=2000),
+                ReplicaView("c", 0, held=1, healthy=False, **MEASURED)]
+    cold = ask()
     assert first(replicas, cold) == "a"
     past_only = [replace(r, sent_queue=0.0, sent_new=0.0) for r in replicas]  # sized by the mean alone, b looked idle
     assert first(past_only, cold) == "b"

@@ -318,8 +318,16 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
         spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, max(0.0, r.queue),
                                            -rendezvous(ask.key, r.name)))
         return [Pick(r.name, "session", cost[r.name]) for r in spread]
-    scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     best_held = max((r.held for r in up), default=0)
+    if best_held == 0 and ask.session_replica is None:
+        # a prompt this view knows no replica to hold: placed as every view would place it, from
+        # what the replicas report, so views that share nothing agree and the prefix gathers
+        # where its next requests will find it (a cost read through this view's own record
+        # would send it wherever that record happens to make cheapest, a new cold copy each time)
+        scored = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, max(0.0, r.queue),
+                                           -rendezvous(ask.key, r.name)))
+    else:
+        scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", cost[r.name]) for r in scored]
     pinned = next((r for r in up if r.name == ask.session_replica), None)
     if pinned is not None and pinned.healthy and pinned.name not in bounded:

@@ -89,6 +89,14 @@ def test_the_simulator_runs_the_gateways_own_policies(capsys) -> None:  # type: 
     assert len(lines) == 2 * (3 + len(sim_fleet.PLACEMENTS))
 
 
+def test_a_simulated_run_repeats_exactly_and_another_seed_draws_another(capsys) -> None:  # type: ignore[no-untyped-def]
+    def run(*seed: str) -> list[str]:
+        assert sim_fleet.main(["--quick", "--workloads", "shared", "--policies", "least-in-flight", *seed]) == 0
+        return [line.rsplit("(", 1)[0] for line in capsys.readouterr().out.splitlines() if "TTFT" in line]  # less its wall time
+
+    assert run() == run("--seed", "1") != run("--seed", "2")
+
+
 def test_the_simulator_runs_bounded_replica_caches(capsys) -> None:  # type: ignore[no-untyped-def]
     """The configuration docs/benchmarks.md reports for bench_fleet's fleet: three replicas of two
     slots keeping three of eight applications' prompts, one view."""

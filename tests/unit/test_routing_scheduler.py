@@ -200,11 +200,17 @@ def test_schedule_orders_by_cost(replicas: list[ReplicaView], first: str | None,
     assert [p.name for p in picks[len(picks) - len(unhealthy):]] == unhealthy
 
 
-def test_a_session_sticks_unless_its_replica_is_over_the_bound_or_unhealthy() -> None:
+def test_a_session_sticks_unless_its_replica_is_over_the_bound_or_unhealthy_or_let_it_go() -> None:
     a = ask(session="s1", pinned="c")
-    assert schedule(a, [ReplicaView("a", 0, held=15), ReplicaView("b", 0), ReplicaView("c", 1)], 0.25)[0].name == "a"  # c over the bound
-    assert schedule(a, [ReplicaView("a", 1, held=15), ReplicaView("b", 1), ReplicaView("c", 1)], 0.25)[0] .reason == "session"
-    assert schedule(a, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 0, healthy=False)], 0.25)[0].name != "c"
+    assert schedule(a, [ReplicaView("a", 0, held=15), ReplicaView("b", 0), ReplicaView("c", 1, held=15)], 0.25)[0].name == "a"  # c over the bound
+    assert schedule(a, [ReplicaView("a", 1, held=15), ReplicaView("b", 1), ReplicaView("c", 1, held=15)], 0.25)[0].reason == "session"
+    assert schedule(a, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 0, held=15, healthy=False)], 0.25)[0].name != "c"
+    # c is taken to have let the conversation go: it holds less of the prompt than a, or none of it
+    assert schedule(a, [ReplicaView("a", 1, held=15), ReplicaView("b", 1), ReplicaView("c", 0, held=8)], 1.0)[0].name == "a"
+    assert schedule(a, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 1)], 1.0)[0].name != "c"
+    assert schedule(a, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 1, held=1)], 1.0)[0].name == "c"  # some of it, the most
+    short = ask(held_chars=100, session="s1", pinned="c")  # shorter than a block: nothing says it was let go
+    assert schedule(short, [ReplicaView("a", 0), ReplicaView("b", 0), ReplicaView("c", 1)], 1.0)[0].name == "c"
 
 
 def test_a_conversations_first_turn_is_not_drawn_to_the_system_prompts_holder() -> None:
@@ -249,7 +255,7 @@ def test_a_view_remembers_prefixes_sessions_and_in_flight() -> None:
     assert again[0].name == pick.name and again[0].reason == "prefix"
     view.finished(pick.name, 1.0, ok=True, ttft_s=0.2, itl_s=0.05, expected=sent, prefilled=True)
     assert view.replicas[pick.name].in_flight == 0 and view.sessions["u"] == pick.name
-    assert view.choose(ask(held_chars=100, session="u"), 1.0)[0].reason == "session"
+    assert view.choose(ask(session="u"), 1.0)[0].reason == "session"
 
 
 def test_a_replicas_breaker_takes_it_out_of_the_pool() -> None:
@@ -408,7 +414,7 @@ def test_the_baselines_whole_failover_orders() -> None:
 
 
 def test_a_pinned_session_fails_over_in_the_cost_order_of_the_rest() -> None:
-    replicas = [ReplicaView("a", 0, held=HELD), ReplicaView("b", 0), ReplicaView("c", 0, held=5), ReplicaView("d", 0)]
+    replicas = [ReplicaView("a", 0, held=HELD), ReplicaView("b", 2, held=HELD), ReplicaView("c", 1, held=HELD), ReplicaView("d", 3, held=HELD)]
     unpinned = names(schedule(ask(), replicas, 1.0))
     for pinned in "abcd":
         picks = schedule(ask(session="s1", pinned=pinned), replicas, 1.0)
@@ -479,7 +485,8 @@ def test_a_later_turn_this_view_has_not_seen_goes_where_every_view_sends_it() ->
     fast = [ReplicaView(n, 0, decode_s=0.005 if n == faster else 0.03) for n in "abc"]
     assert schedule(ask(session="s", continues=True), fast, 1.0)[0].name == first_of_app
     assert schedule(ask(session="s"), fast, 1.0)[0].name == faster  # a first turn takes the faster
-    assert schedule(ask(session="u", pinned="c", continues=True), queued, 1.0)[0].name == "c"  # one it has seen keeps to its replica
+    holding = [ReplicaView("a", 2), ReplicaView("b", 0), ReplicaView("c", 1, held=HELD)]
+    assert schedule(ask(session="u", pinned="c", continues=True), holding, 1.0)[0].name == "c"  # one it has seen keeps to its replica
 
 
 @pytest.mark.parametrize("queued, slowed, to_the_slowed", [
@@ -827,9 +834,9 @@ def test_a_prompt_no_replica_is_known_to_hold_goes_where_every_view_would_send_i
     held = [replace(replicas[0], held=HELD), *replicas[1:]]  # once a replica is known to hold it, the cost decides
     assert {first(held, a) for a in apps} == {"a"}
     pinned = [ReplicaView("a", 0, **MEASURED), ReplicaView("b", 0, **MEASURED), ReplicaView("c", 0, **{**MEASURED, "decode_s": 0.01})]
-    for a in apps:  # a pinned session fails over in the cost order: the faster c first, whatever the ranking
-        order = names(schedule(replace(a, session="s", session_replica="a"), pinned, 1.0))
-        assert order[:2] == ["a", "c"]
+    for a in apps:  # a session whose replica holds none of it any more goes the same way: where every view would send it
+        assert first(pinned, replace(a, session="s", session_replica="a")) == first_of(a)
+    assert {first_of(a) for a in apps} == {"a", "b", "c"}
 
 
 def test_a_replica_just_sent_cold_prompts_is_not_taken_as_idle_for_its_cheap_past() -> None:

@@ -55,7 +55,10 @@ One knob, `load_bound` (e): a replica whose queue is at or above (1 + e) x the p
 (counting this request) takes nothing until the others catch up, so one hot prefix cannot pile
 onto one replica (consistent hashing with bounded loads, Mirrokni et al. 2018). A session keeps
 to the replica it last used (its history is cached there) unless that one is down, unhealthy or
-over the bound. A session's first turn is costed as though it and everything queued ahead of it
+over the bound, or no longer holds the conversation as far as this view can tell (none of the
+prompt, or less of it than another replica: a replica with two slots and one prompt in its RAM
+cache lets a conversation go as others come, and a turn sent back there waits behind whatever
+runs there only to prefill its history again). A session's first turn is costed as though it and everything queued ahead of it
 were cold, so the queues and the replicas' speeds place it and conversations spread over the pool
 rather than gather on the replica holding their shared system prompt (their later turns, most of
 their work, follow them). A later turn of a session this view has not seen (isolates share
@@ -319,7 +322,7 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
                                            -rendezvous(ask.key, r.name)))
         return [Pick(r.name, "session", cost[r.name]) for r in spread]
     best_held = max((r.held for r in up), default=0)
-    if best_held == 0 and ask.session_replica is None:
+    if best_held == 0:
         # a prompt this view knows no replica to hold: placed as every view would place it, from
         # what the replicas report, so views that share nothing agree and the prefix gathers
         # where its next requests will find it (a cost read through this view's own record
@@ -330,7 +333,11 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
         scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", cost[r.name]) for r in scored]
     pinned = next((r for r in up if r.name == ask.session_replica), None)
-    if pinned is not None and pinned.healthy and pinned.name not in bounded:
-        # a conversation keeps to its replica (its KV cache is there) unless it is down or overloaded
+    let_go = bool(ask.blocks) and not 0 < pinned.held >= best_held if pinned is not None else False
+    if pinned is not None and pinned.healthy and pinned.name not in bounded and not let_go:
+        # a conversation keeps to its replica (its KV cache is there) unless it is down or
+        # overloaded, or has let the conversation go (it holds none of the prompt's blocks, or
+        # fewer than another replica): then nothing is kept by going back. A prompt shorter
+        # than a block says nothing either way, and keeps.
         return [Pick(pinned.name, "session", cost[pinned.name])] + [p for p in picks if p.name != pinned.name]
     return picks

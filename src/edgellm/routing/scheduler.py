@@ -58,8 +58,8 @@ to the replica it last used (its history is cached there) unless that one is dow
 over the bound, or no longer holds the conversation as far as this view can tell (none of the
 prompt, or less of it than another replica: a replica with two slots and one prompt in its RAM
 cache lets a conversation go as others come, and a turn sent back there waits behind whatever
-runs there only to prefill its history again). A session's first turn is costed as though it and everything queued ahead of it
-were cold, so the queues and the replicas' speeds place it and conversations spread over the pool
+runs there only to prefill its history again). A session's first turn is costed as though it
+and everything queued ahead of it were cold, so the queues and the replicas' speeds place it and conversations spread over the pool
 rather than gather on the replica holding their shared system prompt (their later turns, most of
 their work, follow them). A later turn of a session this view has not seen (isolates share
 nothing) goes to the replica with the fewest queued, as the replicas report it, among those
@@ -71,6 +71,10 @@ send the same new prefix to the same replica, and an application's conversations
 and later, gather on the first few replicas of its ranking that have room: the replicas that
 keep their history. (Simulated with 64 isolates, rendezvous on the session instead kept 62% of
 prompt tokens cached against least in flight's 77%, at 1.4-1.8x its p99: docs/benchmarks.md.)
+A prompt this view knows no replica to hold is placed the same way, as every view would place
+it, and not by a cost read through this view's own record: with 64 isolates each seeding a new
+prefix where its own record made it cheapest, the pool paid twice least in flight's cold
+prefills.
 """
 
 from __future__ import annotations
@@ -318,26 +322,31 @@ def _by_cost(ask: Ask, up: Sequence[ReplicaView], queues: Sequence[float], load_
         # a later turn this view has not seen: where every view would send it from what the
         # replicas report (the fewest queued, ties by the prompt's first block), which is where
         # its application's conversations gather and their history is cached
-        spread = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, max(0.0, r.queue),
-                                           -rendezvous(ask.key, r.name)))
-        return [Pick(r.name, "session", cost[r.name]) for r in spread]
+        return [Pick(r.name, "session", cost[r.name]) for r in as_every_view_would(ask, up, bounded, pool)]
     best_held = max((r.held for r in up), default=0)
     if best_held == 0:
         # a prompt this view knows no replica to hold: placed as every view would place it, from
         # what the replicas report, so views that share nothing agree and the prefix gathers
         # where its next requests will find it (a cost read through this view's own record
         # would send it wherever that record happens to make cheapest, a new cold copy each time)
-        scored = sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, max(0.0, r.queue),
-                                           -rendezvous(ask.key, r.name)))
+        scored = as_every_view_would(ask, up, bounded, pool)
     else:
         scored = sorted(up, key=lambda r: (r.name in bounded, cost[r.name], -rendezvous(ask.key, r.name)))
     picks = [Pick(r.name, "prefix" if r.held and r.held == best_held else "load", cost[r.name]) for r in scored]
     pinned = next((r for r in up if r.name == ask.session_replica), None)
-    let_go = bool(ask.blocks) and not 0 < pinned.held >= best_held if pinned is not None else False
-    if pinned is not None and pinned.healthy and pinned.name not in bounded and not let_go:
+    if (pinned is not None and pinned.healthy and pinned.name not in bounded
+            and (not ask.blocks or 0 < pinned.held >= best_held)):
         # a conversation keeps to its replica (its KV cache is there) unless it is down or
         # overloaded, or has let the conversation go (it holds none of the prompt's blocks, or
         # fewer than another replica): then nothing is kept by going back. A prompt shorter
         # than a block says nothing either way, and keeps.
         return [Pick(pinned.name, "session", cost[pinned.name])] + [p for p in picks if p.name != pinned.name]
     return picks
+
+
+def as_every_view_would(ask: Ask, up: Sequence[ReplicaView], bounded: set[str], pool: Rates) -> list[ReplicaView]:
+    """The replicas in the order any view computes alike from what they report: within the bound
+    first, then not measurably slow, then the fewest queued, ties by rendezvous on the prompt's
+    first block. For what this view has no record of, where views that share nothing must agree."""
+    return sorted(up, key=lambda r: (r.name in bounded, pool.slowdown[r.name] > 1.0, max(0.0, r.queue),
+                                     -rendezvous(ask.key, r.name)))

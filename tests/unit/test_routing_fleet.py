@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from edgellm.routing.config import PoolConfig
-from edgellm.routing.fleet import BLOCK_TOKENS, GROWTH, HELD_BLOCKS, MIN_HELD_BLOCKS, Expected, PoolView, sane_reading
+from edgellm.routing.fleet import BLOCK_TOKENS, GROWTH, HELD_BLOCKS, MAX_SLOW_STREAK, MIN_HELD_BLOCKS, Expected, PoolView, sane_reading
 from edgellm.routing.scheduler import BLOCK_CHARS, FORGET_S, Ask
 
 BLOCKS = 20  # blocks a prompt (5 KiB: a long system prompt)
@@ -471,6 +471,47 @@ def test_a_replica_measured_slow_once_is_offered_requests_again_as_the_measureme
     assert view.views((), 1.0 + 5 * FORGET_S)[0].decode_age == 0.0
     assert view.views((), 1.0 + 5 * FORGET_S)[0].decode_s == pytest.approx(0.4)
     assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name != "a"
+
+
+def test_a_replica_slow_answer_after_answer_is_forgotten_more_slowly_each_time() -> None:
+    """Each answer in a row that shows a slower than the rest of the pool stretches the fade: a
+    replica still slow when offered a request again is not a passing fault, and the next offer
+    comes later (up to `MAX_SLOW_STREAK` times the decay time). One answer at the pool's pace
+    ends the streak, and the fade is back to its own decay time."""
+    view = PoolView(PoolConfig("gpu", ("a", "b", "c")))
+    for name in "abc":
+        serve(view, name, prompt(9), 0)  # 50 ms between tokens each
+    assert [view.replicas[n].slow_streak for n in "abc"] == [0, 0, 0]
+    for streak in range(1, MAX_SLOW_STREAK + 3):
+        view.finished("a", 1.0, True, 2.0, 0.4, 0, int(prompt(1).prompt_tokens), 3.0)  # 8x the others'
+        assert view.replicas["a"].slow_streak == min(streak, MAX_SLOW_STREAK)
+        assert view.views((), 1.0 + FORGET_S)[0].decode_age == pytest.approx(FORGET_S / min(streak, MAX_SLOW_STREAK))
+        assert view.to_json(1.0)["replicas"][0]["slow_streak"] == min(streak, MAX_SLOW_STREAK)
+    assert [view.replicas[n].slow_streak for n in "bc"] == [0, 0]  # the rest were not measured slow
+    for name in "bc":
+        view.dispatched(name, prompt(2), "load", 0.0)  # b and c are each busy with one request
+    # a replica measured slow once takes a new prompt again five decay times on (above); this one not
+    assert view.choose(prompt(3), 1.0 + 5 * FORGET_S)[0].name != "a"
+    assert view.choose(prompt(3), 1.0 + 5 * MAX_SLOW_STREAK * FORGET_S)[0].name == "a"
+    view.finished("a", 1.0, True, 2.0, 0.07, 0, int(prompt(1).prompt_tokens), 3.0)  # 1.4x: within the noise
+    assert view.replicas["a"].slow_streak == 0
+    assert view.views((), 1.0 + FORGET_S)[0].decode_age == pytest.approx(FORGET_S)
+
+
+def test_a_replica_is_slow_only_against_the_rest_of_the_pool() -> None:
+    """Alone in its pool a replica has nothing to be slow against; with one other, it is judged
+    against that one (the answer's own past is not the measure), at `TOLERANCE` of it."""
+    alone = one_replica()
+    for _ in range(3):
+        alone.finished("a", 1.0, True, 0.5, 0.4, total_s=1.0)
+    assert alone.replicas["a"].slow_streak == 0
+    pair = PoolView(PoolConfig("gpu", ("a", "b")))
+    pair.finished("b", 1.0, True, 0.5, 0.125, total_s=1.0)
+    pair.finished("a", 1.0, True, 0.5, 0.1875, total_s=1.0)  # exactly 1.5x: the noise
+    assert pair.replicas["a"].slow_streak == 0
+    pair.finished("a", 1.0, True, 0.5, 0.19, total_s=1.0)
+    pair.finished("a", 1.0, True, 0.5, 0.4, total_s=1.0)  # a's own smoothed past is slow now: b is the measure
+    assert pair.replicas["a"].slow_streak == 2
 
 
 def test_a_slow_replicas_measurement_does_not_fade_while_requests_wait_there() -> None:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from .breaker import CircuitBreaker
 from .config import BreakerConfig, PoolConfig
-from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, FORGET_S, Ask, Pick, ReplicaView, median, schedule
+from .scheduler import BLOCK_CHARS, CHARS_PER_TOKEN, FORGET_S, TOLERANCE, Ask, Pick, ReplicaView, median, schedule
 
 HELD_BLOCKS = 8192  # prefix blocks remembered per replica at most (about 2 MiB of prompt at 256 characters a block)
 MIN_HELD_BLOCKS = 16  # the learned bound never goes below this (4 KiB of prompt: one long system prompt)
@@ -32,6 +32,7 @@ SAME_CHUNK_S = 0.001  # tokens closer than this arrived together (a proxy or the
 MAX_GAPS = 1024  # an answer's first gaps measure its speed as well as all of them would
 LIVE_GAPS = 32  # the gaps of a streaming answer that say how fast its replica is now
 MIN_LIVE_GAPS = 8  # fewer say too little
+MAX_SLOW_STREAK = 8  # a replica slow this many answers in a row forgets it this many times slower, and no slower
 
 
 def time_between_tokens(gaps: Sequence[float], shared: bool = True, explained_s: float = 0.0) -> float | None:
@@ -130,6 +131,7 @@ class ReplicaState:
     itl_s: float | None = None
     itl_at: float | None = None  # when `itl_s` was last measured
     idle_at: float | None = None  # when this view last had nothing in flight here
+    slow_streak: int = 0  # its answers in a row that measured it slow against the pool (`PoolView.finished`)
     prefill_s: float | None = None  # time to first token a new prompt token, smoothed
     answer_s: float | None = None  # time from first to last token, smoothed
     mean_new: float | None = None  # new prefill tokens a request (the prompt less what it reused), smoothed
@@ -196,14 +198,20 @@ class ReplicaState:
 
     def decode_age(self, now: float) -> float:
         """Seconds `decode_s` has gone unchecked: since the replica went idle here (the answer that
-        measured it last ended then or before). None while this view has requests in flight there
-        (their answers will measure it, and streaming they already do; a slow replica's queue
-        waiting for them is no reason to think it faster). A clock gone back gives a negative age,
-        which the scheduler reads as fresh. (Never measured, its age does not matter: it counts
-        as the pool's median.)"""
+        measured it last ended then or before), counted `slow_streak` times slower. None while this
+        view has requests in flight there (their answers will measure it, and streaming they
+        already do; a slow replica's queue waiting for them is no reason to think it faster). A
+        replica whose answers kept showing it slow is forgotten more slowly each time, as an
+        outlier detector ejects a host that fails again for longer (Envoy: its base ejection time
+        x the times it was ejected): the fade exists so that one slow answer does not shut a
+        replica out for good, and a replica still slow when offered a request again was not that
+        case (a replica paused three quarters of the time, on the real fleet, drew a cold prompt
+        every ten seconds or so and made each wait four times as long). A clock gone back gives a
+        negative age, which the scheduler reads as fresh. (Never measured, its age does not
+        matter: it counts as the pool's median.)"""
         if self.in_flight > 0 or self.idle_at is None:
             return 0.0
-        return now - self.idle_at
+        return (now - self.idle_at) / max(1, self.slow_streak)
 
     def holds(self, blocks: tuple[int, ...], now: float, prefill_s: float | None = None) -> int:
         """How many of `blocks` (chained: each covers all before it) it holds, from the longest:
@@ -415,6 +423,11 @@ class PoolView:
         if _seconds(ttft_s):
             replica.ttft_s = _smooth(replica.ttft_s, ttft_s)
         if _seconds(itl_s) and itl_s:
+            # against the rest of the pool as measured so far: slow beyond the noise, or not
+            pool_itl = median([r.itl_s for r in self.replicas.values() if r is not replica])
+            if pool_itl is not None:
+                slow = itl_s > TOLERANCE * pool_itl
+                replica.slow_streak = min(MAX_SLOW_STREAK, replica.slow_streak + 1) if slow else 0
             # the past weighs less the older it is: after a quiet spell the new answer says most
             age = 0.0 if replica.itl_at is None else now - replica.itl_at
             replica.itl_s = _smooth(replica.itl_s, itl_s, age)
@@ -465,7 +478,7 @@ class PoolView:
                     "running": r.reading.running, "waiting": r.reading.waiting, "kv_usage": r.reading.kv_usage,
                     **({"why": r.reading.why} if r.reading.why else {})},
                 "ttft_s": r.ttft_s, "itl_s": r.itl_s, "live_itl_s": r.live_itl(r.shared(now, max_age), now),
-                "itl_age_s": None if r.itl_at is None else round(max(0.0, now - r.itl_at), 3), "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
+                "itl_age_s": None if r.itl_at is None else round(max(0.0, now - r.itl_at), 3), "slow_streak": r.slow_streak, "prefill_s": r.prefill_s, "answer_s": r.answer_s, "mean_new_tokens": r.mean_new,
                 "replica_cached_tokens": r.cached_tokens, "replica_prompt_tokens": r.prompt_tokens,
                 "breaker": r.breaker.to_json(now),
             })

@@ -129,6 +129,7 @@ class Cell:
     slowed_at: float | None = None
     slowed: str | None = None
     view: dict[str, Any] = field(default_factory=dict)  # the edge's /admin/routing/stats per replica at the end
+    parts: list["Cell"] = field(default_factory=list)  # the cells pooled into this one, each on its own timeline
 
     def ok(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.ok]
@@ -147,15 +148,17 @@ class Cell:
                "ttfts_ms": [round(t * 1000) for t in ttfts],
                "timeline": [[round(o.sent_at, 2), o.replica, o.reason, round(o.ttft, 2), round(o.latency, 2), o.cached, o.prompt, o.ok, o.app]
                             for o in sorted(self.outcomes, key=lambda o: o.sent_at)]}
-        if self.slowed_at is not None and self.slowed:
-            def share(sent: list[Outcome]) -> float:
-                return sum(o.replica == self.slowed for o in sent) / len(sent) if sent else float("nan")
+        slowed = [c for c in self.parts or [self] if c.slowed_at is not None and c.slowed]
+        if slowed:
+            # each cell's answers against its own moment and replica, the cells' counts summed
+            def share(start: float, end: float) -> float:
+                sent = [(o, c) for c in slowed for o in c.ok() if start <= o.sent_at - (c.slowed_at or 0.0) < end]
+                return sum(o.replica == c.slowed for o, c in sent) / len(sent) if sent else float("nan")
 
-            at = self.slowed_at
-            out["slowed_share_before"] = share([o for o in ok if o.sent_at < at])
-            out["slowed_share_first_10s"] = share([o for o in ok if at <= o.sent_at < at + 10])
-            out["slowed_share_after_10s"] = share([o for o in ok if o.sent_at >= at + 10])
-            out["sent_after_10s"] = sum(o.sent_at >= at + 10 for o in ok)
+            out["slowed_share_before"] = share(-math.inf, 0.0)
+            out["slowed_share_first_10s"] = share(0.0, 10.0)
+            out["slowed_share_after_10s"] = share(10.0, math.inf)
+            out["sent_after_10s"] = sum(o.sent_at >= (c.slowed_at or 0.0) + 10 for c in slowed for o in c.ok())
         out["slowest"] = slowest(ok)
         return out
 
@@ -422,10 +425,11 @@ def cell(model: Path, policy: str, workload: str, n: int, rate: float, apps: lis
 def pooled(runs: list[Cell]) -> Cell:
     """One policy's cells of one workload as one: their answers together (so a ratio is taken
     over every answer, as p99 of 96 is the second slowest), the replicas' counters summed, the
-    time spanned added. A slowed replica's share is a single cell's (its timeline is its own)."""
+    time spanned added. A slowed replica's share is counted in each cell against its own moment
+    and replica, and summed."""
     if len(runs) == 1:
         return runs[0]
-    out = Cell(runs[0].policy, runs[0].workload, view=runs[-1].view)
+    out = Cell(runs[0].policy, runs[0].workload, view=runs[-1].view, parts=list(runs))
     for run in runs:
         out.outcomes += run.outcomes
         out.span_s += run.span_s

@@ -123,6 +123,23 @@ def test_a_policy_run_more_than_once_is_judged_on_its_cells_pooled() -> None:
     assert pooled([first]) is first
 
 
+def test_a_slowed_replicas_share_over_pooled_cells_counts_each_against_its_own_moment() -> None:
+    """Two (d) cells slowed at different moments, each a different replica: the pooled share is
+    each answer judged by its own cell's moment and replica, the counts summed."""
+    first = Cell("scheduler", "slowed", [answer(1.0, t, 2.0, "gpu-a" if t in (0.0, 5.0, 30.0) else "gpu-b") for t in (0.0, 5.0, 12.0, 15.0, 30.0, 40.0)],
+                 50.0, 0.0, 1.0, slowed_at=10.0, slowed="gpu-a")
+    second = Cell("scheduler", "slowed", [answer(1.0, t, 2.0, "gpu-c" if t < 100.0 else "gpu-a") for t in (90.0, 110.0, 120.0, 130.0)],
+                  50.0, 0.0, 1.0, slowed_at=100.0, slowed="gpu-c")
+    alone = first.summary()
+    assert (alone["slowed_share_before"], alone["slowed_share_first_10s"], alone["slowed_share_after_10s"]) == (1.0, 0.0, 0.5)
+    both = pooled([first, second]).summary()
+    # before: a, a (the first's) and c (the second's): 3 of 3; first 10 s: b, b: 0 of 2; after: a, b
+    # (the first's) and a, a, a (the second's, whose slowed replica is c): 1 of 5
+    assert (both["slowed_share_before"], both["slowed_share_first_10s"], both["slowed_share_after_10s"]) == (1.0, 0.0, 0.2)
+    assert both["sent_after_10s"] == 5
+    assert "slowed_share_before" not in pooled([Cell("scheduler", "shared", [answer(1.0, 0.0, 2.0, "gpu-a")])]).summary()
+
+
 def streamed(status: int, body: str) -> Outcome:
     """One request of the bench's, answered by a server that sends `body` with `status`."""
     def answer(request: httpx.Request) -> httpx.Response:

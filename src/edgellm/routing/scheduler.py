@@ -58,23 +58,23 @@ to the replica it last used (its history is cached there) unless that one is dow
 over the bound, or no longer holds the conversation as far as this view can tell (none of the
 prompt, or less of it than another replica: a replica with two slots and one prompt in its RAM
 cache lets a conversation go as others come, and a turn sent back there waits behind whatever
-runs there only to prefill its history again). A session's first turn is costed as though it
-and everything queued ahead of it were cold, so the queues and the replicas' speeds place it and conversations spread over the pool
-rather than gather on the replica holding their shared system prompt (their later turns, most of
-their work, follow them). A later turn of a session this view has not seen (isolates share
-nothing) goes to the replica with the fewest queued, as the replicas report it, among those
-within the bound and not measurably slow: every view computes that alike from the same reports,
-where costs read through each view's own partial record would scatter the conversation's turns,
-and their history, over the pool. Ties, here and everywhere, are broken by rendezvous hashing on
-the prompt's first block (its application's system prompt), so isolates that share nothing still
-send the same new prefix to the same replica, and an application's conversations, first turns
-and later, gather on the first few replicas of its ranking that have room: the replicas that
-keep their history. (Simulated with 64 isolates, rendezvous on the session instead kept 62% of
-prompt tokens cached against least in flight's 77%, at 1.4-1.8x its p99: docs/benchmarks.md.)
-A prompt this view knows no replica to hold is placed the same way, as every view would place
-it, and not by a cost read through this view's own record: with 64 isolates each seeding a new
-prefix where its own record made it cheapest, the pool paid twice least in flight's cold
-prefills.
+runs there only to prefill its history again). A session's first turn is costed as though it and
+everything queued ahead of it were cold, so the queues and the replicas' speeds place it and
+conversations spread over the pool rather than gather on the replica holding their shared system
+prompt (their later turns, most of their work, follow them). A later turn of a session this view
+has not seen (isolates share nothing) goes to the replica with the fewest queued, as the
+replicas report it, among those within the bound and not measurably slow: every view computes
+that alike from the same reports, where costs read through each view's own partial record would
+scatter the conversation's turns, and their history, over the pool. Ties, here and everywhere,
+are broken by rendezvous hashing on the prompt's first block (its application's system prompt),
+so isolates that share nothing still send the same new prefix to the same replica, and an
+application's conversations, first turns and later, gather on the first few replicas of its
+ranking that have room: the replicas that keep their history. (Simulated with 64 isolates,
+rendezvous on the session instead kept 62% of prompt tokens cached against least in flight's
+77%, at 1.4-1.8x its p99: docs/benchmarks.md.) A prompt this view knows no replica to hold is
+placed the same way, as every view would place it, and not by a cost read through this view's
+own record: with 64 isolates each seeding a new prefix where its own record made it cheapest,
+the pool paid twice least in flight's cold prefills.
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def slowdowns(measured: Sequence[float | None], ages: Sequence[float] | None = N
     excess (1.5x counts as 1, 3x as 2, capped at `MAX_RATIO`); unmeasured (or nonsense), 1.
 
     A measurement fades with its age (`ages`, seconds it has gone unchecked while the replica
-    was idle: `fleet.ReplicaState.decode_age`): the factor counts as
+    was idle, counted slower for a replica whose answers kept showing it slow:
+    `fleet.ReplicaState.decode_age`): the factor counts as
     factor ** e^(-age / `FORGET_S`). A replica measured slow gets no requests, so nothing
     would ever measure it again: one answer stalled by a passing fault (or a starved core) would
     shut it out for good. Faded, it is offered a request again within seconds, and that answer

@@ -198,7 +198,7 @@ class ReplicaState:
 
     def decode_age(self, now: float) -> float:
         """Seconds `decode_s` has gone unchecked: since the replica went idle here (the answer that
-        measured it last ended then or before), counted `slow_streak` times slower. None while this
+        measured it last ended then or before), counted `slow_streak` times slower. Nothing while this
         view has requests in flight there (their answers will measure it, and streaming they
         already do; a slow replica's queue waiting for them is no reason to think it faster). A
         replica whose answers kept showing it slow is forgotten more slowly each time, as an
